@@ -1,0 +1,57 @@
+# CPU inference kit for TorchServe. `make serve` deploys, `make test` tests.
+SHELL := /bin/bash
+PY := .venv/bin/python
+CONFIG ?= optimized
+BACKEND ?=
+BIND ?=
+VARIANTS ?= eager,inductor
+MODELS ?= resnet50,bert,minilm
+RESNET50_WEIGHTS ?=
+RESNET50_LABELS ?=
+PYTEST_ARGS ?=
+
+.PHONY: help install archive archive-custom serve stop status test test-unit test-e2e lint format clean
+
+help:
+	@echo "make serve [CONFIG=optimized|baseline|path.yaml] [BACKEND=variant] [BIND=0.0.0.0]"
+	@echo "make stop | status | test | test-unit | test-e2e | archive | lint | format | clean"
+
+install:
+	@bash scripts/install.sh
+
+archive: install
+	@$(PY) model_store/build.py --models $(MODELS) --variants $(VARIANTS) \
+		$(if $(RESNET50_WEIGHTS),--resnet50-weights $(RESNET50_WEIGHTS)) \
+		$(if $(RESNET50_LABELS),--resnet50-labels $(RESNET50_LABELS))
+
+# Your own model: make archive-custom NAME=mymodel EXPORTED=model.pt2 TASK=image|text-classification|embedding
+archive-custom: install
+	@test -n "$(NAME)" -a -n "$(EXPORTED)" || { echo "usage: make archive-custom NAME=... EXPORTED=file.pt2 [TASK=image]"; exit 2; }
+	@$(PY) model_store/build.py --custom $(NAME) --exported $(EXPORTED) --task $(or $(TASK),image) --variants $(VARIANTS)
+
+serve: archive
+	@$(PY) -m kit serve --config $(CONFIG) $(if $(BACKEND),--backend $(BACKEND)) $(if $(BIND),--bind $(BIND))
+
+stop:
+	@if [ -x $(PY) ]; then $(PY) -m kit stop; else echo "[stop] nothing installed, nothing running"; fi
+
+status:
+	@$(PY) -m kit status
+
+test: archive
+	@$(PY) -m pytest tests $(PYTEST_ARGS)
+
+test-unit: install
+	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-e2e: archive
+	@$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+lint: install
+	@$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+format: install
+	@$(PY) -m ruff format . && $(PY) -m ruff check --fix .
+
+clean: stop
+	rm -rf model_store/*/ logs .cache .pytest_cache

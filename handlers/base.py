@@ -1,0 +1,134 @@
+"""The shared TorchServe handler: load -> optimize -> warm up in `initialize`, then batched serving.
+
+Task handlers subclass `OptimizedHandler`, set `settings_class`, and implement
+`decode` (one request -> unbatched tensors), `example` (warm-up inputs) and `format`
+(one output row -> JSON). A bad request gets a 400 with a message; the rest of its batch
+is still served.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from ts.torch_handler.base_handler import BaseHandler
+
+from handlers.itt import inference_range
+from handlers.loaders import load_model
+from handlers.optimize import Inputs, optimize
+from handlers.payload import HTTP_BAD_REQUEST, InvalidInput, error_body
+from handlers.settings import OptimizationSettings, parse_settings
+
+log = logging.getLogger(__name__)
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """Powers of two up to max_batch, plus max_batch: the shapes compiled at start-up."""
+    sizes = {max_batch}
+    size = 1
+    while size < max_batch:
+        sizes.add(size)
+        size *= 2
+    return sorted(sizes)
+
+
+def collate(items: Sequence[Inputs], bucket: int) -> Inputs:
+    """Stack per-request tensors and zero-pad the batch up to a compiled bucket size."""
+    stacked = [torch.stack(parts) for parts in zip(*items, strict=False)]
+    missing = bucket - len(items)
+    if missing:
+        stacked = [torch.cat([t, t.new_zeros((missing, *t.shape[1:]))]) for t in stacked]
+    return tuple(stacked)
+
+
+@dataclasses.dataclass
+class Batch:
+    """What flows from preprocess through inference to postprocess for one TorchServe batch."""
+
+    size: int
+    valid: list[int]  # request indices that decoded
+    items: list[Inputs]
+    errors: dict[int, str]
+    outputs: torch.Tensor | None = None  # rows aligned with `valid`
+
+
+class OptimizedHandler(BaseHandler, abc.ABC):
+    settings_class: type[OptimizationSettings] = OptimizationSettings
+
+    def initialize(self, context) -> None:
+        self.context = context
+        self.manifest = context.manifest
+        self.model_name = context.model_name
+        self.model_dir = context.system_properties["model_dir"]
+        self.settings = parse_settings(self.settings_class, (context.model_yaml_config or {}).get("handler"))
+        self.buckets = batch_buckets(int(context.system_properties.get("batch_size") or 1))
+        self.setup(self.model_dir)
+
+        start = time.perf_counter()
+        model = load_model(self.settings.architecture, self.model_dir)
+        load_seconds = time.perf_counter() - start
+        self.optimized = optimize(model, self.settings, [self.example(size) for size in self.buckets])
+        log.info(
+            "%s ready: backend=%s load=%.1fs compile=%.1fs warmup=%.1fs batch_buckets=%s threads=%d",
+            self.model_name,
+            self.optimized.backend.value,
+            load_seconds,
+            self.optimized.compile_seconds,
+            self.optimized.warmup_seconds,
+            self.buckets,
+            torch.get_num_threads(),
+        )
+        self.initialized = True
+
+    # -- task hooks ---------------------------------------------------------------------------
+    def setup(self, model_dir: str) -> None:
+        """Load what preprocessing needs (tokenizer, labels). Default: nothing."""
+
+    @abc.abstractmethod
+    def decode(self, request: dict[str, Any]) -> Inputs:
+        """One request -> unbatched input tensors; raise InvalidInput for a bad body."""
+
+    @abc.abstractmethod
+    def example(self, batch_size: int) -> Inputs:
+        """Batched warm-up inputs with the exact shapes and dtypes served."""
+
+    @abc.abstractmethod
+    def format(self, output: torch.Tensor) -> Any:
+        """One output row -> a JSON-serialisable response."""
+
+    # -- TorchServe's preprocess -> inference -> postprocess ----------------------------------
+    def preprocess(self, requests: list[dict[str, Any]]) -> Batch:
+        batch = Batch(size=len(requests), valid=[], items=[], errors={})
+        for index, request in enumerate(requests):
+            try:
+                batch.items.append(self.decode(request))
+                batch.valid.append(index)
+            except InvalidInput as error:
+                batch.errors[index] = str(error)
+        return batch
+
+    def inference(self, batch: Batch, *args, **kwargs) -> Batch:
+        if not batch.valid:
+            return batch
+        count = len(batch.valid)
+        bucket = next(size for size in self.buckets if size >= count)
+        inputs = collate(batch.items, bucket)
+        if self.settings.channels_last:
+            inputs = tuple(t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in inputs)
+        with torch.inference_mode(), inference_range(self.model_name, count, self.settings.itt):
+            batch.outputs = self.optimized.run(*inputs)[:count]
+        return batch
+
+    def postprocess(self, batch: Batch) -> list[Any]:
+        responses: list[Any] = [None] * batch.size
+        for index, message in batch.errors.items():
+            self.context.set_response_status(HTTP_BAD_REQUEST, message, index)
+            responses[index] = error_body(message)
+        for row, index in enumerate(batch.valid):
+            responses[index] = self.format(batch.outputs[row])
+        return responses

@@ -1,0 +1,127 @@
+"""Turn an eval-mode model into the fastest callable its settings ask for, warmed up.
+
+    optimized = optimize(model, settings, examples=[(x1,), (x4,)])
+    logits = optimized.run(x4)
+
+Order is fixed and explicit: layout (channels-last) -> precision (autocast) -> backend
+(eager | inductor | ipex) -> warm-up of every batch shape in inference mode, the grad mode
+the server uses. The first call per shape is where torch.compile really compiles, so it is
+timed apart from the steady warm-up calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from handlers.settings import Backend, DType, OptimizationSettings
+
+log = logging.getLogger(__name__)
+
+Inputs = tuple[torch.Tensor, ...]
+Runner = Callable[..., torch.Tensor]
+
+TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16}
+
+
+class CompileError(RuntimeError):
+    """The configured backend failed on the warm-up inputs and no fallback was allowed."""
+
+
+class BackendUnavailable(RuntimeError):
+    """The configured backend cannot run in this Python environment."""
+
+
+class Autocast(nn.Module):
+    """Runs `inner` under CPU autocast and hands float32 back, so postprocessing is dtype-agnostic."""
+
+    def __init__(self, inner: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.inner = inner
+        self.dtype = dtype
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=self.dtype):
+            return self.inner(*inputs).float()
+
+
+def prepare(model: nn.Module, settings: OptimizationSettings) -> nn.Module:
+    if settings.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if settings.dtype is not DType.FLOAT32:
+        model = Autocast(model, TORCH_DTYPES[settings.dtype])
+    return model
+
+
+def compile_with_inductor(model: nn.Module, settings: OptimizationSettings) -> Runner:
+    # torch.compile takes `mode` or `options`, not both: spell the mode out as options.
+    options = {"freezing": True, **torch._inductor.list_mode_options(settings.mode.value)}
+    options.pop("triton.cudagraphs", None)  # a GPU feature; meaningless on CPU
+    # dynamic=False: every served shape is warmed up here, so static kernels are safe and fastest.
+    return torch.compile(model, backend="inductor", options=options, dynamic=False)
+
+
+def run_eager(model: nn.Module, settings: OptimizationSettings) -> Runner:
+    return model
+
+
+def optimize_with_ipex(model: nn.Module, settings: OptimizationSettings) -> Runner:
+    from handlers.ipex_backend import require_ipex
+
+    require_ipex()
+    raise BackendUnavailable("the ipex backend is not wired into this build yet")
+
+
+BACKENDS: dict[Backend, Callable[[nn.Module, OptimizationSettings], Runner]] = {
+    Backend.EAGER: run_eager,
+    Backend.INDUCTOR: compile_with_inductor,
+    Backend.IPEX: optimize_with_ipex,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizedModel:
+    run: Runner
+    backend: Backend  # what actually runs: eager after an allowed fallback
+    compile_seconds: float  # first call per shape: tracing + code generation
+    warmup_seconds: float  # the steady calls after it
+    fallback_reason: str = ""
+
+
+def warm_up(run: Runner, examples: Sequence[Inputs], iterations: int) -> tuple[float, float]:
+    compile_seconds = warmup_seconds = 0.0
+    with torch.inference_mode():
+        for inputs in examples:
+            start = time.perf_counter()
+            run(*inputs)
+            compile_seconds += time.perf_counter() - start
+            start = time.perf_counter()
+            for _ in range(iterations):
+                run(*inputs)
+            warmup_seconds += time.perf_counter() - start
+    return compile_seconds, warmup_seconds
+
+
+def optimize(model: nn.Module, settings: OptimizationSettings, examples: Sequence[Inputs]) -> OptimizedModel:
+    prepared = prepare(model, settings)
+    try:
+        run = BACKENDS[settings.backend](prepared, settings)
+        timings = warm_up(run, examples, settings.warmup_iterations)
+        return OptimizedModel(run, settings.backend, *timings)
+    except BackendUnavailable:
+        raise  # a missing environment is a configuration error, never silently eager
+    except Exception as error:  # noqa: BLE001 - any compiler failure qualifies
+        reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        if not settings.fallback_to_eager:
+            raise CompileError(
+                f"backend {settings.backend.value!r} failed during warm-up ({reason}); fix the model, "
+                "choose `backend: eager`, or set `fallback_to_eager: true` in model-config.yaml"
+            ) from error
+        log.warning("backend %s failed, falling back to eager as configured: %s", settings.backend.value, reason)
+        timings = warm_up(prepared, examples, settings.warmup_iterations)
+        return OptimizedModel(prepared, Backend.EAGER, *timings, fallback_reason=reason)

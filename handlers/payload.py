@@ -1,0 +1,66 @@
+"""Turn one TorchServe request into bytes, text or JSON, and the error type for bad input.
+
+TorchServe hands each request as {"data"|"body": value}; value is already decoded when the
+content type is application/json (a dict/list) or text/* (a str, or bytes if not UTF-8).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+HTTP_BAD_REQUEST = 400
+
+
+class InvalidInput(ValueError):
+    """The request body cannot be served; the message names the problem for the client."""
+
+
+def request_body(request: Mapping[str, Any]) -> Any:
+    body = request.get("data")
+    if body is None:
+        body = request.get("body")
+    if isinstance(body, bytearray):
+        body = bytes(body)
+    if body is None or (isinstance(body, (bytes, str)) and len(body) == 0):
+        raise InvalidInput("request body is empty")
+    return body
+
+
+def request_bytes(request: Mapping[str, Any]) -> bytes:
+    body = request_body(request)
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if not isinstance(body, bytes):
+        raise InvalidInput(f"expected raw bytes in the body, got a JSON {type(body).__name__}")
+    return body
+
+
+def request_text(request: Mapping[str, Any], field: str = "text") -> str:
+    """Plain UTF-8 body, or a JSON object {"text": "..."}."""
+    body = request_body(request)
+    if isinstance(body, bytes):
+        try:
+            body = body.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidInput(f"body is not valid UTF-8 (byte {error.start}: {error.reason})") from None
+        # JSON sent without `Content-Type: application/json` arrives as bytes.
+        if body.lstrip().startswith("{"):
+            with contextlib.suppress(json.JSONDecodeError):  # plain text that starts with a brace
+                body = json.loads(body)
+    if isinstance(body, dict):
+        if not isinstance(body.get(field), str):
+            raise InvalidInput(f'JSON body needs a string field "{field}", got keys {sorted(body)}')
+        body = body[field]
+    if not isinstance(body, str):
+        raise InvalidInput(f'expected text or JSON {{"{field}": "..."}}, got a JSON {type(body).__name__}')
+    if not body.strip():
+        raise InvalidInput("text is empty or whitespace only")
+    return body
+
+
+def error_body(message: str, code: int = HTTP_BAD_REQUEST) -> dict[str, Any]:
+    # Same shape as TorchServe's own error responses.
+    return {"code": code, "type": "InvalidInput", "message": message}

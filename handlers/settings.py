@@ -1,0 +1,135 @@
+"""Typed handler settings, parsed once from the `handler:` section of model-config.yaml.
+
+`parse_settings` also parses the kit's other typed configs (serving presets).
+
+    settings = parse_settings(ImageSettings, context.model_yaml_config.get("handler", {}))
+
+Every settings class is a frozen dataclass; defaults live here and nowhere else. Unknown keys,
+unknown choices and wrong types are errors that name the value and the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+
+class Architecture(enum.StrEnum):
+    """Which loader builds the model from the archive's files (see handlers/loaders.py)."""
+
+    RESNET50 = "resnet50"
+    BERT_CLASSIFIER = "bert-classifier"
+    SENTENCE_EMBEDDER = "sentence-embedder"
+    EXPORTED_PROGRAM = "exported-program"
+
+
+class Backend(enum.StrEnum):
+    EAGER = "eager"
+    INDUCTOR = "inductor"
+    IPEX = "ipex"
+
+
+class CompileMode(enum.StrEnum):
+    DEFAULT = "default"
+    MAX_AUTOTUNE = "max-autotune"
+
+
+class DType(enum.StrEnum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+
+
+class SettingsError(ValueError):
+    """A configuration value is wrong; the message names it and says how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizationSettings:
+    backend: Backend = Backend.INDUCTOR
+    mode: CompileMode = CompileMode.DEFAULT
+    dtype: DType = DType.FLOAT32
+    # NHWC lets oneDNN pick its blocked convolution kernels without reorders (CNNs only).
+    channels_last: bool = False
+    # A failed compile stops the worker unless this asks for eager instead.
+    fallback_to_eager: bool = False
+    # One ITT range per inference call, visible in VTune; no cost without a collector.
+    itt: bool = True
+    # Warm-up calls per batch size after the compiling one.
+    warmup_iterations: int = 2
+
+    def __post_init__(self) -> None:
+        if self.warmup_iterations < 0:
+            raise SettingsError(f"warmup_iterations must be >= 0, got {self.warmup_iterations}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSettings(OptimizationSettings):
+    architecture: Architecture = Architecture.RESNET50
+    channels_last: bool = True
+    top_k: int = 5
+    # Optional JSON file in the archive: {"0": "tench", ...} or ["tench", ...].
+    labels_file: str = ""
+    resize: int = 256
+    crop: int = 224
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 < self.crop <= self.resize:
+            raise SettingsError(f"need 0 < crop <= resize, got crop={self.crop} resize={self.resize}")
+        if self.top_k < 1:
+            raise SettingsError(f"top_k must be >= 1, got {self.top_k}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextSettings(OptimizationSettings):
+    architecture: Architecture = Architecture.BERT_CLASSIFIER
+    # Every request is padded to this length: one static shape to compile, nothing to recompile.
+    max_length: int = 128
+    labels_file: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 8 <= self.max_length <= 512:
+            raise SettingsError(f"max_length must be in [8, 512] (BERT positions), got {self.max_length}")
+
+
+S = TypeVar("S", bound=OptimizationSettings)
+
+
+def _coerce(name: str, kind: Any, value: Any) -> Any:
+    args = typing.get_args(kind)
+    if type(None) in args:  # `X | None`: null stays null, anything else must be an X
+        return None if value is None else _coerce(name, next(a for a in args if a is not type(None)), value)
+    if typing.get_origin(kind) is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise SettingsError(f"{name} must be a list, got {value!r}")
+        return tuple(value)
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        try:
+            return kind(value)
+        except ValueError:
+            choices = ", ".join(member.value for member in kind)
+            raise SettingsError(f"{name} {value!r} is unknown; choose one of: {choices}") from None
+    # YAML already gives bool/int/str; reject look-alikes such as "yes" or 1 for a bool.
+    if kind is bool and not isinstance(value, bool):
+        raise SettingsError(f"{name} must be true or false, got {value!r}")
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise SettingsError(f"{name} must be an integer, got {value!r}")
+    if kind is str and not isinstance(value, str):
+        raise SettingsError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+def parse_settings(cls: type[S], raw: Mapping[str, Any] | None) -> S:
+    """Build `cls` from a mapping, rejecting unknown keys and coercing each value once."""
+    raw = dict(raw or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise SettingsError(f"unknown setting(s) {unknown} for {cls.__name__}; valid keys: {sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    values = {name: _coerce(name, hints[name], value) for name, value in raw.items()}
+    return cls(**values)

@@ -1,0 +1,49 @@
+"""TorchServe handler: UTF-8 text (or JSON {"text": ...}) -> {label: probability} (BERT).
+
+torch-model-archiver --handler handlers/text_classification.py ...   (see model_store/build.py)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from handlers.base import OptimizedHandler
+from handlers.labels import Labels
+from handlers.optimize import Inputs
+from handlers.payload import request_text
+from handlers.settings import TextSettings
+from handlers.text import encode, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def text_example(batch_size: int, max_length: int) -> Inputs:
+    # Half-padded rows: an all-ones mask would let the compiler specialise padding away.
+    ids = torch.randint(1000, 2000, (batch_size, max_length))
+    mask = torch.ones(batch_size, max_length, dtype=torch.long)
+    mask[:, max_length // 2 :] = 0
+    return ids, mask, torch.zeros(batch_size, max_length, dtype=torch.long)
+
+
+class TextClassificationHandler(OptimizedHandler):
+    settings_class = TextSettings
+
+    def setup(self, model_dir: str) -> None:
+        self.tokenizer = load_tokenizer(model_dir)
+        self.labels = Labels.load(model_dir, self.settings.labels_file, prefix="LABEL_")
+
+    def decode(self, request: dict[str, Any]) -> Inputs:
+        encoded = encode(self.tokenizer, request_text(request), self.settings.max_length)
+        if encoded.truncated:
+            log.info("%s: input truncated to %d tokens", self.model_name, self.settings.max_length)
+        return encoded.inputs
+
+    def example(self, batch_size: int) -> Inputs:
+        return text_example(batch_size, self.settings.max_length)
+
+    def format(self, output: torch.Tensor) -> dict[str, float]:
+        probabilities = torch.softmax(output.float(), dim=0)
+        return {self.labels.name(i): float(p) for i, p in enumerate(probabilities)}

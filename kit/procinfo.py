@@ -1,0 +1,56 @@
+"""What a running worker process really uses: allocator mapped, CPU affinity, memory.
+
+    info = inspect_process(12345)   # ProcessInfo(allocator='jemalloc', cpus=(0, 1), rss_mb=812.4)
+
+The allocator is read from /proc/PID/maps, not from configuration: a launcher that silently
+failed to find the library shows up here as 'default'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+# Substring of the mapped file name -> allocator name.
+ALLOCATOR_LIBRARIES = {"libjemalloc": "jemalloc", "libtcmalloc": "tcmalloc"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessInfo:
+    pid: int
+    allocator: str  # jemalloc | tcmalloc | default (glibc malloc)
+    cpus: tuple[int, ...]
+    rss_mb: float
+    omp_threads: str  # OMP_NUM_THREADS in the process environment, "" if unset
+
+
+def loaded_allocator(pid: int) -> str:
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    for marker, name in ALLOCATOR_LIBRARIES.items():
+        if marker in maps:
+            return name
+    return "default"
+
+
+def process_environment(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {key.decode(errors="replace"): value.decode(errors="replace") for key, value in pairs}
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024  # kB -> MB
+    return 0.0
+
+
+def inspect_process(pid: int) -> ProcessInfo:
+    return ProcessInfo(
+        pid=pid,
+        allocator=loaded_allocator(pid),
+        cpus=tuple(sorted(os.sched_getaffinity(pid))),
+        rss_mb=rss_mb(pid),
+        omp_threads=process_environment(pid).get("OMP_NUM_THREADS", ""),
+    )

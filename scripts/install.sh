@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Install everything the kit needs: system packages, the .venv, allocator links.
+#   bash scripts/install.sh          (what `make install` runs)
+# Idempotent: a stamp file records the inputs' hash, so a second run returns at once.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.kit-installed"
+PYTHON="${PYTHON:-python3}"
+APT_PACKAGES=(apache2-utils libjemalloc2 libgoogle-perftools4 numactl)
+
+step() { printf '[install] %s\n' "$*"; }
+die() { printf '[install] ERROR: %s\n' "$*" >&2; exit 1; }
+
+inputs_hash() {
+    cat "$ROOT/requirements/main.txt" "$ROOT/requirements/constraints.txt" "$0" | sha256sum | cut -d' ' -f1
+}
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(inputs_hash)" ]]; then
+    step "up to date ($VENV); delete $STAMP to force a reinstall"
+    exit 0
+fi
+
+as_root() { if [[ $EUID -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
+
+install_system_packages() {
+    local missing=()
+    for pkg in "${APT_PACKAGES[@]}"; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+    # TorchServe's frontend is Java; any JRE >= 11 will do, so only install one when none runs.
+    java -version >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+    if ((${#missing[@]})); then
+        step "apt: installing ${missing[*]}"
+        as_root apt-get update -qq || die "apt-get update failed; check the package mirror"
+        DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null \
+            || die "apt-get install ${missing[*]} failed"
+    else
+        step "apt: all system packages present"
+    fi
+}
+
+create_venv() {
+    if [[ ! -x "$VENV/bin/python" ]]; then
+        step "creating $VENV with $($PYTHON --version)"
+        "$PYTHON" -m venv "$VENV"
+    fi
+    step "pip: installing requirements/main.txt (torch pinned by requirements/constraints.txt)"
+    "$VENV/bin/pip" install --quiet --progress-bar off \
+        -c "$ROOT/requirements/constraints.txt" -r "$ROOT/requirements/main.txt" \
+        || die "pip install failed; see the output above"
+    "$VENV/bin/python" - <<'EOF' || die "torch in .venv is not the pinned 2.13.0 CPU build"
+import torch
+assert torch.__version__.startswith("2.13.0"), torch.__version__
+assert not torch.version.cuda, f"CUDA build installed: {torch.version.cuda}"
+EOF
+}
+
+# torch.backends.xeon.run_cpu looks for the exact names libjemalloc.so / libtcmalloc.so in
+# $VIRTUAL_ENV/lib (among others) but never in Debian's multiarch directory.
+link_allocators() {
+    local name soname target
+    for name in jemalloc tcmalloc; do
+        soname="$(ldconfig -p | awk -v n="lib${name}.so." '$1 ~ "^"n {print $NF; exit}')"
+        [[ -n "$soname" ]] || die "lib${name} not found by ldconfig; install its apt package"
+        target="$VENV/lib/lib${name}.so"
+        ln -sfn "$soname" "$target"
+        step "linked $target -> $soname"
+    done
+}
+
+install_system_packages
+create_venv
+link_allocators
+inputs_hash >"$STAMP"
+step "done: $VENV"
