@@ -119,8 +119,8 @@ def optimize(model: nn.Module, settings: OptimizationSettings, examples: Sequenc
         reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
         if not settings.fallback_to_eager:
             raise CompileError(
-                f"backend {settings.backend.value!r} failed during warm-up ({reason}); fix the model, "
-                "choose `backend: eager`, or set `fallback_to_eager: true` in model-config.yaml"
+                f"backend {settings.backend.value!r} failed during warm-up ({reason}); if the model itself is "
+                "fine, choose `backend: eager` or set `fallback_to_eager: true` in model-config.yaml"
             ) from error
         log.warning("backend %s failed, falling back to eager as configured: %s", settings.backend.value, reason)
         timings = warm_up(prepared, examples, settings.warmup_iterations)

@@ -1,0 +1,204 @@
+"""The handlers through TorchServe's own Context and handle(), with tiny models in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from ts.context import Context, RequestProcessor
+from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+import handlers.itt
+from handlers.architectures.text import BertClassifier, SentenceEmbedder
+from handlers.base import batch_buckets
+from handlers.image import image_to_tensor
+from handlers.image_classification import ImageClassificationHandler
+from handlers.sentence_embedding import SentenceEmbeddingHandler
+from handlers.text import encode, load_tokenizer
+from handlers.text_classification import TextClassificationHandler
+from model_store.build import minilm_dir
+from tests.conftest import encode_image
+
+METRICS_CONFIG = Path(__import__("ts").__file__).parent / "configs" / "metrics.yaml"
+
+
+def make_context(model_dir: Path, handler_settings: dict, batch_size: int = 1) -> Context:
+    context = Context(
+        "tiny", str(model_dir), {"model": {"modelName": "tiny"}}, batch_size, None, "0.12.0",
+        metrics=MetricsCacheYamlImpl(str(METRICS_CONFIG)),
+        model_yaml_config={"handler": handler_settings},
+    )  # fmt: skip
+    context.metrics.initialize_cache()
+    return context
+
+
+def serve(handler, context: Context, requests: list[dict]) -> list:
+    context.request_processor = [RequestProcessor({}) for _ in requests]
+    context.request_ids = {i: f"req-{i}" for i in range(len(requests))}
+    return handler.handle(requests, context)
+
+
+def statuses(context: Context) -> list[int]:
+    return [p.get_response_status_code() for p in context.request_processor]
+
+
+@pytest.fixture
+def image_archive(tmp_path, tiny_cnn):
+    example = torch.randn(2, 3, 224, 224)
+    # A dynamic batch dimension, as a user must export it to serve batches > 1.
+    program = torch.export.export(tiny_cnn, (example,), dynamic_shapes={"x": {0: torch.export.Dim("batch", max=64)}})
+    torch.export.save(program, tmp_path / "model.pt2")
+    return tmp_path
+
+
+def image_handler(model_dir, batch_size=1, **settings):
+    context = make_context(model_dir, {"architecture": "exported-program", **settings}, batch_size)
+    handler = ImageClassificationHandler()
+    handler.initialize(context)
+    return handler, context
+
+
+def test_batch_with_one_bad_request(image_archive, tiny_cnn):
+    handler, context = image_handler(image_archive, batch_size=4, backend="eager", top_k=3)
+    good = [encode_image("RGB", (320, 240)), encode_image("L", (100, 80))]
+    responses = serve(handler, context, [{"body": good[0]}, {"body": b"garbage bytes"}, {"data": good[1]}])
+
+    assert statuses(context) == [200, 400, 200]
+    assert responses[1]["code"] == 400 and "not a decodable image" in responses[1]["message"]
+    for response, data in zip((responses[0], responses[2]), good):
+        with torch.inference_mode():
+            expected = torch.softmax(tiny_cnn(image_to_tensor(data, 256, 224)[None])[0], 0)
+        top = torch.topk(expected, 3)
+        assert list(response) == [str(int(i)) for i in top.indices]
+        assert list(response.values()) == pytest.approx(top.values.tolist(), abs=1e-5)
+
+
+def test_compiled_buckets_pad_and_match_eager(image_archive, tiny_cnn):
+    handler, context = image_handler(image_archive, batch_size=4, backend="inductor", top_k=10)
+    assert handler.buckets == [1, 2, 4]
+    images = [encode_image("RGB", (64 + i, 48)) for i in range(3)]  # 3 requests -> bucket 4
+    responses = serve(handler, context, [{"body": data} for data in images])
+    assert statuses(context) == [200, 200, 200]
+    for response, data in zip(responses, images):
+        with torch.inference_mode():
+            expected = torch.softmax(tiny_cnn(image_to_tensor(data, 256, 224)[None])[0], 0)
+        got = torch.tensor([response[str(i)] for i in range(10)])
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_all_bad_batch_skips_the_model(image_archive):
+    handler, context = image_handler(image_archive, backend="eager")
+    responses = serve(handler, context, [{"body": b""}])
+    assert statuses(context) == [400]
+    assert responses[0]["message"] == "request body is empty"
+
+
+def test_labels_file_names_classes(image_archive):
+    (image_archive / "labels.json").write_text(json.dumps([f"class-{i}" for i in range(10)]))
+    handler, context = image_handler(image_archive, backend="eager", labels_file="labels.json", top_k=10)
+    (response,) = serve(handler, context, [{"body": encode_image("RGB", (50, 50))}])
+    assert sorted(response) == sorted(f"class-{i}" for i in range(10))
+
+
+def test_unknown_setting_stops_the_worker(image_archive):
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['bakend'\]"):
+        image_handler(image_archive, bakend="eager")
+
+
+class RangeRecorder:
+    def __init__(self):
+        self.events: list[str] = []
+
+    def install(self, monkeypatch):
+        monkeypatch.setattr(handlers.itt.itt, "is_available", lambda: True)
+        monkeypatch.setattr(handlers.itt.itt, "range_push", lambda name: self.events.append(f"push {name}"))
+        monkeypatch.setattr(handlers.itt.itt, "range_pop", lambda: self.events.append("pop"))
+
+
+def test_one_itt_range_per_inference_call(image_archive, monkeypatch):
+    handler, context = image_handler(image_archive, batch_size=2, backend="eager")
+    recorder = RangeRecorder()
+    recorder.install(monkeypatch)
+    serve(handler, context, [{"body": encode_image("RGB", (40, 40))}] * 2)
+    serve(handler, context, [{"body": encode_image("RGB", (40, 40))}])
+    assert recorder.events == ["push tiny:bs2", "pop", "push tiny:bs1", "pop"]
+
+
+def test_itt_range_closes_when_inference_raises(image_archive, monkeypatch):
+    handler, context = image_handler(image_archive, backend="eager")
+    recorder = RangeRecorder()
+    recorder.install(monkeypatch)
+
+    def explode(*inputs):
+        raise RuntimeError("boom")
+
+    object.__setattr__(handler.optimized, "run", explode)  # frozen dataclass: bypass for the test
+    with pytest.raises(RuntimeError, match="boom"):
+        serve(handler, context, [{"body": encode_image("RGB", (40, 40))}])
+    assert recorder.events == ["push tiny:bs1", "pop"]
+
+
+def test_itt_switch_off_opens_no_range(image_archive, monkeypatch):
+    handler, context = image_handler(image_archive, backend="eager", itt=False)
+    recorder = RangeRecorder()
+    recorder.install(monkeypatch)
+    serve(handler, context, [{"body": encode_image("RGB", (40, 40))}])
+    assert recorder.events == []
+
+
+def write_text_archive(model_dir: Path, model) -> Path:
+    torch.save(model.state_dict(), model_dir / "model.pt")
+    (model_dir / "config.json").write_text(model.config.to_json_string())
+    for name in ("vocab.txt", "tokenizer.json"):
+        shutil.copy(minilm_dir() / name, model_dir / name)
+    return model_dir
+
+
+def test_text_classifier_serves_probabilities(tmp_path, tiny_bert_config):
+    torch.manual_seed(0)
+    model = BertClassifier(tiny_bert_config).eval()
+    write_text_archive(tmp_path, model)
+    context = make_context(tmp_path, {"architecture": "bert-classifier", "backend": "inductor", "max_length": 32}, 2)
+    handler = TextClassificationHandler()
+    handler.initialize(context)
+    responses = serve(handler, context, [{"body": "a fine film"}, {"body": b"\xff bad"}, {"body": {"text": "dull"}}])
+    assert statuses(context) == [200, 400, 200]
+    tokenizer = load_tokenizer(tmp_path)
+    for response, text in ((responses[0], "a fine film"), (responses[2], "dull")):
+        inputs = tuple(t[None] for t in encode(tokenizer, text, 32).inputs)
+        with torch.inference_mode():
+            expected = torch.softmax(model(*inputs)[0], 0)
+        assert list(response) == ["LABEL_0", "LABEL_1", "LABEL_2"]
+        torch.testing.assert_close(torch.tensor(list(response.values())), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_sentence_embedder_returns_unit_vectors(tmp_path, tiny_bert_config):
+    torch.manual_seed(0)
+    write_text_archive(tmp_path, SentenceEmbedder(tiny_bert_config).eval())
+    context = make_context(tmp_path, {"architecture": "sentence-embedder", "backend": "eager", "max_length": 32})
+    handler = SentenceEmbeddingHandler()
+    handler.initialize(context)
+    (vector,) = serve(handler, context, [{"body": "hello"}])
+    assert len(vector) == tiny_bert_config.hidden_size
+    assert sum(v * v for v in vector) == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize(("max_batch", "buckets"), [(1, [1]), (3, [1, 2, 3]), (8, [1, 2, 4, 8]), (6, [1, 2, 4, 6])])
+def test_batch_buckets(max_batch, buckets):
+    assert batch_buckets(max_batch) == buckets
+
+
+def test_model_config_files_parse_into_settings():
+    from handlers.settings import ImageSettings, TextSettings, parse_settings
+    from model_store.build import CONFIG, RECIPES, merged_config
+
+    settings_class = {"resnet50": ImageSettings, "bert": TextSettings, "minilm": TextSettings}
+    for name, recipe in RECIPES.items():
+        base = yaml.safe_load((CONFIG / "models" / recipe.config).read_text())
+        for variant in (CONFIG / "variants").glob("*.yaml"):
+            merged = merged_config(base, yaml.safe_load(variant.read_text()))
+            parse_settings(settings_class[name], merged["handler"])  # raises on any bad key

@@ -1,0 +1,78 @@
+import pytest
+import torch
+
+from handlers.image import IMAGENET_MEAN, IMAGENET_STD, MAX_PIXELS, image_to_tensor
+from handlers.payload import InvalidInput
+from tests.conftest import encode_image
+
+
+def test_jpeg_becomes_normalized_crop(jpeg_bytes):
+    x = image_to_tensor(jpeg_bytes, resize=256, crop=224)
+    assert x.shape == (3, 224, 224)
+    assert x.dtype == torch.float32
+
+
+def test_normalization_is_imagenet():
+    # A flat colour survives resize/crop exactly (PNG: lossless), so each channel is a known constant.
+    x = image_to_tensor(encode_image("RGB", (300, 200), "PNG", color=(255, 128, 0)), resize=256, crop=224)
+    expected = (torch.tensor([255, 128, 0]).view(3, 1, 1) / 255.0 - IMAGENET_MEAN) / IMAGENET_STD
+    torch.testing.assert_close(x, expected.expand(3, 224, 224), rtol=0, atol=1e-6)
+
+
+def test_shorter_side_resize_then_center_crop():
+    # Left half black, right half white, 400x200: after resize to 512x256 and a 224 centre crop,
+    # the centre column is the boundary, and the crop keeps both halves equally.
+    from PIL import Image
+
+    image = Image.new("RGB", (400, 200), (0, 0, 0))
+    image.paste((255, 255, 255), (200, 0, 400, 200))
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    x = image_to_tensor(buffer.getvalue(), resize=256, crop=224)
+    white = (1.0 - IMAGENET_MEAN[0, 0, 0]) / IMAGENET_STD[0, 0, 0]
+    black = (0.0 - IMAGENET_MEAN[0, 0, 0]) / IMAGENET_STD[0, 0, 0]
+    assert torch.isclose(x[0, 112, 0], black, atol=1e-5)
+    assert torch.isclose(x[0, 112, 223], white, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("mode", "fmt"),
+    [("L", "JPEG"), ("CMYK", "JPEG"), ("RGBA", "PNG"), ("RGB", "PNG")],
+    ids=["gray", "cmyk", "rgba", "png"],
+)
+def test_other_colour_modes_are_converted(mode, fmt):
+    assert image_to_tensor(encode_image(mode, (64, 48), fmt), 256, 224).shape == (3, 224, 224)
+
+
+def test_one_pixel_image_is_served():
+    assert image_to_tensor(encode_image("RGB", (1, 1), "PNG"), 256, 224).shape == (3, 224, 224)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"\x00\x01garbage" * 50, "not a decodable image"),
+        (b"plain text, not an image", "not a decodable image"),
+    ],
+)
+def test_garbage_is_invalid_input(data, message):
+    with pytest.raises(InvalidInput, match=message):
+        image_to_tensor(data, 256, 224)
+
+
+def test_truncated_jpeg_is_invalid_input(jpeg_bytes):
+    with pytest.raises(InvalidInput, match="not a decodable image"):
+        image_to_tensor(jpeg_bytes[: len(jpeg_bytes) // 2], 256, 224)
+
+
+def test_decompression_bomb_is_refused_before_decoding(monkeypatch):
+    # 20000x20000 of one colour: a few hundred KB as PNG, 400 MB once decoded.
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)  # PIL's own guard off: the kit's must catch it
+    bomb = encode_image("L", (20000, 20000), "PNG", color=0)
+    assert len(bomb) < 2_000_000
+    with pytest.raises(InvalidInput, match=f"over the limit of {MAX_PIXELS}"):
+        image_to_tensor(bomb, 256, 224)

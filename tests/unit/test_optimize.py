@@ -1,0 +1,104 @@
+"""Each backend against eager on tiny models, at explicit tolerances; failure and fallback paths."""
+
+import logging
+
+import pytest
+import torch
+
+from handlers.architectures.text import BertClassifier
+from handlers.optimize import BACKENDS, BackendUnavailable, CompileError, optimize
+from handlers.settings import Backend, ImageSettings, TextSettings, parse_settings
+from handlers.text_classification import text_example
+
+# Inductor reorders float reductions (and folds BN into conv under freezing): fp32 agrees to ~1e-5.
+FP32_TOL = {"rtol": 1e-4, "atol": 1e-4}
+# bfloat16 keeps 8 mantissa bits: ~1e-2 relative on logits of this size.
+BF16_TOL = {"rtol": 5e-2, "atol": 5e-2}
+
+
+def eager_reference(model, inputs):
+    with torch.inference_mode():
+        return model(*inputs).float()
+
+
+def run(optimized, inputs, channels_last=False):
+    if channels_last:
+        inputs = tuple(t.contiguous(memory_format=torch.channels_last) for t in inputs)
+    with torch.inference_mode():
+        return optimized.run(*inputs)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "tolerance"),
+    [
+        # channels-last picks other oneDNN conv kernels: same math, different summation order.
+        ({"backend": "eager"}, {"rtol": 1e-5, "atol": 1e-6}),
+        ({"backend": "inductor"}, FP32_TOL),
+        ({"backend": "inductor", "channels_last": False}, FP32_TOL),
+        ({"backend": "inductor", "dtype": "bfloat16"}, BF16_TOL),
+    ],
+    ids=["eager", "inductor-channels-last", "inductor-nchw", "inductor-bf16"],
+)
+def test_image_backends_match_eager(tiny_cnn, overrides, tolerance):
+    settings = parse_settings(ImageSettings, overrides)
+    examples = [(torch.randn(1, 3, 32, 32),), (torch.randn(4, 3, 32, 32),)]
+    references = [eager_reference(tiny_cnn, x) for x in examples]
+    optimized = optimize(tiny_cnn, settings, examples)
+    assert optimized.backend is settings.backend
+    for inputs, reference in zip(examples, references):
+        torch.testing.assert_close(run(optimized, inputs, settings.channels_last), reference, **tolerance)
+
+
+def test_text_inductor_matches_eager_with_padding(tiny_bert_config):
+    torch.manual_seed(0)
+    model = BertClassifier(tiny_bert_config).eval()
+    examples = [text_example(2, 32)]
+    reference = eager_reference(model, examples[0])
+    optimized = optimize(model, parse_settings(TextSettings, {"backend": "inductor"}), examples)
+    torch.testing.assert_close(run(optimized, examples[0]), reference, **FP32_TOL)
+    # A different padding pattern through the same compiled graph: padding must not be baked in.
+    ids, mask, types = text_example(2, 32)
+    mask[0, 5:] = 0
+    torch.testing.assert_close(
+        run(optimized, (ids, mask, types)), eager_reference(model, (ids, mask, types)), **FP32_TOL
+    )
+
+
+def test_compile_time_is_reported_apart_from_warmup(tiny_cnn):
+    optimized = optimize(
+        tiny_cnn, parse_settings(ImageSettings, {"backend": "inductor"}), [(torch.randn(1, 3, 32, 32),)]
+    )
+    assert optimized.compile_seconds > 0 and optimized.warmup_seconds > 0
+
+
+def broken_backend(model, settings):
+    def run(*inputs):
+        raise RuntimeError("lowering failed: aten.fake_op\nlong traceback here")
+
+    return run
+
+
+def test_compile_failure_is_loud_by_default(tiny_cnn, monkeypatch):
+    monkeypatch.setitem(BACKENDS, Backend.INDUCTOR, broken_backend)
+    with pytest.raises(CompileError, match=r"'inductor' failed during warm-up \(RuntimeError: lowering failed"):
+        optimize(tiny_cnn, parse_settings(ImageSettings, {}), [(torch.randn(1, 3, 32, 32),)])
+
+
+def test_fallback_to_eager_only_when_configured(tiny_cnn, monkeypatch, caplog):
+    monkeypatch.setitem(BACKENDS, Backend.INDUCTOR, broken_backend)
+    settings = parse_settings(ImageSettings, {"fallback_to_eager": True})
+    x = (torch.randn(1, 3, 32, 32),)
+    reference = eager_reference(tiny_cnn, x)
+    with caplog.at_level(logging.WARNING):
+        optimized = optimize(tiny_cnn, settings, [x])
+    assert optimized.backend is Backend.EAGER
+    assert "lowering failed: aten.fake_op" in optimized.fallback_reason
+    assert "falling back to eager" in caplog.text and "lowering failed" in caplog.text
+    torch.testing.assert_close(run(optimized, x, channels_last=True), reference, rtol=1e-5, atol=1e-6)
+
+
+def test_ipex_in_main_env_says_how_to_get_it(tiny_cnn):
+    settings = parse_settings(ImageSettings, {"backend": "ipex", "fallback_to_eager": True})
+    # Never silently eager: a missing environment is a configuration error even with fallback on.
+    with pytest.raises(BackendUnavailable, match="make install-ipex"):
+        optimize(tiny_cnn, settings, [(torch.randn(1, 3, 32, 32),)])
