@@ -69,7 +69,7 @@ def test_batch_with_one_bad_request(image_archive, tiny_cnn):
 
     assert statuses(context) == [200, 400, 200]
     assert responses[1]["code"] == 400 and "not a decodable image" in responses[1]["message"]
-    for response, data in zip((responses[0], responses[2]), good):
+    for response, data in zip((responses[0], responses[2]), good, strict=True):
         with torch.inference_mode():
             expected = torch.softmax(tiny_cnn(image_to_tensor(data, 256, 224)[None])[0], 0)
         top = torch.topk(expected, 3)
@@ -83,7 +83,7 @@ def test_compiled_buckets_pad_and_match_eager(image_archive, tiny_cnn):
     images = [encode_image("RGB", (64 + i, 48)) for i in range(3)]  # 3 requests -> bucket 4
     responses = serve(handler, context, [{"body": data} for data in images])
     assert statuses(context) == [200, 200, 200]
-    for response, data in zip(responses, images):
+    for response, data in zip(responses, images, strict=True):
         with torch.inference_mode():
             expected = torch.softmax(tiny_cnn(image_to_tensor(data, 256, 224)[None])[0], 0)
         got = torch.tensor([response[str(i)] for i in range(10)])

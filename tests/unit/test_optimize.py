@@ -45,7 +45,7 @@ def test_image_backends_match_eager(tiny_cnn, overrides, tolerance):
     references = [eager_reference(tiny_cnn, x) for x in examples]
     optimized = optimize(tiny_cnn, settings, examples)
     assert optimized.backend is settings.backend
-    for inputs, reference in zip(examples, references):
+    for inputs, reference in zip(examples, references, strict=True):
         torch.testing.assert_close(run(optimized, inputs, settings.channels_last), reference, **tolerance)
 
 

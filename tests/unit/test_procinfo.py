@@ -9,11 +9,14 @@ import pytest
 from kit.procinfo import inspect_process, loaded_allocator
 from kit.server import VENV
 
-SLEEPER = [sys.executable, "-c", "import time; time.sleep(30)"]
+SLEEPER = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"]
 
 
 def start(env_extra: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(SLEEPER, env={**os.environ, **env_extra})
+    process = subprocess.Popen(SLEEPER, env={**os.environ, **env_extra}, stdout=subprocess.PIPE, text=True)
+    # Once Python prints, ld.so has long mapped every preloaded library.
+    assert process.stdout.readline().strip() == "ready"
+    return process
 
 
 @pytest.mark.parametrize("allocator", ["jemalloc", "tcmalloc"])
@@ -22,7 +25,6 @@ def test_preloaded_allocator_is_seen_in_maps(allocator):
     assert library.exists(), f"{library} missing: `make install` links it for the launcher"
     process = start({"LD_PRELOAD": str(library)})
     try:
-        # Popen returns after exec, and ld.so maps LD_PRELOAD before main: no wait needed.
         assert loaded_allocator(process.pid) == allocator
     finally:
         process.kill()
