@@ -1,0 +1,47 @@
+"""A real TorchServe with the optimized preset on free ports, shared by the e2e tests."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kit.serve_config import ServeConfig
+from kit.server import Server, free_ports_config
+
+ROOT = Path(__file__).resolve().parents[2]
+START_DEADLINE_S = 900  # cold Inductor cache on 2 cores: ~1-2 min; this is the ceiling
+
+
+def start_server(run_dir: Path, config: ServeConfig) -> Server:
+    server = Server(free_ports_config(config), run_dir)
+    missing = [m for m in config.models if not (server.model_store / f"{m}.mar").is_file()]
+    if missing:
+        pytest.fail(f"archives {missing} missing in {server.model_store}: run `make archive` (make test does)")
+    server.start()
+    try:
+        server.wait_ready(START_DEADLINE_S)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def optimized_server(tmp_path_factory) -> Server:
+    server = start_server(tmp_path_factory.mktemp("optimized"), ServeConfig.from_preset("optimized"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def extracted_archives(tmp_path_factory) -> dict[str, Path]:
+    """The eager archives unpacked, for in-process references built from the same files."""
+    root = tmp_path_factory.mktemp("archives")
+    out = {}
+    for name in ("resnet50", "bert", "minilm"):
+        with zipfile.ZipFile(ROOT / "model_store" / "eager" / f"{name}.mar") as archive:
+            archive.extractall(root / name)
+        out[name] = root / name
+    return out

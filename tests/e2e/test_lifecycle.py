@@ -1,0 +1,37 @@
+"""Start/stop behaviour of the kit's server wrapper, on the baseline preset (eager, no launcher)."""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+import pytest
+import requests
+
+from kit.serve_config import ServeConfig
+from kit.server import ServerError
+from tests.e2e.conftest import start_server
+
+pytestmark = pytest.mark.e2e
+
+
+def test_baseline_uses_torchserve_defaults_and_stops_cleanly(tmp_path):
+    server = start_server(tmp_path, ServeConfig.from_preset("baseline", models=["bert"]))
+    try:
+        workers = server.workers()
+        # TorchServe's default: one worker per core, no launcher, glibc malloc.
+        assert len(workers) == os.cpu_count()
+        assert {w.process.allocator for w in workers} == {"default"}
+        response = requests.post(
+            server.url("inference", "/predictions/bert"), data=b"plain eager", headers={"Content-Type": "text/plain"},
+            timeout=60,
+        )  # fmt: skip
+        assert response.status_code == 200, response.text
+        with pytest.raises(ServerError, match="already running"):
+            server.start()
+        tree = server.process_tree()
+        assert len(tree) >= 2 + len(workers)  # torchserve wrapper, java, workers
+    finally:
+        server.stop()
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "processes left behind"
+    assert not server.state_file.exists()

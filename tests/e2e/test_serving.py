@@ -1,0 +1,146 @@
+"""Real HTTP against a real TorchServe running the optimized preset (Inductor, launcher, jemalloc)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import requests
+import torch
+from PIL import Image
+
+from handlers.image import image_to_tensor
+from handlers.loaders import load_model
+from handlers.settings import Architecture
+from handlers.text import encode, load_tokenizer
+from kit.server import Server
+
+pytestmark = pytest.mark.e2e
+
+# Served = Inductor with freezing (BN folded, other kernels): probabilities agree to ~1e-5;
+# 1e-4 leaves room for a different summation order without hiding a wrong model.
+PROBABILITY_ATOL = 1e-4
+EMBEDDING_ATOL = 1e-4
+
+
+def photo_jpeg() -> bytes:
+    # Smooth gradients plus noise: JPEG-compresses like a photo (~100 KB at 640x480).
+    rng = np.random.default_rng(7)
+    y, x = np.mgrid[0:480, 0:640]
+    base = np.stack([x / 640 * 255, y / 480 * 255, (x + y) / 1120 * 255], axis=-1)
+    pixels = np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype("uint8")
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def post(server: Server, model: str, body: bytes, content_type: str) -> requests.Response:
+    return requests.post(
+        server.url("inference", f"/predictions/{model}"),
+        data=body,
+        headers={"Content-Type": content_type, **server.headers("inference")},
+        timeout=60,
+    )
+
+
+def worker_pid(server: Server, model: str) -> int:
+    (worker,) = [w for w in server.workers() if w.model == model]
+    return worker.process.pid
+
+
+def test_resnet50_matches_eager_reference(optimized_server, extracted_archives):
+    jpeg = photo_jpeg()
+    response = post(optimized_server, "resnet50", jpeg, "image/jpeg")
+    assert response.status_code == 200, response.text
+    served = response.json()
+    assert len(served) == 5
+
+    model = load_model(Architecture.RESNET50, extracted_archives["resnet50"])
+    with torch.inference_mode():
+        probabilities = torch.softmax(model(image_to_tensor(jpeg, 256, 224)[None])[0], 0)
+    top = torch.topk(probabilities, 5)
+    assert list(served) == [str(int(i)) for i in top.indices]
+    assert list(served.values()) == pytest.approx(top.values.tolist(), abs=PROBABILITY_ATOL)
+
+
+def test_bert_matches_eager_reference(optimized_server, extracted_archives):
+    text = "The film was a quiet, beautifully acted study of grief."
+    response = post(optimized_server, "bert", text.encode(), "text/plain")
+    assert response.status_code == 200, response.text
+    served = response.json()
+
+    model_dir = extracted_archives["bert"]
+    model = load_model(Architecture.BERT_CLASSIFIER, model_dir)
+    inputs = tuple(t[None] for t in encode(load_tokenizer(model_dir), text, 128).inputs)
+    with torch.inference_mode():
+        probabilities = torch.softmax(model(*inputs)[0], 0)
+    assert list(served) == ["LABEL_0", "LABEL_1"]
+    assert list(served.values()) == pytest.approx(probabilities.tolist(), abs=PROBABILITY_ATOL)
+
+
+def embed(server: Server, text: str) -> torch.Tensor:
+    response = post(server, "minilm", f'{{"text": "{text}"}}'.encode(), "application/json")
+    assert response.status_code == 200, response.text
+    return torch.tensor(response.json())
+
+
+def test_minilm_matches_eager_reference(optimized_server, extracted_archives):
+    text = "A man is playing a guitar."
+    served = embed(optimized_server, text)
+    model_dir = extracted_archives["minilm"]
+    model = load_model(Architecture.SENTENCE_EMBEDDER, model_dir)
+    inputs = tuple(t[None] for t in encode(load_tokenizer(model_dir), text, 128).inputs)
+    with torch.inference_mode():
+        reference = model(*inputs)[0]
+    assert served.shape == (384,)
+    torch.testing.assert_close(served, reference, rtol=0, atol=EMBEDDING_ATOL)
+
+
+def test_minilm_paraphrase_is_closer_than_unrelated(optimized_server):
+    anchor = embed(optimized_server, "A man is playing a guitar.")
+    paraphrase = embed(optimized_server, "Someone is strumming an acoustic guitar.")
+    unrelated = embed(optimized_server, "The central bank raised interest rates again.")
+    assert torch.linalg.norm(anchor).item() == pytest.approx(1.0, abs=1e-4)
+    close, far = float(anchor @ paraphrase), float(anchor @ unrelated)
+    assert close > far + 0.3, f"paraphrase cosine {close:.3f} vs unrelated {far:.3f}"
+
+
+def test_workers_really_load_jemalloc_and_are_pinned(optimized_server):
+    workers = optimized_server.workers()
+    assert sorted(w.model for w in workers) == ["bert", "minilm", "resnet50"]
+    for worker in workers:
+        assert worker.status == "READY"
+        assert worker.process is not None, f"{worker.model}: no live process"
+        assert worker.process.allocator == "jemalloc", f"{worker.model} maps {worker.process.allocator}"
+        assert worker.process.omp_threads == "2"  # set by the launcher for 1 worker x 2 threads
+        assert len(worker.process.cpus) == 2
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "content_type", "message"),
+    [
+        ("resnet50", bytes(range(256)) * 4, "application/octet-stream", "not a decodable image"),
+        ("resnet50", b"", "image/jpeg", "request body is empty"),
+        ("bert", b"\xff\xfe\xfd invalid", "text/plain", "not valid UTF-8"),
+        ("bert", b"   ", "text/plain", "empty or whitespace only"),
+        ("minilm", b'{"sentence": "x"}', "application/json", 'needs a string field \\"text\\"'),
+    ],
+    ids=["garbage-image", "empty-image", "invalid-utf8", "whitespace", "wrong-json-field"],
+)
+def test_bad_input_gets_4xx_and_worker_survives(optimized_server, model, body, content_type, message):
+    pid_before = worker_pid(optimized_server, model)
+    response = post(optimized_server, model, body, content_type)
+    assert response.status_code == 400, response.text
+    assert message in response.text
+    good = photo_jpeg() if model == "resnet50" else b"a perfectly normal sentence"
+    follow_up = post(optimized_server, model, good, "image/jpeg" if model == "resnet50" else "text/plain")
+    assert follow_up.status_code == 200, follow_up.text
+    assert worker_pid(optimized_server, model) == pid_before, "the worker was restarted"
+
+
+def test_metrics_endpoint_is_prometheus(optimized_server):
+    post(optimized_server, "bert", b"warm the counters", "text/plain")
+    response = requests.get(optimized_server.url("metrics", "/metrics"), timeout=10)
+    assert response.status_code == 200
+    assert "ts_inference_latency_microseconds" in response.text or "ts_inference_requests_total" in response.text
