@@ -67,10 +67,10 @@ class ServeConfig:
     management_port: int = 8081
     metrics_port: int = 8082
     worker_port: int = 9000  # first of the frontend<->worker socket ports
-    workers: int | None = 1  # per model; None = TorchServe's default (one per core)
-    threads: int | None = 2  # per worker; None = torch's default (all cores)
+    workers: int | None = 2  # per model; None = TorchServe's default (one per core)
+    threads: int | None = 1  # per worker; None = torch's default (all cores)
     launcher: bool = True
-    allocator: Allocator = Allocator.JEMALLOC
+    allocator: Allocator = Allocator.TCMALLOC
     omp_wait_policy: OmpWaitPolicy = OmpWaitPolicy.PASSIVE
     batch_size: int = 1
     max_batch_delay_ms: int = 5

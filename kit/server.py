@@ -242,19 +242,25 @@ class Server:
                     statuses.append(WorkerStatus(model, str(worker["id"]), worker["status"], process))
         return statuses
 
+    def expected_workers(self) -> int:
+        # TorchServe's default is one worker per core (default_workers_per_model unset).
+        return self.config.workers or os.cpu_count() or 1
+
     def ready_models(self) -> set[str]:
+        """Models whose every expected worker reports READY (a loading worker shows UNLOADING)."""
         ready = set()
         for model in self.config.models:
             try:
                 versions = self.describe(model)
             except requests.RequestException:
                 continue
-            if any(w.get("status") == "READY" for v in versions for w in v.get("workers", [])):
+            statuses = [w.get("status") for v in versions for w in v.get("workers", [])]
+            if statuses.count("READY") >= self.expected_workers() and set(statuses) == {"READY"}:
                 ready.add(model)
         return ready
 
     def wait_ready(self, deadline_s: float = 900, progress=print) -> None:
-        """Poll the management API until every model has a READY worker (/ping is not enough)."""
+        """Poll the management API until every worker of every model is READY (/ping is not enough)."""
         start = time.monotonic()
         last_report = ready = None
         while True:

@@ -1,4 +1,4 @@
-"""Real HTTP against a real TorchServe running the optimized preset (Inductor, launcher, jemalloc)."""
+"""Real HTTP against a real TorchServe running the optimized preset (Inductor, launcher, tcmalloc)."""
 
 from __future__ import annotations
 
@@ -44,9 +44,8 @@ def post(server: Server, model: str, body: bytes, content_type: str) -> requests
     )
 
 
-def worker_pid(server: Server, model: str) -> int:
-    (worker,) = [w for w in server.workers() if w.model == model]
-    return worker.process.pid
+def worker_pids(server: Server, model: str) -> set[int]:
+    return {w.process.pid for w in server.workers() if w.model == model and w.process}
 
 
 def test_resnet50_matches_eager_reference(optimized_server, extracted_archives):
@@ -106,15 +105,19 @@ def test_minilm_paraphrase_is_closer_than_unrelated(optimized_server):
     assert close > far + 0.3, f"paraphrase cosine {close:.3f} vs unrelated {far:.3f}"
 
 
-def test_workers_really_load_jemalloc_and_are_pinned(optimized_server):
+def test_workers_really_load_tcmalloc_and_are_pinned(optimized_server):
     workers = optimized_server.workers()
-    assert sorted(w.model for w in workers) == ["bert", "minilm", "resnet50"]
-    for worker in workers:
-        assert worker.status == "READY"
-        assert worker.process is not None, f"{worker.model}: no live process"
-        assert worker.process.allocator == "jemalloc", f"{worker.model} maps {worker.process.allocator}"
-        assert worker.process.omp_threads == "2"  # set by the launcher for 1 worker x 2 threads
-        assert len(worker.process.cpus) == 2
+    assert sorted(w.model for w in workers) == ["bert", "bert", "minilm", "minilm", "resnet50", "resnet50"]
+    for model in ("resnet50", "bert", "minilm"):
+        pinned = []
+        for worker in (w for w in workers if w.model == model):
+            assert worker.status == "READY"
+            assert worker.process is not None, f"{model}: no live process"
+            assert worker.process.allocator == "tcmalloc", f"{model} maps {worker.process.allocator}"
+            assert worker.process.omp_threads == "1"  # the launcher's 1 thread per worker
+            pinned.append(worker.process.cpus)
+        # Each of the two workers owns one core of its own.
+        assert sorted(pinned) == [(0,), (1,)], f"{model} workers pinned to {pinned}"
 
 
 @pytest.mark.parametrize(
@@ -129,14 +132,14 @@ def test_workers_really_load_jemalloc_and_are_pinned(optimized_server):
     ids=["garbage-image", "empty-image", "invalid-utf8", "whitespace", "wrong-json-field"],
 )
 def test_bad_input_gets_4xx_and_worker_survives(optimized_server, model, body, content_type, message):
-    pid_before = worker_pid(optimized_server, model)
+    pids_before = worker_pids(optimized_server, model)
     response = post(optimized_server, model, body, content_type)
     assert response.status_code == 400, response.text
     assert message in response.text
     good = photo_jpeg() if model == "resnet50" else b"a perfectly normal sentence"
     follow_up = post(optimized_server, model, good, "image/jpeg" if model == "resnet50" else "text/plain")
     assert follow_up.status_code == 200, follow_up.text
-    assert worker_pid(optimized_server, model) == pid_before, "the worker was restarted"
+    assert worker_pids(optimized_server, model) == pids_before, "a worker was restarted"
 
 
 def test_metrics_endpoint_is_prometheus(optimized_server):

@@ -15,7 +15,7 @@ def test_optimized_preset_renders_launcher_and_allocator():
     config = ServeConfig.from_preset("optimized")
     props = properties(render(config, Path("/store")))
     assert props["cpu_launcher_enable"] == "true"
-    assert "--enable_jemalloc" in props["cpu_launcher_args"]
+    assert "--enable_tcmalloc" in props["cpu_launcher_args"]
     assert props["inference_address"] == "http://127.0.0.1:8080"
     assert props["management_address"] == "http://127.0.0.1:8081"
     assert props["metrics_address"] == "http://127.0.0.1:8082"
@@ -23,7 +23,7 @@ def test_optimized_preset_renders_launcher_and_allocator():
     assert props["disable_token_authorization"] == "true"  # loopback: frictionless local start
     assert props["enable_model_api"] == "false"
     assert props["load_models"] == "resnet50.mar,bert.mar,minilm.mar"
-    assert '"minWorkers":1' in props["models"]
+    assert '"minWorkers":2' in props["models"]
 
 
 def test_baseline_leaves_torchserve_defaults_alone():
@@ -47,7 +47,7 @@ def test_non_loopback_bind_forces_token_auth():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"workers": 2, "threads": os.cpu_count()}, "exceeds the"),
+        ({"workers": 2, "threads": os.cpu_count(), "launcher": True}, "exceeds the"),
         ({"launcher": False, "allocator": "tcmalloc"}, "preloaded by the launcher; set launcher: true"),
         ({"allocator": "mimalloc"}, "allocator 'mimalloc' is unknown; choose one of: default, jemalloc, tcmalloc"),
         ({"workers": 0}, "workers must be >= 1"),
@@ -65,7 +65,7 @@ def test_unknown_preset_lists_choices():
 
 
 def test_launcher_args_per_layout():
-    one = ServeConfig(workers=1, threads=2)
+    one = ServeConfig(workers=1, threads=2, allocator=Allocator.JEMALLOC)
     assert launcher_args(one) == "--disable_iomp --enable_jemalloc --ncores-per-instance 2 --ninstances 1 --rank 0"
     # With several workers the frontend appends --ninstances/--rank per worker itself.
     two = ServeConfig(workers=2, threads=1, allocator=Allocator.TCMALLOC)
