@@ -55,3 +55,17 @@ format: install
 
 clean: stop
 	rm -rf model_store/*/ logs .cache .pytest_cache
+
+PLAN ?= default
+BENCH_VARIANTS := eager,inductor,inductor-max-autotune
+
+.PHONY: bench tune
+# Compare serving configurations with ab on the real server: bench/results/<time>/ (+ latest).
+bench: install
+	@$(PY) model_store/build.py --models $(MODELS) --variants $(BENCH_VARIANTS)
+	@$(PY) -m bench --plan $(PLAN)
+
+# Search the layout and write the winner as config/presets/tuned.yaml: `make serve CONFIG=tuned`.
+tune: install
+	@$(PY) model_store/build.py --models $(MODELS) --variants $(BENCH_VARIANTS)
+	@$(PY) -m bench --plan tune --write-preset tuned

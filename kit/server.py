@@ -29,6 +29,7 @@ from kit.serve_config import ROOT, ServeConfig, render, worker_environment
 
 VENV = ROOT / ".venv"
 INDUCTOR_CACHE = ROOT / ".cache" / "inductor"
+LOG_CONFIG = ROOT / "config" / "log4j2.xml"
 STATE_FILE = "server.json"
 KEY_FILE = "key_file.json"  # written by TorchServe into its working directory when token auth is on
 
@@ -157,6 +158,7 @@ class Server:
             "--ncs",  # no config snapshots: every start is exactly the rendered config
             "--ts-config", str(config_file),
             "--model-store", str(self.model_store),
+            "--log-config", str(LOG_CONFIG),
         ]  # fmt: skip
         with open(self.output_file, "ab") as output:
             process = subprocess.Popen(

@@ -1,0 +1,64 @@
+"""Compare serving configurations on the real server with apache-bench.
+
+    .venv/bin/python -m bench --plan default        # what `make bench` runs (PLAN=quick|full|path.yaml)
+    .venv/bin/python -m bench --plan tune --write-preset tuned
+
+Results go to bench/results/<timestamp>/ (results.json, report.md, throughput.png);
+bench/results/latest points to the newest run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from bench.plan import PlanError, load_plan
+from bench.report import write_report
+from bench.runner import environment, log, run_plan
+from bench.tune import write_tuned_preset
+from kit.server import ServerError
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--plan", default="default", help="quick | default | full | tune | path/to/plan.yaml")
+    parser.add_argument("--out", type=Path, default=None, help="results directory (default: bench/results/<time>)")
+    parser.add_argument("--write-preset", default="", help="write the fastest layout as config/presets/NAME.yaml")
+    args = parser.parse_args(argv)
+    command = "python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    try:
+        plan = load_plan(args.plan)
+    except PlanError as error:
+        print(f"[bench] ERROR: {error}", file=sys.stderr)
+        return 2
+    out_dir = args.out or RESULTS / time.strftime("%Y%m%d-%H%M%S")
+    models = sorted({r.model for r in plan.rows})
+    log(f"plan {plan.name!r}: {len(plan.rows)} rows over {models}, estimated {plan.estimate_s() / 60:.0f} min "
+        f"(more on a cold compile cache); results in {out_dir}")  # fmt: skip
+    env = environment()
+    results = []
+    try:
+        results = run_plan(plan, out_dir)
+    except KeyboardInterrupt:
+        log("interrupted: servers stopped; writing the rows measured so far")
+    except ServerError as error:
+        log(f"ERROR: {error}")
+        return 1
+    finally:
+        write_report(out_dir, plan, env, results, command)
+        log(f"report: {out_dir / 'report.md'}")
+    if args.write_preset and results:
+        path = write_tuned_preset(args.write_preset, results)
+        log(f"fastest layout written to {path}; serve it with `make serve CONFIG={args.write_preset}`")
+    print((out_dir / "report.md").read_text())
+    return 0 if len(results) == len(plan.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

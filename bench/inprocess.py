@@ -1,0 +1,136 @@
+"""In-process throughput of an archive's model: the same layout as a server row, without a server.
+
+    measure_in_process(Path("model_store/inductor/resnet50.mar"), ServeConfig(...), seconds=10)
+
+One child process per worker, each with the worker's thread count, allocator (LD_PRELOAD)
+and, when the launcher would pin, the same cores. Children load + optimize + warm up, report
+ready, then all run for the same window on pre-built inputs; items/s are summed. The model
+alone is timed: the gap to the served row is the serving cost (HTTP, decode, queueing).
+
+Child mode (used by the parent): python -m bench.inprocess ARCHIVE_DIR --batch B --seconds S
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import yaml
+
+from kit.serve_config import Allocator, ServeConfig, worker_environment
+from kit.server import VENV
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def extract(archive: Path, into: Path) -> Path:
+    target = into / f"{archive.parent.name}-{archive.stem}"
+    if not (target / "MAR-INF" / "MANIFEST.json").is_file():
+        with zipfile.ZipFile(archive) as mar:
+            mar.extractall(target)
+    return target
+
+
+def child_environment(config: ServeConfig) -> dict[str, str]:
+    env = {**os.environ, **worker_environment(config), "HF_HUB_OFFLINE": "1"}
+    env["OMP_NUM_THREADS"] = str(config.threads or os.cpu_count())
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(ROOT / ".cache" / "inductor")
+    env.pop("LD_PRELOAD", None)
+    if config.launcher and config.allocator is not Allocator.DEFAULT:
+        env["LD_PRELOAD"] = str(VENV / "lib" / f"lib{config.allocator.value}.so")
+    return env
+
+
+def measure_in_process(archive: Path, config: ServeConfig, seconds: int, work_dir: Path) -> float:
+    """Summed items/s of `workers` concurrent model processes laid out like the server's."""
+    model_dir = extract(archive, work_dir)
+    workers = config.workers or os.cpu_count() or 1
+    threads = config.threads or os.cpu_count() or 1
+    children = []
+    for rank in range(workers):
+        command = [sys.executable, "-m", "bench.inprocess", str(model_dir), "--batch", str(config.batch_size),
+                   "--seconds", str(seconds)]  # fmt: skip
+        if config.launcher and config.threads:
+            command += ["--cpus", ",".join(str(rank * threads + i) for i in range(threads))]
+        children.append(
+            subprocess.Popen(
+                command,
+                cwd=ROOT,
+                env=child_environment(config),
+                text=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+            )  # fmt: skip
+        )
+    try:
+        for child in children:
+            line = child.stdout.readline().strip()
+            if line != "ready":
+                raise RuntimeError(f"in-process child failed before warm-up finished (said {line!r})")
+        for child in children:  # start every worker's window together
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        results = [json.loads(child.stdout.readline()) for child in children]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
+    return sum(r["items"] / r["seconds"] for r in results)
+
+
+def run_child(model_dir: Path, batch: int, seconds: int, cpus: str) -> None:
+    import torch
+
+    from handlers.loaders import load_model
+    from handlers.optimize import optimize
+    from handlers.settings import parse_settings
+
+    if cpus:
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
+    module_name = Path(manifest["model"]["handler"]).stem
+    handler_class = _handler_class(module_name)
+    config = yaml.safe_load((model_dir / "model-config.yaml").read_text())
+    handler = handler_class()
+    handler.settings = parse_settings(handler_class.settings_class, config.get("handler"))
+    inputs = handler.example(batch)
+    if handler.settings.channels_last:
+        inputs = tuple(t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in inputs)
+    model = load_model(handler.settings.architecture, model_dir)
+    optimized = optimize(model, handler.settings, [inputs])
+    print("ready", flush=True)
+    sys.stdin.readline()
+    items = 0
+    with torch.inference_mode():
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            optimized.run(*inputs)
+            items += batch
+        elapsed = time.perf_counter() - start
+    print(json.dumps({"items": items, "seconds": elapsed}), flush=True)
+
+
+def _handler_class(module_name: str):
+    import importlib
+    import inspect
+
+    module = importlib.import_module(f"handlers.{module_name}")
+    (cls,) = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
+    return cls
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--cpus", default="")
+    args = parser.parse_args()
+    run_child(args.model_dir, args.batch, args.seconds, args.cpus)

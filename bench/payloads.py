@@ -1,0 +1,67 @@
+"""Request bodies for the bench: a photo-like 640x480 JPEG (~100 KB) and a 128-token text.
+
+payload = payload_for("resnet50", out_dir)   # Payload(path=..., content_type="image/jpeg")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+TEXT_TOKENS = 128  # including [CLS] and [SEP]: exactly the served max_length, nothing padded
+PARAGRAPH = (
+    "The committee met on a grey Tuesday morning to review the quarterly results, and although the "
+    "numbers were better than expected, several members worried that rising costs for energy, shipping "
+    "and skilled labour would erode the margin before the end of the year. After a long discussion about "
+    "pricing, inventory and the new distribution centre near the river, they agreed to postpone the "
+    "expansion, to renegotiate two supplier contracts, and to publish a more cautious forecast for the "
+    "next two quarters, while the chair reminded everyone that customer satisfaction scores had reached "
+    "their highest level in five years and that the support team deserved a formal note of thanks. "
+    "The meeting closed shortly before noon, and the minutes were circulated to every department that afternoon."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Payload:
+    path: Path
+    content_type: str
+
+
+def photo_jpeg(width: int = 640, height: int = 480) -> bytes:
+    # Smooth gradients plus grain: compresses like a photo (a flat image would be ~10 KB).
+    rng = np.random.default_rng(7)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x / width * 255, y / height * 255, (x + y) / (width + height) * 255], axis=-1)
+    pixels = np.clip(base + rng.normal(0, 16, base.shape), 0, 255).astype("uint8")
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=85)
+    return buffer.getvalue()
+
+
+def sentence(tokens: int = TEXT_TOKENS) -> str:
+    """The paragraph cut to exactly `tokens` bert-base-uncased tokens including [CLS]/[SEP]."""
+    from handlers.text import load_tokenizer
+    from model_store.build import minilm_dir
+
+    tokenizer = load_tokenizer(minilm_dir())
+    ids = tokenizer(PARAGRAPH, add_special_tokens=False)["input_ids"]
+    if len(ids) < tokens - 2:
+        raise ValueError(f"paragraph has only {len(ids)} tokens; need {tokens - 2}")
+    return tokenizer.decode(ids[: tokens - 2])
+
+
+def payload_for(model: str, out_dir: Path) -> Payload:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if model == "resnet50":
+        path = out_dir / "photo.jpg"
+        if not path.is_file():
+            path.write_bytes(photo_jpeg())
+        return Payload(path, "image/jpeg")
+    path = out_dir / "sentence.txt"
+    if not path.is_file():
+        path.write_text(sentence())
+    return Payload(path, "text/plain")

@@ -1,0 +1,140 @@
+"""A benchmark plan: which serving configurations to compare, as data.
+
+    plan = load_plan("default")          # bench/plans/default.yaml, or a path to your own .yaml
+
+A plan file has run settings and a list of rows. A row names a preset (config/presets) and
+overrides any ServeConfig field; a list value expands into one row per value (a matrix):
+
+    seconds: 20
+    models: [resnet50, bert]
+    rows:
+      - {name: baseline, preset: baseline, baseline: true}
+      - {name: inductor, preset: optimized, allocator: [jemalloc, tcmalloc]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from handlers.settings import SettingsError, parse_settings
+from kit.serve_config import ServeConfig
+
+PLANS = Path(__file__).resolve().parent / "plans"
+ROW_KEYS = {"name", "preset", "baseline", "models", "concurrency"}
+SERVE_KEYS = {f.name for f in dataclasses.fields(ServeConfig)} - {"models"}
+PORT_KEYS = {"bind", "inference_port", "management_port", "metrics_port", "worker_port"}
+
+
+class PlanError(SettingsError):
+    """The plan file is wrong; the message names the row and the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    seconds: int = 20  # ab time limit per row
+    concurrency: int = 4  # ab -c unless a row sets its own
+    warmup_requests: int = 16  # sent and discarded before measuring
+    in_process: bool = True  # also measure the same model without a server
+    in_process_seconds: int = 10
+    start_deadline_s: int = 1800  # cold max-autotune compiles take minutes
+    models: tuple[str, ...] = ("resnet50", "bert")
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.seconds < 1 or self.concurrency < 1 or self.warmup_requests < 0:
+            raise PlanError(f"need seconds >= 1, concurrency >= 1, warmup_requests >= 0 (got {self})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    name: str
+    model: str
+    serve: ServeConfig  # ports are replaced with free ones when the row runs
+    concurrency: int
+    baseline: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.model} / {self.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    name: str
+    run: RunSettings
+    rows: tuple[Row, ...]
+
+    def estimate_s(self) -> float:
+        """Rough wall time: start-up (warm compile cache), warm-up, measurement, stop, in-process."""
+        per_row = 45 + self.run.seconds + (self.run.in_process_seconds + 30 if self.run.in_process else 0)
+        return len(self.rows) * per_row
+
+
+def _expand(raw: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
+    """Cartesian product of list-valued keys; the suffix names the expanded values."""
+    matrix = {key: value for key, value in raw.items() if isinstance(value, list) and key != "models"}
+    if not matrix:
+        return [(raw, "")]
+    combos = []
+    for values in itertools.product(*matrix.values()):
+        chosen = dict(zip(matrix, values, strict=True))
+        suffix = " ".join(f"{key}={value}" for key, value in chosen.items())
+        combos.append(({**raw, **chosen}, suffix))
+    return combos
+
+
+def _rows(index: int, raw: dict[str, Any], run: RunSettings) -> list[Row]:
+    where = f"row {index + 1} ({raw.get('name', 'unnamed')!r})"
+    if "name" not in raw:
+        raise PlanError(f"{where}: every row needs a name")
+    unknown = sorted(set(raw) - ROW_KEYS - SERVE_KEYS)
+    if unknown:
+        raise PlanError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(ROW_KEYS | SERVE_KEYS)}")
+    ports = sorted(set(raw) & PORT_KEYS)
+    if ports:
+        raise PlanError(f"{where}: {ports} are chosen by the bench (free loopback ports); remove them")
+    rows = []
+    for values, suffix in _expand(raw):
+        overrides = {k: v for k, v in values.items() if k in SERVE_KEYS}
+        for model in values.get("models", run.models):
+            try:
+                serve = ServeConfig.from_preset(values.get("preset", "optimized"), models=[model], **overrides)
+            except SettingsError as error:
+                raise PlanError(f"{where}: {error}") from None
+            name = f"{values['name']} {suffix}".strip()
+            concurrency = values.get("concurrency", run.concurrency)
+            rows.append(Row(name, model, serve, concurrency, bool(values.get("baseline", False))))
+    return rows
+
+
+def parse_plan(name: str, raw: dict[str, Any]) -> Plan:
+    raw = dict(raw or {})
+    row_specs = raw.pop("rows", None)
+    if not row_specs:
+        raise PlanError(f"plan {name!r} has no rows")
+    try:
+        run = parse_settings(RunSettings, raw)
+    except SettingsError as error:
+        raise PlanError(f"plan {name!r}: {error}") from None
+    rows = [row for index, spec in enumerate(row_specs) for row in _rows(index, spec, run)]
+    # All rows of a model together, models in the plan's order (stable: row order kept within).
+    order = {model: i for i, model in enumerate(run.models)}
+    rows.sort(key=lambda row: order.get(row.model, len(order)))
+    for model, group in itertools.groupby(sorted(rows, key=lambda r: r.model), key=lambda r: r.model):
+        baselines = [r.name for r in group if r.baseline]
+        if len(baselines) > 1:
+            raise PlanError(f"model {model} has several baseline rows {baselines}; mark one")
+    return Plan(name, run, tuple(rows))
+
+
+def load_plan(name_or_path: str) -> Plan:
+    path = Path(name_or_path) if name_or_path.endswith((".yaml", ".yml")) else PLANS / f"{name_or_path}.yaml"
+    if not path.is_file():
+        choices = ", ".join(sorted(p.stem for p in PLANS.glob("*.yaml")))
+        raise PlanError(f"plan {name_or_path!r} not found; choose one of: {choices}, or a path to a .yaml file")
+    return parse_plan(path.stem, yaml.safe_load(path.read_text()))

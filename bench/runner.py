@@ -1,0 +1,225 @@
+"""Run a plan: for each row start -> ready -> warm up -> ab -> collect -> stop, then in-process.
+
+    results = run_plan(load_plan("quick"), out_dir)
+
+The server of a row is always stopped (try/finally), also on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.ab import AbResult, ab_command, parse_ab
+from bench.inprocess import measure_in_process
+from bench.metrics import scrape, server_latency
+from bench.payloads import Payload, payload_for
+from bench.plan import Plan, Row
+from handlers.settings import Backend
+from kit.serve_config import ROOT
+from kit.server import Server, free_ports_config
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", flush=True)
+
+
+@dataclasses.dataclass
+class RowResult:
+    model: str
+    name: str
+    kind: str  # served
+    variant: str
+    backend: str
+    launcher: bool
+    allocator: str
+    omp_wait_policy: str
+    workers: int | None
+    threads: int | None
+    batch_size: int
+    max_batch_delay_ms: int
+    concurrency: int
+    baseline: bool
+    requests_per_s: float
+    items_per_s: float
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    failed: int
+    non_2xx: int
+    completed: int
+    start_to_ready_s: float
+    ts_inference_ms: float | None
+    ts_queue_ms: float | None
+    allocator_loaded: list[str]
+    cpu_affinity: list[list[int]]
+    worker_rss_mb: list[float]
+    worker_count: int
+    ab_command: str
+    in_process_items_per_s: float | None = None
+    speedup_vs_baseline: float | None = None
+    served_vs_in_process: float | None = None
+
+
+def variant_backend(variant: str) -> str:
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "config" / "variants" / f"{variant}.yaml").read_text())
+    return raw.get("handler", {}).get("backend", Backend.INDUCTOR.value)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9]+", "-", text).strip("-").lower()
+
+
+def run_ab(
+    server: Server, row: Row, payload: Payload, seconds: int, requests: int | None = None
+) -> tuple[AbResult, list[str]]:
+    argv = ab_command(
+        server.url("inference", f"/predictions/{row.model}"),
+        payload.path,
+        payload.content_type,
+        seconds=seconds,
+        concurrency=row.concurrency,
+        headers=server.headers("inference"),
+        **({"requests": requests} if requests else {}),
+    )
+    completed = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 600)
+    if completed.returncode != 0:
+        raise RuntimeError(f"ab failed ({completed.returncode}): {completed.stderr.strip()[-500:]}")
+    return parse_ab(completed.stdout), argv
+
+
+def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
+    server = Server(free_ports_config(row.serve), out_dir / "servers" / slug(row.label))
+    try:
+        start = time.monotonic()
+        server.start()
+        server.wait_ready(plan.run.start_deadline_s, progress=lambda m: log(f"  {m.removeprefix('[serve] ')}"))
+        ready_s = time.monotonic() - start
+        if plan.run.warmup_requests:
+            run_ab(server, row, payload, seconds=120, requests=plan.run.warmup_requests)
+        metrics_url = server.url("metrics", "/metrics")
+        before = scrape(metrics_url)
+        result, argv = run_ab(server, row, payload, plan.run.seconds)
+        latency = server_latency(before, scrape(metrics_url), row.model)
+        workers = [w for w in server.workers() if w.process]
+    finally:
+        server.stop()
+    config = row.serve
+    return RowResult(
+        model=row.model,
+        name=row.name,
+        kind="served",
+        variant=config.variant,
+        backend=variant_backend(config.variant),
+        launcher=config.launcher,
+        allocator=config.allocator.value,
+        omp_wait_policy=config.omp_wait_policy.value,
+        workers=config.workers,
+        threads=config.threads,
+        batch_size=config.batch_size,
+        max_batch_delay_ms=config.max_batch_delay_ms,
+        concurrency=row.concurrency,
+        baseline=row.baseline,
+        requests_per_s=result.requests_per_s,
+        items_per_s=result.requests_per_s,  # one item per HTTP request
+        mean_ms=result.mean_ms,
+        p50_ms=result.p50_ms,
+        p90_ms=result.p90_ms,
+        p99_ms=result.p99_ms,
+        failed=result.failed,
+        non_2xx=result.non_2xx,
+        completed=result.complete,
+        start_to_ready_s=round(ready_s, 1),
+        ts_inference_ms=latency.inference_ms if latency else None,
+        ts_queue_ms=latency.queue_ms if latency else None,
+        allocator_loaded=[w.process.allocator for w in workers],
+        cpu_affinity=[list(w.process.cpus) for w in workers],
+        worker_rss_mb=[round(w.process.rss_mb, 1) for w in workers],
+        worker_count=len(workers),
+        ab_command=" ".join(argv),
+    )
+
+
+def in_process_key(row: Row) -> tuple[Any, ...]:
+    c = row.serve
+    return (row.model, c.variant, c.workers, c.threads, c.launcher, c.allocator, c.omp_wait_policy, c.batch_size)
+
+
+def add_derived(results: list[RowResult]) -> None:
+    baselines = {r.model: r.requests_per_s for r in results if r.baseline}
+    for r in results:
+        if r.model in baselines and baselines[r.model] > 0:
+            r.speedup_vs_baseline = round(r.requests_per_s / baselines[r.model], 2)
+        if r.in_process_items_per_s:
+            r.served_vs_in_process = round(r.items_per_s / r.in_process_items_per_s, 3)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def run_plan(plan: Plan, out_dir: Path) -> list[RowResult]:
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` stops cleanly like Ctrl-C
+    results: list[RowResult] = []
+    in_process_cache: dict[tuple[Any, ...], float] = {}
+    try:
+        for index, row in enumerate(plan.rows, start=1):
+            log(f"[{index}/{len(plan.rows)}] {row.label}: start, wait for READY, warm up, ab {plan.run.seconds}s "
+                f"at concurrency {row.concurrency}")  # fmt: skip
+            result = run_row(row, plan, out_dir, payload_for(row.model, out_dir))
+            log(f"  {result.requests_per_s:.1f} req/s, p50 {result.p50_ms:.0f} ms, p99 {result.p99_ms:.0f} ms, "
+                f"non-2xx {result.non_2xx}, allocator {sorted(set(result.allocator_loaded))}")  # fmt: skip
+            if plan.run.in_process:
+                key = in_process_key(row)
+                if key not in in_process_cache:
+                    log(f"  in-process: same model and layout without a server, {plan.run.in_process_seconds}s")
+                    archive = ROOT / "model_store" / row.serve.variant / f"{row.model}.mar"
+                    in_process_cache[key] = measure_in_process(
+                        archive, row.serve, plan.run.in_process_seconds, out_dir / "extracted"
+                    )
+                    log(f"  in-process {in_process_cache[key]:.1f} items/s")
+                result.in_process_items_per_s = round(in_process_cache[key], 2)
+            results.append(result)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        add_derived(results)
+    return results
+
+
+def environment() -> dict[str, Any]:
+    import platform
+
+    import torch
+
+    def version(package: str) -> str:
+        from importlib import metadata
+
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return ""
+
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+         if line.startswith("model name")),
+        platform.processor(),
+    )  # fmt: skip
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return {
+        "cpu_model": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torchserve": version("torchserve"),
+        "python": platform.python_version(),
+        "git_commit": commit.stdout.strip(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }

@@ -1,0 +1,195 @@
+"""The bench's pure parts: ab output parsing, plan validation and expansion, report rendering."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from bench.ab import AbParseError, ab_command, parse_ab
+from bench.metrics import parse_prometheus, server_latency
+from bench.plan import PlanError, load_plan, parse_plan
+from bench.report import check_targets, write_report
+from bench.runner import RowResult, add_derived
+
+AB_OUTPUT = """\
+Server Software:
+Server Hostname:        127.0.0.1
+Server Port:            8080
+
+Document Path:          /predictions/resnet50
+Document Length:        151 bytes
+
+Concurrency Level:      4
+Time taken for tests:   20.004 seconds
+Complete requests:      482
+Failed requests:        37
+   (Connect: 0, Receive: 0, Length: 37, Exceptions: 0)
+Non-2xx responses:      3
+Keep-Alive requests:    482
+Total transferred:      139021 bytes
+Total body sent:        47127284
+HTML transferred:       72589 bytes
+Requests per second:    24.10 [#/sec] (mean)
+Time per request:       166.009 [ms] (mean)
+Time per request:       41.502 [ms] (mean, across all concurrent requests)
+Transfer rate:          6.79 [Kbytes/sec] received
+
+Percentage of the requests served within a certain time (ms)
+  50%    162
+  66%    170
+  75%    176
+  80%    181
+  90%    196
+  95%    209
+  98%    221
+  99%    228
+ 100%    265 (longest request)
+"""
+
+
+def test_parse_ab_reads_every_field():
+    result = parse_ab(AB_OUTPUT)
+    assert result.complete == 482
+    assert result.failed == 0  # 37 "Length" failures are varying JSON sizes, not errors
+    assert result.non_2xx == 3
+    assert result.requests_per_s == 24.10
+    assert result.mean_ms == 166.009
+    assert (result.p50_ms, result.p90_ms, result.p99_ms, result.max_ms) == (162, 196, 228, 265)
+    assert result.duration_s == 20.004
+
+
+def test_parse_ab_counts_real_failures_and_missing_non2xx():
+    text = AB_OUTPUT.replace(
+        "(Connect: 0, Receive: 0, Length: 37, Exceptions: 0)", "(Connect: 2, Receive: 1, Length: 5, Exceptions: 4)"
+    )
+    text = text.replace("Non-2xx responses:      3\n", "")
+    result = parse_ab(text)
+    assert result.failed == 7
+    assert result.non_2xx == 0
+
+
+def test_parse_ab_names_a_missing_field():
+    with pytest.raises(AbParseError, match="'Requests per second'"):
+        parse_ab(AB_OUTPUT.replace("Requests per second", "Requests/s"))
+
+
+def test_ab_command_is_an_argv_with_keepalive(tmp_path):
+    argv = ab_command("http://127.0.0.1:1/predictions/bert", tmp_path / "s.txt", "text/plain", seconds=20,
+                      concurrency=4, headers={"Authorization": "Bearer k"})  # fmt: skip
+    assert argv[:2] == ["ab", "-k"]
+    assert argv[argv.index("-t") + 1] == "20" and argv[argv.index("-c") + 1] == "4"
+    assert argv.index("-n") > argv.index("-t")  # -t would otherwise cap -n at 50000
+    assert argv[argv.index("-H") : argv.index("-H") + 2] == ["-H", "Authorization: Bearer k"]
+    assert argv[-1] == "http://127.0.0.1:1/predictions/bert"
+
+
+PROMETHEUS = """\
+# HELP ts_inference_latency_microseconds Cumulative inference duration in microseconds
+# TYPE ts_inference_latency_microseconds counter
+ts_inference_latency_microseconds{uuid="u",model_name="bert",model_version="default",} 2000000.0
+ts_queue_latency_microseconds{uuid="u",model_name="bert",model_version="default",} 500000.0
+ts_inference_requests_total{uuid="u",model_name="bert",model_version="default",} 20.0
+ts_inference_requests_total{uuid="u",model_name="resnet50",model_version="default",} 7.0
+"""
+
+
+def test_server_latency_from_counter_deltas():
+    after = parse_prometheus(PROMETHEUS)
+    before = {key: value / 2 for key, value in after.items()}
+    latency = server_latency(before, after, "bert")
+    assert latency.inference_ms == pytest.approx(100.0)  # 1e6 us over 10 requests
+    assert latency.queue_ms == pytest.approx(25.0)
+    assert server_latency(after, after, "bert") is None
+
+
+def test_bundled_plans_are_valid():
+    for name in ("quick", "default", "full", "tune"):
+        plan = load_plan(name)
+        assert plan.rows
+        for model in {r.model for r in plan.rows}:
+            assert sum(r.baseline for r in plan.rows if r.model == model) == 1, f"{name}: one baseline per model"
+
+
+def test_matrix_expands_with_named_rows():
+    plan = parse_plan("t", {"models": ["resnet50"], "rows": [
+        {"name": "layout", "preset": "optimized", "allocator": ["jemalloc", "tcmalloc"], "workers": [1, 2], "threads": 1},
+    ]})  # fmt: skip
+    assert [r.name for r in plan.rows] == [
+        "layout allocator=jemalloc workers=1",
+        "layout allocator=jemalloc workers=2",
+        "layout allocator=tcmalloc workers=1",
+        "layout allocator=tcmalloc workers=2",
+    ]
+    assert plan.rows[3].serve.allocator.value == "tcmalloc" and plan.rows[3].serve.workers == 2
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"rows": [{"name": "x", "alocator": "tcmalloc"}]}, r"row 1 \('x'\): unknown key\(s\) \['alocator'\]"),
+        ({"rows": [{"preset": "optimized"}]}, "every row needs a name"),
+        ({"rows": [{"name": "x", "allocator": "mimalloc"}]}, "allocator 'mimalloc' is unknown"),
+        ({"rows": [{"name": "x", "inference_port": 80}]}, "chosen by the bench"),
+        ({"secs": 5, "rows": [{"name": "x"}]}, r"unknown setting\(s\) \['secs'\]"),
+        ({"rows": []}, "has no rows"),
+        ({"rows": [{"name": "a", "baseline": True}, {"name": "b", "baseline": True}]}, "several baseline rows"),
+    ],
+)
+def test_plan_errors_name_the_problem(raw, message):
+    with pytest.raises(PlanError, match=message):
+        parse_plan("t", raw)
+
+
+def test_unknown_plan_lists_choices():
+    with pytest.raises(PlanError, match="plan 'fast' not found; choose one of: default, full, quick, tune"):
+        load_plan("fast")
+
+
+def row_result(**overrides) -> RowResult:
+    values = dict(
+        model="resnet50", name="row", kind="served", variant="inductor", backend="inductor", launcher=True,
+        allocator="tcmalloc", omp_wait_policy="passive", workers=2, threads=1, batch_size=1, max_batch_delay_ms=5,
+        concurrency=4, baseline=False, requests_per_s=20.0, items_per_s=20.0, mean_ms=200.0, p50_ms=190.0,
+        p90_ms=220.0, p99_ms=250.0, failed=0, non_2xx=0, completed=400, start_to_ready_s=30.0,
+        ts_inference_ms=80.0, ts_queue_ms=90.0, allocator_loaded=["tcmalloc", "tcmalloc"],
+        cpu_affinity=[[0], [1]], worker_rss_mb=[600.0, 600.0], worker_count=2, ab_command="ab -k ...",
+    )  # fmt: skip
+    values.update(overrides)
+    return RowResult(**values)
+
+
+def test_report_files_speedups_and_targets(tmp_path):
+    results = [
+        row_result(name="baseline", baseline=True, requests_per_s=2.0, items_per_s=2.0),
+        row_result(name="optimized", requests_per_s=24.0, items_per_s=24.0, in_process_items_per_s=28.0),
+        row_result(model="bert", name="baseline", baseline=True, requests_per_s=5.0, items_per_s=5.0),
+        row_result(model="bert", name="optimized", requests_per_s=9.0, items_per_s=9.0, non_2xx=2),
+    ]
+    add_derived(results)
+    assert results[1].speedup_vs_baseline == 12.0
+    assert results[1].served_vs_in_process == pytest.approx(0.857, abs=1e-3)
+    checks = {c.target: c for c in check_targets(results)}
+    assert checks["resnet50: best row >= 3.0x baseline req/s"].met
+    assert not checks["resnet50: best row served >= 90% of in-process"].met
+    assert "short by 4%" in checks["resnet50: best row served >= 90% of in-process"].measured
+    assert not checks["zero non-2xx responses in every row"].met
+    # bert's best *healthy* row is its baseline (the optimized row had errors): 1.0x, short by 1.0x.
+    assert "short by 1.00x" in checks["bert: best row >= 2.0x baseline req/s"].measured
+
+    out = tmp_path / "results" / "20260101-000000"
+    plan = load_plan("quick")
+    env = {"date": "d", "cpu_model": "cpu", "cores": 2, "torch": "2.13.0", "torchserve": "0.12.0", "git_commit": "abc"}
+    write_report(out, plan, env, results, "python -m bench --plan quick")
+    document = json.loads((out / "results.json").read_text())
+    assert document["environment"]["cores"] == 2
+    required = {"model", "name", "backend", "launcher", "allocator", "workers", "threads", "batch_size", "concurrency",
+                "requests_per_s", "items_per_s", "p50_ms", "p90_ms", "p99_ms", "non_2xx", "speedup_vs_baseline",
+                "in_process_items_per_s", "allocator_loaded", "ab_command"}  # fmt: skip
+    assert required <= set(document["rows"][0])
+    report = (out / "report.md").read_text()
+    assert "| **baseline** |" in report and "12.00×" in report and "| **no** |" in report
+    assert (out / "throughput.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out.parent / "latest").resolve() == out.resolve()
+    assert dataclasses.asdict(results[0])["kind"] == "served"
