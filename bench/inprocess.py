@@ -53,6 +53,8 @@ def measure_in_process(archive: Path, config: ServeConfig, seconds: int, work_di
     workers = config.workers or os.cpu_count() or 1
     threads = config.threads or os.cpu_count() or 1
     children = []
+    log_path = work_dir / f"in-process-{model_dir.name}.log"
+    log_file = open(log_path, "a")  # noqa: SIM115 - closed in finally, after the children
     for rank in range(workers):
         command = [sys.executable, "-m", "bench.inprocess", str(model_dir), "--batch", str(config.batch_size),
                    "--seconds", str(seconds)]  # fmt: skip
@@ -72,7 +74,7 @@ def measure_in_process(archive: Path, config: ServeConfig, seconds: int, work_di
         for child in children:
             line = child.stdout.readline().strip()
             if line != "ready":
-                raise RuntimeError(f"in-process child failed before warm-up finished (said {line!r})")
+                raise RuntimeError(f"in-process child failed before warm-up finished; see {log_path}")
         for child in children:  # start every worker's window together
             child.stdin.write("go\n")
             child.stdin.flush()
@@ -82,6 +84,7 @@ def measure_in_process(archive: Path, config: ServeConfig, seconds: int, work_di
             if child.poll() is None:
                 child.kill()
             child.wait()
+        log_file.close()
     return sum(r["items"] / r["seconds"] for r in results)
 
 

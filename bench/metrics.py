@@ -35,7 +35,7 @@ def scrape(url: str, headers: dict[str, str] | None = None) -> Samples:
 
 @dataclasses.dataclass(frozen=True)
 class ServerLatency:
-    inference_ms: float  # frontend-measured backend time per request
+    inference_ms: float  # frontend time per request, received to answered (queue included)
     queue_ms: float  # time a request waited for a free worker
 
 

@@ -92,7 +92,7 @@ def markdown(plan: Plan, environment: dict[str, Any], results: list[RowResult], 
             f"## {model}",
             "",
             "| row | backend | launcher | allocator (loaded) | W×T | batch | c | req/s | speedup | p50 ms | p90 ms | "
-            "p99 ms | non-2xx | TS infer/queue ms | in-process items/s | served/in-process | ready s | RSS MB |",
+            "p99 ms | non-2xx | TS total/queue ms | in-process items/s | served/in-process | ready s | RSS MB |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in (r for r in results if r.model == model):

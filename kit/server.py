@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -120,9 +123,16 @@ class Server:
         return self.pid is not None and process_alive(self.pid)
 
     # -- lifecycle ----------------------------------------------------------------------------
+    @property
+    def tmp_dir(self) -> Path:
+        # Worker sockets live here and AF_UNIX paths max out at 107 bytes: keep it short, yet
+        # derived from run_dir so a later `stop` finds it.
+        digest = hashlib.sha1(str(self.run_dir).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"kit-{digest}"
+
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
-        tmp = self.run_dir / "tmp"
+        tmp = self.tmp_dir
         env.update(
             # The frontend's launcher check runs the bare `python`: the venv must come first.
             PATH=f"{VENV / 'bin'}:{env.get('PATH', '')}",
@@ -147,7 +157,8 @@ class Server:
         missing = [m for m in self.config.models if not (self.model_store / f"{m}.mar").is_file()]
         if missing:
             raise ServerError(f"{self.model_store} lacks {missing}; run `make archive`")
-        (self.run_dir / "tmp").mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
         INDUCTOR_CACHE.mkdir(parents=True, exist_ok=True)
         config_file = self.run_dir / "config.properties"
         config_file.write_text(render(self.config, self.model_store))
@@ -196,6 +207,7 @@ class Server:
                 process.kill()
         psutil.wait_procs(alive, timeout=10)
         self.state_file.unlink(missing_ok=True)
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
     def process_tree(self) -> list[psutil.Process]:
         """The server process and all its descendants (frontend, launchers, workers)."""
@@ -289,12 +301,23 @@ class Server:
                 last_report = time.monotonic()
             time.sleep(1)
 
+    # Frontend log lines that mean a worker could not start or load its model. TorchServe would
+    # retry with growing back-off for ever; start-up gives up at the first one instead.
+    FAILURE_MARKERS = ("Load model failed", "Backend worker process died")
+
     def _load_failures(self) -> list[str]:
         if not self.frontend_log.is_file():
             return []
-        return [
-            line for line in self.frontend_log.read_text(errors="replace").splitlines() if "Load model failed" in line
-        ]
+        lines = self.frontend_log.read_text(errors="replace").splitlines()
+        return [line for line in lines if any(marker in line for marker in self.FAILURE_MARKERS)]
+
+    def worker_errors(self, lines: int = 12) -> str:
+        """The worker's own traceback tail (the reason), from the model log."""
+        if not self.model_log.is_file():
+            return f"({self.model_log} does not exist)"
+        text = self.model_log.read_text(errors="replace").splitlines()
+        errors = [line.split("MODEL_LOG - ", 1)[-1] for line in text if "MODEL_LOG - " in line]
+        return "\n".join(errors[-lines:])
 
     def tail(self, path: Path | None = None, lines: int = 30) -> str:
         path = path or self.output_file

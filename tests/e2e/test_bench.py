@@ -1,0 +1,50 @@
+"""`python -m bench` end to end on a tiny plan: real servers, real ab, every output file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from bench.__main__ import main
+
+pytestmark = pytest.mark.e2e
+
+TINY_PLAN = {
+    "description": "two configurations of the smallest model, a few seconds each",
+    "seconds": 3,
+    "warmup_requests": 2,
+    "in_process_seconds": 2,
+    "concurrency": 2,
+    "models": ["minilm"],
+    "rows": [
+        {"name": "baseline", "preset": "baseline", "baseline": True},
+        {"name": "optimized", "preset": "optimized"},
+    ],
+}
+
+
+def test_tiny_plan_produces_report_json_and_chart(tmp_path):
+    plan = tmp_path / "tiny.yaml"
+    plan.write_text(yaml.safe_dump(TINY_PLAN))
+    out = tmp_path / "results" / "run"
+    assert main(["--plan", str(plan), "--out", str(out)]) == 0
+
+    document = json.loads((out / "results.json").read_text())
+    assert document["environment"]["cores"] >= 1 and document["environment"]["torch"].startswith("2.13")
+    baseline, optimized = document["rows"]
+    assert (baseline["name"], optimized["name"]) == ("baseline", "optimized")
+    for row in (baseline, optimized):
+        assert row["completed"] > 0 and row["requests_per_s"] > 0
+        assert row["non_2xx"] == 0 and row["failed"] == 0
+        assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
+        assert row["in_process_items_per_s"] > 0
+        assert row["ab_command"].startswith("ab -k ")
+    assert baseline["speedup_vs_baseline"] == 1.0
+    assert optimized["backend"] == "inductor" and set(optimized["allocator_loaded"]) == {"tcmalloc"}
+    assert baseline["launcher"] is False and set(baseline["allocator_loaded"]) == {"default"}
+    report = (out / "report.md").read_text()
+    assert "## minilm" in report and "## Targets" in report
+    assert (out / "throughput.png").stat().st_size > 1000
+    assert (out.parent / "latest").resolve() == out.resolve()

@@ -1,0 +1,54 @@
+"""A worker that cannot initialize fails loudly: `wait_ready` stops at once with the reason."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from kit.serve_config import ServeConfig
+from kit.server import Server, ServerError, free_ports_config
+from tests.conftest import TinyCNN
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def build_archive(store: Path, name: str, handler_settings: dict) -> None:
+    staging = store.parent / f"{name}-files"
+    staging.mkdir(parents=True)
+    model = TinyCNN().eval()
+    torch.export.save(torch.export.export(model, (torch.randn(1, 3, 224, 224),)), staging / "model.pt2")
+    shutil.copytree(ROOT / "handlers", staging / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
+    config = store.parent / f"{name}.yaml"
+    config.write_text(yaml.safe_dump({"handler": {"architecture": "exported-program", **handler_settings}}))
+    subprocess.run(
+        [str(Path(sys.executable).parent / "torch-model-archiver"), "--model-name", name, "--version", "1.0",
+         "--handler", str(ROOT / "handlers" / "image_classification.py"), "--extra-files", str(staging),
+         "--config-file", str(config), "--export-path", str(store), "--archive-format", "zip-store"],
+        check=True,
+    )  # fmt: skip
+
+
+def test_bad_handler_setting_stops_start_up_with_the_reason(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    build_archive(store, "broken", {"bakend": "inductor"})
+    config = ServeConfig.from_preset("optimized", models=["broken"], workers=1, threads=1)
+    server = Server(free_ports_config(config), tmp_path / "run", model_store=store)
+    server.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ServerError, match="model load failed") as failure:
+            server.wait_ready(deadline_s=300, progress=lambda message: None)
+    finally:
+        server.stop()
+    assert time.monotonic() - started < 120, "the failure should be reported long before the deadline"
+    # The reason from the worker, in the message the user sees:
+    assert "unknown setting(s) ['bakend']" in str(failure.value)
