@@ -45,7 +45,9 @@ def print_endpoints(server: Server) -> None:
     print(f"[serve] management {server.url('management', '/models')}")
     print(f"[serve] metrics    {server.url('metrics', '/metrics')}")
     if c.token_auth_enabled:
-        print(f"[serve] token auth is ON (bind {c.bind}); keys in {server.run_dir / 'key_file.json'}")
+        key_file = server.run_dir / "key_file.json"
+        print(f"[serve] token auth is ON (bind {c.bind}); keys in {key_file}")
+        print(f'  KEY=$(python3 -c \'import json; print(json.load(open("{key_file}"))["inference"]["key"])\')')
     auth = ' -H "Authorization: Bearer $KEY"' if c.token_auth_enabled else ""
     print("[serve] try:")
     print(
