@@ -47,8 +47,11 @@ create_venv() {
         "$PYTHON" -m venv "$VENV"
     fi
     step "pip: installing requirements/main.txt (torch pinned by requirements/constraints.txt)"
+    # (grep drops pip's notes about index directories that do not list a package; `|| true`
+    # because grep fails when it prints nothing, and pipefail must only see pip's status.)
     "$VENV/bin/pip" install --quiet --progress-bar off \
-        -c "$ROOT/requirements/constraints.txt" -r "$ROOT/requirements/main.txt" \
+        -c "$ROOT/requirements/constraints.txt" -r "$ROOT/requirements/main.txt" 2>&1 \
+        | { grep -v "is ignored: it is neither a file nor a directory" || true; } \
         || die "pip install failed; see the output above"
     "$VENV/bin/python" - <<'EOF' || die "torch in .venv is not the pinned 2.13.0 CPU build"
 import torch
