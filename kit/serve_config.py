@@ -62,7 +62,9 @@ def is_loopback(address: str) -> bool:
 class ServeConfig:
     variant: str = "inductor"  # model_store/<variant>/ holds the archives
     models: tuple[str, ...] = MODELS
-    bind: str = "127.0.0.1"
+    bind: str = "127.0.0.1"  # inference and metrics APIs
+    # The management API can load, scale and delete models: loopback unless asked explicitly.
+    management_bind: str = "127.0.0.1"
     inference_port: int = 8080
     management_port: int = 8081
     metrics_port: int = 8082
@@ -95,12 +97,15 @@ class ServeConfig:
             raise ConfigError(
                 f"need batch_size >= 1 and max_batch_delay_ms >= 0, got {self.batch_size}, {self.max_batch_delay_ms}"
             )
-        if self.token_auth is False and not is_loopback(self.bind):
-            raise ConfigError(f"token_auth cannot be off on the non-loopback bind {self.bind}")
+        exposed = [address for address in (self.bind, self.management_bind) if not is_loopback(address)]
+        if self.token_auth is False and exposed:
+            raise ConfigError(f"token_auth cannot be off on the non-loopback bind {exposed[0]}")
 
     @property
     def token_auth_enabled(self) -> bool:
-        return self.token_auth if self.token_auth is not None else not is_loopback(self.bind)
+        if self.token_auth is not None:
+            return self.token_auth
+        return not (is_loopback(self.bind) and is_loopback(self.management_bind))
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ServeConfig:
@@ -141,6 +146,7 @@ def models_json(config: ServeConfig) -> str:
 def render(config: ServeConfig, model_store: Path) -> str:
     values = {
         "bind": config.bind,
+        "management_bind": config.management_bind,
         "inference_port": config.inference_port,
         "management_port": config.management_port,
         "metrics_port": config.metrics_port,

@@ -236,7 +236,8 @@ class Server:
             "management": self.config.management_port,
             "metrics": self.config.metrics_port,
         }[api]
-        host = "127.0.0.1" if self.config.bind in ("0.0.0.0", "::") else self.config.bind
+        bind = self.config.management_bind if api == "management" else self.config.bind
+        host = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
         return f"http://{host}:{port}{path}"
 
     def describe(self, model: str) -> list[dict[str, Any]]:

@@ -36,10 +36,16 @@ def test_baseline_leaves_torchserve_defaults_alone():
     assert worker_environment(config) == {}
 
 
-def test_non_loopback_bind_forces_token_auth():
+def test_non_loopback_bind_forces_token_auth_and_keeps_management_local():
     config = ServeConfig.from_preset("optimized", bind="0.0.0.0")
     assert config.token_auth_enabled
-    assert properties(render(config, Path("/s")))["disable_token_authorization"] == "false"
+    props = properties(render(config, Path("/s")))
+    assert props["disable_token_authorization"] == "false"
+    assert props["inference_address"] == "http://0.0.0.0:8080"
+    assert props["management_address"] == "http://127.0.0.1:8081"  # never exposed unless asked
+    exposed = ServeConfig.from_preset("optimized", management_bind="0.0.0.0")
+    assert exposed.token_auth_enabled
+    assert properties(render(exposed, Path("/s")))["management_address"] == "http://0.0.0.0:8081"
     with pytest.raises(ConfigError, match="token_auth cannot be off on the non-loopback bind 0.0.0.0"):
         ServeConfig.from_preset("optimized", bind="0.0.0.0", token_auth=False)
 
