@@ -118,10 +118,8 @@ class OptimizedHandler(BaseHandler, abc.ABC):
         count = len(batch.valid)
         bucket = next(size for size in self.buckets if size >= count)
         inputs = collate(batch.items, bucket)
-        if self.settings.channels_last:
-            inputs = tuple(t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in inputs)
         with torch.inference_mode(), inference_range(self.model_name, count, self.settings.itt):
-            batch.outputs = self.optimized.run(*inputs)[:count]
+            batch.outputs = self.optimized(*inputs)[:count]
         return batch
 
     def postprocess(self, batch: Batch) -> list[Any]:

@@ -1,7 +1,7 @@
 """Turn an eval-mode model into the fastest callable its settings ask for, warmed up.
 
     optimized = optimize(model, settings, examples=[(x1,), (x4,)])
-    logits = optimized.run(x4)
+    logits = optimized(x4)   # converts to the prepared layout, then runs
 
 Order is fixed and explicit: layout (channels-last) -> precision (autocast) -> backend
 (eager | inductor | ipex) -> warm-up of every batch shape in inference mode, the grad mode
@@ -50,6 +50,13 @@ class Autocast(nn.Module):
             return self.inner(*inputs).float()
 
 
+def to_layout(inputs: Inputs, channels_last: bool) -> Inputs:
+    """Inputs in the memory format the model was prepared for (4-D tensors only)."""
+    if not channels_last:
+        return inputs
+    return tuple(t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in inputs)
+
+
 def prepare(model: nn.Module, settings: OptimizationSettings) -> nn.Module:
     if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -88,31 +95,38 @@ BACKENDS: dict[Backend, Callable[[nn.Module, OptimizationSettings], Runner]] = {
 class OptimizedModel:
     run: Runner
     backend: Backend  # what actually runs: eager after an allowed fallback
-    compile_seconds: float  # first call per shape: tracing + code generation
-    warmup_seconds: float  # the steady calls after it
+    channels_last: bool = False
     fallback_reason: str = ""
+    compile_seconds: float = 0.0  # first call per shape: tracing + code generation
+    warmup_seconds: float = 0.0  # the steady calls after it
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        # Warm-up and serving both come through here, under inference_mode: the compiled
+        # graph's guards (strides, inference-tensor-ness) then match and nothing recompiles.
+        return self.run(*to_layout(inputs, self.channels_last))
 
 
-def warm_up(run: Runner, examples: Sequence[Inputs], iterations: int) -> tuple[float, float]:
+def warm_up(optimized: OptimizedModel, examples: Sequence[Inputs], iterations: int) -> OptimizedModel:
     compile_seconds = warmup_seconds = 0.0
     with torch.inference_mode():
         for inputs in examples:
             start = time.perf_counter()
-            run(*inputs)
+            optimized(*inputs)
             compile_seconds += time.perf_counter() - start
             start = time.perf_counter()
             for _ in range(iterations):
-                run(*inputs)
+                optimized(*inputs)
             warmup_seconds += time.perf_counter() - start
-    return compile_seconds, warmup_seconds
+    return dataclasses.replace(optimized, compile_seconds=compile_seconds, warmup_seconds=warmup_seconds)
 
 
 def optimize(model: nn.Module, settings: OptimizationSettings, examples: Sequence[Inputs]) -> OptimizedModel:
     prepared = prepare(model, settings)
     try:
         run = BACKENDS[settings.backend](prepared, settings)
-        timings = warm_up(run, examples, settings.warmup_iterations)
-        return OptimizedModel(run, settings.backend, *timings)
+        return warm_up(
+            OptimizedModel(run, settings.backend, settings.channels_last), examples, settings.warmup_iterations
+        )
     except BackendUnavailable:
         raise  # a missing environment is a configuration error, never silently eager
     except Exception as error:  # noqa: BLE001 - any compiler failure qualifies
@@ -123,5 +137,5 @@ def optimize(model: nn.Module, settings: OptimizationSettings, examples: Sequenc
                 "fine, choose `backend: eager` or set `fallback_to_eager: true` in model-config.yaml"
             ) from error
         log.warning("backend %s failed, falling back to eager as configured: %s", settings.backend.value, reason)
-        timings = warm_up(prepared, examples, settings.warmup_iterations)
-        return OptimizedModel(prepared, Backend.EAGER, *timings, fallback_reason=reason)
+        eager = OptimizedModel(prepared, Backend.EAGER, settings.channels_last, fallback_reason=reason)
+        return warm_up(eager, examples, settings.warmup_iterations)

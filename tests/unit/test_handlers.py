@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from torch._dynamo.utils import counters
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
@@ -81,7 +82,9 @@ def test_compiled_buckets_pad_and_match_eager(image_archive, tiny_cnn):
     handler, context = image_handler(image_archive, batch_size=4, backend="inductor", top_k=10)
     assert handler.buckets == [1, 2, 4]
     images = [encode_image("RGB", (64 + i, 48)) for i in range(3)]  # 3 requests -> bucket 4
+    graphs = counters["stats"]["unique_graphs"]
     responses = serve(handler, context, [{"body": data} for data in images])
+    assert counters["stats"]["unique_graphs"] == graphs, "serving recompiled a warmed-up bucket"
     assert statuses(context) == [200, 200, 200]
     for response, data in zip(responses, images, strict=True):
         with torch.inference_mode():

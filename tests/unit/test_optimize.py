@@ -21,11 +21,9 @@ def eager_reference(model, inputs):
         return model(*inputs).float()
 
 
-def run(optimized, inputs, channels_last=False):
-    if channels_last:
-        inputs = tuple(t.contiguous(memory_format=torch.channels_last) for t in inputs)
+def run(optimized, inputs):
     with torch.inference_mode():
-        return optimized.run(*inputs)
+        return optimized(*inputs)
 
 
 @pytest.mark.parametrize(
@@ -46,7 +44,7 @@ def test_image_backends_match_eager(tiny_cnn, overrides, tolerance):
     optimized = optimize(tiny_cnn, settings, examples)
     assert optimized.backend is settings.backend
     for inputs, reference in zip(examples, references, strict=True):
-        torch.testing.assert_close(run(optimized, inputs, settings.channels_last), reference, **tolerance)
+        torch.testing.assert_close(run(optimized, inputs), reference, **tolerance)
 
 
 def test_text_inductor_matches_eager_with_padding(tiny_bert_config):
@@ -62,6 +60,17 @@ def test_text_inductor_matches_eager_with_padding(tiny_bert_config):
     torch.testing.assert_close(
         run(optimized, (ids, mask, types)), eager_reference(model, (ids, mask, types)), **FP32_TOL
     )
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_serving_calls_reuse_the_warmed_up_graph(tiny_cnn, channels_last):
+    from torch._dynamo.utils import counters
+
+    settings = parse_settings(ImageSettings, {"backend": "inductor", "channels_last": channels_last})
+    optimized = optimize(tiny_cnn, settings, [(torch.randn(2, 3, 32, 32),)])
+    graphs = counters["stats"]["unique_graphs"]
+    run(optimized, (torch.randn(2, 3, 32, 32),))  # a request as the handler collates it: NCHW
+    assert counters["stats"]["unique_graphs"] == graphs, "the first request recompiled"
 
 
 def test_compile_time_is_reported_apart_from_warmup(tiny_cnn):
@@ -94,7 +103,7 @@ def test_fallback_to_eager_only_when_configured(tiny_cnn, monkeypatch, caplog):
     assert optimized.backend is Backend.EAGER
     assert "lowering failed: aten.fake_op" in optimized.fallback_reason
     assert "falling back to eager" in caplog.text and "lowering failed" in caplog.text
-    torch.testing.assert_close(run(optimized, x, channels_last=True), reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(run(optimized, x), reference, rtol=1e-5, atol=1e-6)
 
 
 def test_ipex_in_main_env_says_how_to_get_it(tiny_cnn):
