@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from kit.serve_config import Allocator, ServeConfig, worker_environment
-from kit.server import VENV
+from kit.server import INDUCTOR_CACHE, VENV
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,7 +40,7 @@ def extract(archive: Path, into: Path) -> Path:
 def child_environment(config: ServeConfig) -> dict[str, str]:
     env = {**os.environ, **worker_environment(config), "HF_HUB_OFFLINE": "1"}
     env["OMP_NUM_THREADS"] = str(config.threads or os.cpu_count())
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(ROOT / ".cache" / "inductor")
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(INDUCTOR_CACHE)
     env.pop("LD_PRELOAD", None)
     if config.launcher and config.allocator is not Allocator.DEFAULT:
         env["LD_PRELOAD"] = str(VENV / "lib" / f"lib{config.allocator.value}.so")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.ab import AbResult, ab_command, parse_ab
+from bench.ab import MAX_REQUESTS, AbResult, ab_command, parse_ab
 from bench.inprocess import measure_in_process
 from bench.metrics import scrape, server_latency
 from bench.payloads import Payload, payload_for
@@ -46,15 +46,18 @@ class RowResult:
     max_batch_delay_ms: int
     concurrency: int
     baseline: bool
+    # AbResult's fields, under the same names:
+    complete: int
+    failed: int
+    non_2xx: int
     requests_per_s: float
-    items_per_s: float
     mean_ms: float
     p50_ms: float
     p90_ms: float
     p99_ms: float
-    failed: int
-    non_2xx: int
-    completed: int
+    max_ms: float
+    duration_s: float
+    items_per_s: float  # one item per HTTP request: requests_per_s
     start_to_ready_s: float
     ts_inference_ms: float | None
     ts_queue_ms: float | None
@@ -80,7 +83,7 @@ def slug(text: str) -> str:
 
 
 def run_ab(
-    server: Server, row: Row, payload: Payload, seconds: int, requests: int | None = None
+    server: Server, row: Row, payload: Payload, seconds: int, requests: int = MAX_REQUESTS
 ) -> tuple[AbResult, list[str]]:
     argv = ab_command(
         server.url("inference", f"/predictions/{row.model}"),
@@ -89,7 +92,7 @@ def run_ab(
         seconds=seconds,
         concurrency=row.concurrency,
         headers=server.headers("inference"),
-        **({"requests": requests} if requests else {}),
+        requests=requests,
     )
     completed = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 600)
     if completed.returncode != 0:
@@ -129,15 +132,8 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         max_batch_delay_ms=config.max_batch_delay_ms,
         concurrency=row.concurrency,
         baseline=row.baseline,
-        requests_per_s=result.requests_per_s,
-        items_per_s=result.requests_per_s,  # one item per HTTP request
-        mean_ms=result.mean_ms,
-        p50_ms=result.p50_ms,
-        p90_ms=result.p90_ms,
-        p99_ms=result.p99_ms,
-        failed=result.failed,
-        non_2xx=result.non_2xx,
-        completed=result.complete,
+        **dataclasses.asdict(result),
+        items_per_s=result.requests_per_s,
         start_to_ready_s=round(ready_s, 1),
         ts_inference_ms=latency.inference_ms if latency else None,
         ts_queue_ms=latency.queue_ms if latency else None,

@@ -8,6 +8,7 @@ never guesses from file names.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -47,18 +48,10 @@ def _bert_config(model_dir: Path):
     return BertConfig(**json.loads(_require(model_dir, TEXT_CONFIG_FILE).read_text()))
 
 
-def _load_bert_classifier(model_dir: Path) -> nn.Module:
-    from handlers.architectures.text import BertClassifier
+def _load_bert(model_dir: Path, class_name: str) -> nn.Module:
+    from handlers.architectures import text
 
-    model = BertClassifier(_bert_config(model_dir))
-    model.load_state_dict(_state_dict(model_dir))
-    return model
-
-
-def _load_sentence_embedder(model_dir: Path) -> nn.Module:
-    from handlers.architectures.text import SentenceEmbedder
-
-    model = SentenceEmbedder(_bert_config(model_dir))
+    model = getattr(text, class_name)(_bert_config(model_dir))
     model.load_state_dict(_state_dict(model_dir))
     return model
 
@@ -69,8 +62,8 @@ def _load_exported_program(model_dir: Path) -> nn.Module:
 
 LOADERS: dict[Architecture, Callable[[Path], nn.Module]] = {
     Architecture.RESNET50: _load_resnet50,
-    Architecture.BERT_CLASSIFIER: _load_bert_classifier,
-    Architecture.SENTENCE_EMBEDDER: _load_sentence_embedder,
+    Architecture.BERT_CLASSIFIER: functools.partial(_load_bert, class_name="BertClassifier"),
+    Architecture.SENTENCE_EMBEDDER: functools.partial(_load_bert, class_name="SentenceEmbedder"),
     Architecture.EXPORTED_PROGRAM: _load_exported_program,
 }
 

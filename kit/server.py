@@ -82,10 +82,11 @@ def process_alive(pid: int) -> bool:
 
 
 class Server:
-    def __init__(self, config: ServeConfig, run_dir: Path, model_store: Path | None = None):
+    def __init__(self, config: ServeConfig, run_dir: Path, model_store: Path | None = None, pid: int | None = None):
         self.config = config
         self.run_dir = Path(run_dir).resolve()
         self.model_store = (model_store or ROOT / "model_store" / config.variant).resolve()
+        self.pid = pid  # the `torchserve --foreground` process; None until started
 
     # -- files --------------------------------------------------------------------------------
     @property
@@ -111,13 +112,7 @@ class Server:
         if not state_file.is_file():
             return None
         state = json.loads(state_file.read_text())
-        server = cls(parse_settings(ServeConfig, state["config"]), run_dir, Path(state["model_store"]))
-        server._pid = state["pid"]
-        return server
-
-    @property
-    def pid(self) -> int | None:
-        return getattr(self, "_pid", None)
+        return cls(parse_settings(ServeConfig, state["config"]), run_dir, Path(state["model_store"]), state["pid"])
 
     def is_running(self) -> bool:
         return self.pid is not None and process_alive(self.pid)
@@ -181,7 +176,7 @@ class Server:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        self._pid = process.pid
+        self.pid = process.pid
         self.state_file.write_text(
             json.dumps(
                 {"pid": process.pid, "config": _jsonable(self.config), "model_store": str(self.model_store)},

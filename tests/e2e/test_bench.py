@@ -36,7 +36,7 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
     baseline, optimized = document["rows"]
     assert (baseline["name"], optimized["name"]) == ("baseline", "optimized")
     for row in (baseline, optimized):
-        assert row["completed"] > 0 and row["requests_per_s"] > 0
+        assert row["complete"] > 0 and row["requests_per_s"] > 0
         assert row["non_2xx"] == 0 and row["failed"] == 0
         assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
         assert row["in_process_items_per_s"] > 0

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import io
-
-import numpy as np
 import pytest
 import requests
 import torch
-from PIL import Image
 
+from bench.payloads import photo_jpeg
 from handlers.image import image_to_tensor
 from handlers.loaders import load_model
 from handlers.settings import Architecture
@@ -22,17 +19,6 @@ pytestmark = pytest.mark.e2e
 # 1e-4 leaves room for a different summation order without hiding a wrong model.
 PROBABILITY_ATOL = 1e-4
 EMBEDDING_ATOL = 1e-4
-
-
-def photo_jpeg() -> bytes:
-    # Smooth gradients plus noise: JPEG-compresses like a photo (~100 KB at 640x480).
-    rng = np.random.default_rng(7)
-    y, x = np.mgrid[0:480, 0:640]
-    base = np.stack([x / 640 * 255, y / 480 * 255, (x + y) / 1120 * 255], axis=-1)
-    pixels = np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype("uint8")
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
-    return buffer.getvalue()
 
 
 def post(server: Server, model: str, body: bytes, content_type: str) -> requests.Response:
