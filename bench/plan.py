@@ -27,7 +27,9 @@ from kit.serve_config import ServeConfig
 PLANS = Path(__file__).resolve().parent / "plans"
 ROW_KEYS = {"name", "preset", "baseline", "models", "concurrency"}
 SERVE_KEYS = {f.name for f in dataclasses.fields(ServeConfig)} - {"models"}
-PORT_KEYS = {"bind", "management_bind", "inference_port", "management_port", "metrics_port", "worker_port"}
+PORT_KEYS = {"bind", "management_bind", "worker_port"} | {
+    f.name for f in dataclasses.fields(ServeConfig) if f.name.endswith("_port")
+}
 
 
 class PlanError(SettingsError):

@@ -74,7 +74,8 @@ class OptimizedHandler(BaseHandler, abc.ABC):
         load_seconds = time.perf_counter() - start
         self.optimized = optimize(model, self.settings, [self.example(size) for size in self.buckets])
         log.info(
-            "%s ready: backend=%s load=%.1fs compile=%.1fs warmup=%.1fs batch_buckets=%s threads=%d",
+            "%s ready: backend=%s load=%.1fs compile=%.1fs warmup=%.1fs batch_buckets=%s threads=%d "
+            "compile_cache_hits=%d compile_cache_misses=%d",
             self.model_name,
             self.optimized.backend.value,
             load_seconds,
@@ -82,6 +83,8 @@ class OptimizedHandler(BaseHandler, abc.ABC):
             self.optimized.warmup_seconds,
             self.buckets,
             torch.get_num_threads(),
+            self.optimized.cache_hits,
+            self.optimized.cache_misses,
         )
         self.initialized = True
 

@@ -27,12 +27,15 @@ def decode_image(data: bytes) -> Image.Image:
             image = Image.open(io.BytesIO(data))
             width, height = image.size  # header only: nothing decoded yet
             if width * height > MAX_PIXELS:
-                raise InvalidInput(f"image is {width}x{height} pixels, over the limit of {MAX_PIXELS}")
+                raise InvalidInput(
+                    f"image too large to decode: {width}x{height} pixels, over the limit of {MAX_PIXELS}"
+                )
             image.load()
     except InvalidInput:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as error:
-        raise InvalidInput(f"image refused as a decompression bomb: {error}") from None
+        # PIL's own guard fires in open() above twice its limit; same answer, its figures.
+        raise InvalidInput(f"image too large to decode (decompression bomb guard): {error}") from None
     except UnidentifiedImageError:
         raise InvalidInput(
             f"body is not a decodable image (JPEG or PNG expected); got {len(data)} bytes starting {data[:8]!r}"

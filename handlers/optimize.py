@@ -99,6 +99,9 @@ class OptimizedModel:
     fallback_reason: str = ""
     compile_seconds: float = 0.0  # first call per shape: tracing + code generation
     warmup_seconds: float = 0.0  # the steady calls after it
+    # Inductor's FX-graph cache during warm-up: on a restart every graph should be a hit.
+    cache_hits: int = 0
+    cache_misses: int = 0
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         # Warm-up and serving both come through here, under inference_mode: the compiled
@@ -106,8 +109,15 @@ class OptimizedModel:
         return self.run(*to_layout(inputs, self.channels_last))
 
 
+def fx_graph_cache_counts() -> tuple[int, int]:
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+
+
 def warm_up(optimized: OptimizedModel, examples: Sequence[Inputs], iterations: int) -> OptimizedModel:
     compile_seconds = warmup_seconds = 0.0
+    hits_before, misses_before = fx_graph_cache_counts()
     with torch.inference_mode():
         for inputs in examples:
             start = time.perf_counter()
@@ -117,7 +127,14 @@ def warm_up(optimized: OptimizedModel, examples: Sequence[Inputs], iterations: i
             for _ in range(iterations):
                 optimized(*inputs)
             warmup_seconds += time.perf_counter() - start
-    return dataclasses.replace(optimized, compile_seconds=compile_seconds, warmup_seconds=warmup_seconds)
+    hits, misses = fx_graph_cache_counts()
+    return dataclasses.replace(
+        optimized,
+        compile_seconds=compile_seconds,
+        warmup_seconds=warmup_seconds,
+        cache_hits=hits - hits_before,
+        cache_misses=misses - misses_before,
+    )
 
 
 def optimize(model: nn.Module, settings: OptimizationSettings, examples: Sequence[Inputs]) -> OptimizedModel:

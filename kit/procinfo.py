@@ -22,6 +22,7 @@ class ProcessInfo:
     allocator: str  # jemalloc | tcmalloc | default (glibc malloc)
     cpus: tuple[int, ...]
     rss_mb: float
+    peak_rss_mb: float  # VmHWM: the most the process ever held, so a past spike still shows
     omp_threads: str  # OMP_NUM_THREADS in the process environment, "" if unset
 
 
@@ -39,9 +40,10 @@ def process_environment(pid: int) -> dict[str, str]:
     return {key.decode(errors="replace"): value.decode(errors="replace") for key, value in pairs}
 
 
-def rss_mb(pid: int) -> float:
+def memory_mb(pid: int, field: str = "VmRSS") -> float:
+    """A memory line of /proc/PID/status (VmRSS now, VmHWM peak) in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024  # kB -> MB
     return 0.0
 
@@ -51,6 +53,7 @@ def inspect_process(pid: int) -> ProcessInfo:
         pid=pid,
         allocator=loaded_allocator(pid),
         cpus=tuple(sorted(os.sched_getaffinity(pid))),
-        rss_mb=rss_mb(pid),
+        rss_mb=memory_mb(pid),
+        peak_rss_mb=memory_mb(pid, "VmHWM"),
         omp_threads=process_environment(pid).get("OMP_NUM_THREADS", ""),
     )

@@ -68,6 +68,9 @@ class ServeConfig:
     inference_port: int = 8080
     management_port: int = 8081
     metrics_port: int = 8082
+    # TorchServe 0.12 always starts its gRPC APIs; the kit keeps them on loopback, unused.
+    grpc_inference_port: int = 7070
+    grpc_management_port: int = 7071
     worker_port: int = 9000  # first of the frontend<->worker socket ports
     workers: int | None = 2  # per model; None = TorchServe's default (one per core)
     threads: int | None = 1  # per worker; None = torch's default (all cores)
@@ -76,6 +79,9 @@ class ServeConfig:
     omp_wait_policy: OmpWaitPolicy = OmpWaitPolicy.PASSIVE
     batch_size: int = 1
     max_batch_delay_ms: int = 5
+    # Bodies above this are refused by the frontend (413) before any worker sees them; a
+    # 12 MP camera JPEG is 3-8 MB.
+    max_request_mb: int = 16
     # None = automatic: off on loopback, on for any other bind.
     token_auth: bool | None = None
 
@@ -93,6 +99,8 @@ class ServeConfig:
             )
         if self.allocator is not Allocator.DEFAULT and not self.launcher:
             raise ConfigError(f"allocator {self.allocator.value!r} is preloaded by the launcher; set launcher: true")
+        if self.max_request_mb < 1:
+            raise ConfigError(f"max_request_mb must be >= 1, got {self.max_request_mb}")
         if self.batch_size < 1 or self.max_batch_delay_ms < 0:
             raise ConfigError(
                 f"need batch_size >= 1 and max_batch_delay_ms >= 0, got {self.batch_size}, {self.max_batch_delay_ms}"
@@ -150,6 +158,8 @@ def render(config: ServeConfig, model_store: Path) -> str:
         "inference_port": config.inference_port,
         "management_port": config.management_port,
         "metrics_port": config.metrics_port,
+        "grpc_inference_port": config.grpc_inference_port,
+        "grpc_management_port": config.grpc_management_port,
         "worker_port": config.worker_port,
         "model_store": model_store,
         "load_models": ",".join(f"{name}.mar" for name in config.models),
@@ -158,6 +168,9 @@ def render(config: ServeConfig, model_store: Path) -> str:
         "disable_token_auth": str(not config.token_auth_enabled).lower(),
         "launcher": str(config.launcher).lower(),
         "launcher_args": launcher_args(config) if config.launcher else "",
+        "max_request_bytes": config.max_request_mb * 1024 * 1024,
+        # A Java regex quoting the store path literally; .properties files unescape `\\` to `\`.
+        "allowed_urls": rf"file://\\Q{model_store}\\E/.*",
     }
     text = string.Template(TEMPLATE.read_text()).substitute(values)
     # A property left empty means "TorchServe's default": drop the line instead of passing "".

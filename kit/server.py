@@ -62,6 +62,8 @@ def free_ports_config(config: ServeConfig) -> ServeConfig:
         inference_port=free_port(),
         management_port=free_port(),
         metrics_port=free_port(),
+        grpc_inference_port=free_port(),
+        grpc_management_port=free_port(),
         # Worker sockets count up from here, one per worker; leave room below 65535.
         worker_port=20000 + (free_port() % 20000),
     )

@@ -50,5 +50,8 @@ def test_public_bind_requires_a_token_and_keeps_management_on_loopback(tmp_path)
         assert listening[server.config.inference_port].is_unspecified  # all interfaces, as asked
         assert listening[server.config.management_port].is_loopback  # not exposed with it
         assert listening[server.config.metrics_port].is_unspecified
+        # gRPC (always on in TorchServe 0.12, unused by the kit) never leaves loopback.
+        assert listening[server.config.grpc_inference_port].is_loopback
+        assert listening[server.config.grpc_management_port].is_loopback
     finally:
         server.stop()

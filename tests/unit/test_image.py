@@ -74,5 +74,11 @@ def test_decompression_bomb_is_refused_before_decoding(monkeypatch):
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)  # PIL's own guard off: the kit's must catch it
     bomb = encode_image("L", (20000, 20000), "PNG", color=0)
     assert len(bomb) < 2_000_000
-    with pytest.raises(InvalidInput, match=f"over the limit of {MAX_PIXELS}"):
+    with pytest.raises(InvalidInput, match=f"too large to decode: 20000x20000 pixels, over the limit of {MAX_PIXELS}"):
         image_to_tensor(bomb, 256, 224)
+
+
+def test_pil_bomb_guard_gives_the_same_answer():
+    # With PIL's default guard on, open() refuses 400 MP itself (over 2x its limit).
+    with pytest.raises(InvalidInput, match="too large to decode .*400000000 pixels"):
+        image_to_tensor(encode_image("L", (20000, 20000), "PNG", color=0), 256, 224)

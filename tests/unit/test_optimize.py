@@ -80,6 +80,19 @@ def test_compile_time_is_reported_apart_from_warmup(tiny_cnn):
     assert optimized.compile_seconds > 0 and optimized.warmup_seconds > 0
 
 
+def test_a_second_compile_is_served_from_the_cache(tiny_cnn, tmp_path, monkeypatch):
+    # What a worker restart relies on: same graph, same cache dir -> no code generation.
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    settings = parse_settings(ImageSettings, {"backend": "inductor"})
+    examples = [(torch.randn(1, 3, 32, 32),)]
+    torch._dynamo.reset()  # forget code compiled by earlier tests, as a new process would
+    first = optimize(tiny_cnn, settings, examples)
+    torch._dynamo.reset()
+    second = optimize(tiny_cnn, settings, examples)
+    assert (first.cache_hits, first.cache_misses) == (0, 1)
+    assert (second.cache_hits, second.cache_misses) == (1, 0)
+
+
 def broken_backend(model, settings):
     def run(*inputs):
         raise RuntimeError("lowering failed: aten.fake_op\nlong traceback here")

@@ -22,6 +22,8 @@ def test_optimized_preset_renders_launcher_and_allocator():
     assert props["metrics_mode"] == "prometheus"
     assert props["disable_token_authorization"] == "true"  # loopback: frictionless local start
     assert props["enable_model_api"] == "false"
+    assert props["allowed_urls"] == r"file://\\Q/store\\E/.*"  # only the local model store (Java-escaped)
+    assert props["max_request_size"] == str(16 * 1024 * 1024)
     assert props["load_models"] == "resnet50.mar,bert.mar,minilm.mar"
     assert '"minWorkers":2' in props["models"]
 
