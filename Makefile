@@ -15,6 +15,7 @@ PYTEST_ARGS ?=
 help:
 	@echo "make serve [CONFIG=optimized|baseline|path.yaml] [BACKEND=variant] [BIND=0.0.0.0]"
 	@echo "make stop | status | test | test-unit | test-e2e | archive | lint | format | clean"
+	@echo "make bench [PLAN=quick|default|full] | tune | soak [SOAK_SECONDS=300]"
 
 install:
 	@bash scripts/install.sh
@@ -59,7 +60,8 @@ clean: stop
 PLAN ?= default
 BENCH_VARIANTS := eager,inductor,inductor-max-autotune
 
-.PHONY: bench tune
+.PHONY: bench tune soak
+SOAK_SECONDS ?= 300
 # Compare serving configurations with ab on the real server: bench/results/<time>/ (+ latest).
 bench: install
 	@$(PY) model_store/build.py --models $(MODELS) --variants $(BENCH_VARIANTS)
@@ -69,3 +71,7 @@ bench: install
 tune: install
 	@$(PY) model_store/build.py --models $(MODELS) --variants $(BENCH_VARIANTS)
 	@$(PY) -m bench --plan tune --write-preset tuned
+
+# Soak at concurrency 8, kill -9 a worker under load, restart on a warm cache: bench/results/soak-<time>/.
+soak: archive
+	@$(PY) -m bench.soak --seconds $(SOAK_SECONDS) --models $(MODELS)

@@ -83,6 +83,16 @@ def process_alive(pid: int) -> bool:
         return False
 
 
+def live_process(pid: int | None) -> ProcessInfo | None:
+    """What /proc says of a worker pid; None if it is gone (also if it dies while being read)."""
+    if not pid or not process_alive(pid):
+        return None
+    try:
+        return inspect_process(pid)
+    except OSError:
+        return None
+
+
 class Server:
     def __init__(self, config: ServeConfig, run_dir: Path, model_store: Path | None = None, pid: int | None = None):
         self.config = config
@@ -249,8 +259,7 @@ class Server:
         for model in self.config.models:
             for version in self.describe(model):
                 for worker in version.get("workers", []):
-                    pid = worker.get("pid")
-                    process = inspect_process(pid) if pid and process_alive(pid) else None
+                    process = live_process(worker.get("pid"))
                     statuses.append(WorkerStatus(model, str(worker["id"]), worker["status"], process))
         return statuses
 

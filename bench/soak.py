@@ -1,0 +1,395 @@
+"""Soak, worker kill and restart on a real server: `make soak` (SOAK_SECONDS=300).
+
+    .venv/bin/python -m bench.soak --seconds 300                     # the full check
+    .venv/bin/python -m bench.soak --seconds 20 --models resnet50    # what the e2e test runs
+
+1. soak: closed-loop load at concurrency 8 over every model: no non-2xx, no worker
+   replaced, worker RSS growth bounded (start/end/peak per worker).
+2. kill: `kill -9` of one worker under load: every request still gets an answer (errors
+   while it is down, never a hang); TorchServe replaces the worker, which is pinned to the
+   core it freed, and throughput comes back; the recovery time is measured.
+3. restart: stop, start again: every model answers, and Inductor compiles nothing from
+   scratch (FX-graph cache misses = 0 in the workers' ready lines).
+
+Writes soak.json and soak.md to bench/results/soak-<time>/ and exits 1 if a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import requests
+
+from bench.load import NO_RESPONSE, ClosedLoop, Request, Sample, send
+from bench.payloads import photo_jpeg, sentence
+from handlers.settings import SettingsError, parse_settings
+from kit.serve_config import ServeConfig
+from kit.server import Server, ServerError, WorkerStatus, free_ports_config
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RECOVERED_FRACTION = 0.85  # of the pre-kill rate; run-to-run noise on 2 shared cores is ~10 %
+WINDOW_S = 2.0  # throughput window for the recovery time
+READY_LINE = re.compile(r"ready: backend=(\w+) .*compile_cache_hits=(\d+) compile_cache_misses=(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class SoakSettings:
+    preset: str = "optimized"
+    models: tuple[str, ...] = ("resnet50", "bert", "minilm")
+    seconds: int = 300  # soak length
+    concurrency: int = 8
+    kill_model: str = "resnet50"
+    before_kill_s: int = 10  # load before the kill: the reference rate
+    after_recovery_s: int = 10  # load after the replacement is READY
+    recovery_deadline_s: int = 300
+    request_timeout_s: int = 60  # a request without an answer by then counts as hung
+    rss_growth_limit_mb: float = 64.0  # per worker, from after warm-up to the end of the soak
+    start_deadline_s: int = 900
+
+    def __post_init__(self) -> None:
+        if self.kill_model not in self.models:
+            raise SettingsError(f"kill_model {self.kill_model!r} is not among the served models {list(self.models)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerMemory:
+    model: str
+    pid: int
+    start_mb: float
+    end_mb: float
+    peak_mb: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SoakPhase:
+    seconds: float
+    requests: int
+    throughput_rps: float
+    non_2xx: int
+    no_response: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    replaced_workers: list[str]
+    memory: list[WorkerMemory]
+
+
+@dataclasses.dataclass(frozen=True)
+class KillPhase:
+    model: str
+    killed_pid: int
+    replacement_pid: int
+    requests: int
+    failed: int  # answered with an error while the worker was down
+    no_response: int  # hung or dropped: must be 0
+    failures: list[str]  # "t+0.4s 500 Worker died." per failed request
+    replaced_after_s: float  # kill -> replacement READY
+    full_rate_after_s: float | None  # kill -> first window back at RECOVERED_FRACTION of the rate before
+    rate_before: float
+    rate_after: float
+    replacement_cpus: list[int]
+    sibling_cpus: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartPhase:
+    first_start_s: float
+    first_cache_misses: int
+    restart_s: float
+    restart_cache_hits: int
+    restart_cache_misses: int
+    compiled: bool  # False when the backend is eager: nothing to cache
+    answered: dict[str, int]  # model -> HTTP status of one request after the restart
+
+
+@dataclasses.dataclass(frozen=True)
+class SoakReport:
+    settings: SoakSettings
+    soak: SoakPhase
+    kill: KillPhase
+    restart: RestartPhase
+    checks: list[Check]
+
+    @property
+    def passed(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+
+def request_mix(models: tuple[str, ...]) -> list[Request]:
+    image, text = photo_jpeg(), sentence().encode()
+    return [Request(m, image, "image/jpeg") if m == "resnet50" else Request(m, text, "text/plain") for m in models]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def worker_pids(workers: list[WorkerStatus]) -> dict[str, int]:
+    return {f"{w.model}/{w.worker_id}": w.process.pid for w in workers if w.process}
+
+
+def cache_counts(model_log: Path) -> tuple[int, int, bool]:
+    """(hits, misses, compiled) summed over the workers' ready lines in a model log."""
+    hits = misses = 0
+    compiled = False
+    for match in READY_LINE.finditer(model_log.read_text(errors="replace") if model_log.is_file() else ""):
+        compiled |= match[1] != "eager"
+        hits, misses = hits + int(match[2]), misses + int(match[3])
+    return hits, misses, compiled
+
+
+# -- phases -------------------------------------------------------------------------------
+def soak_phase(server: Server, settings: SoakSettings, progress: Callable[[str], None]) -> SoakPhase:
+    mix = request_mix(settings.models)
+    with requests.Session() as session:
+        for request in mix:  # the first request per model may still be slower
+            send(session, server, request)
+    before = server.workers()
+    start = time.monotonic()
+    with ClosedLoop(server, mix, settings.concurrency, settings.request_timeout_s) as load:
+        while (elapsed := time.monotonic() - start) < settings.seconds:
+            time.sleep(min(30.0, settings.seconds - elapsed))
+            done = len(load.samples)
+            progress(f"[soak] {time.monotonic() - start:4.0f}s/{settings.seconds}s {done} requests")
+    seconds = time.monotonic() - start
+    after = server.workers()
+    samples = load.samples
+    latencies = [(s.end - s.start) * 1000 for s in samples]
+    start_pids, end_pids = worker_pids(before), worker_pids(after)
+    memory = [
+        WorkerMemory(
+            w.model,
+            w.process.pid,
+            round(w.process.rss_mb, 1),
+            round(a.process.rss_mb, 1),
+            round(a.process.peak_rss_mb, 1),
+        )  # fmt: skip
+        for w in before
+        for a in after
+        if w.process and a.process and a.process.pid == w.process.pid
+    ]
+    return SoakPhase(
+        seconds=round(seconds, 1),
+        requests=len(samples),
+        throughput_rps=round(len(samples) / seconds, 2),
+        non_2xx=sum(1 for s in samples if s.status not in (200, NO_RESPONSE)),
+        no_response=sum(1 for s in samples if s.status == NO_RESPONSE),
+        p50_ms=round(percentile(latencies, 0.50), 1),
+        p99_ms=round(percentile(latencies, 0.99), 1),
+        max_ms=round(max(latencies, default=0.0), 1),
+        replaced_workers=sorted(k for k in start_pids if end_pids.get(k) != start_pids[k]),
+        memory=memory,
+    )
+
+
+def wait_for_replacement(
+    server: Server, model: str, killed_pid: int, expected: int, deadline_s: float
+) -> list[WorkerStatus]:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        workers = [w for w in server.workers() if w.model == model]
+        pids = [w.process.pid for w in workers if w.process]
+        if len(pids) == expected and killed_pid not in pids and all(w.status == "READY" for w in workers):
+            return workers
+        time.sleep(0.25)
+    raise ServerError(f"{model}: worker {killed_pid} not replaced within {deadline_s}s; see {server.frontend_log}")
+
+
+def full_rate_after(samples: list[Sample], killed_at: float, end: float, rate_before: float) -> float | None:
+    """Seconds from the kill to the first WINDOW_S window back at RECOVERED_FRACTION of the rate."""
+    t = killed_at + WINDOW_S  # the first window is the one right after the kill
+    while t + WINDOW_S <= end:
+        if sum(1 for s in samples if t <= s.end < t + WINDOW_S) / WINDOW_S >= RECOVERED_FRACTION * rate_before:
+            return round(t - killed_at, 1)
+        t += 0.5
+    return None
+
+
+def kill_phase(server: Server, settings: SoakSettings, progress: Callable[[str], None]) -> KillPhase:
+    model = settings.kill_model
+    workers = [w for w in server.workers() if w.model == model and w.process]
+    victim, siblings = workers[0], workers[1:]
+    mix = [r for r in request_mix(settings.models) if r.model == model]
+    with ClosedLoop(server, mix, settings.concurrency, settings.request_timeout_s) as load:
+        time.sleep(settings.before_kill_s)
+        killed_at = time.monotonic()
+        progress(f"[soak] kill -9 {model} worker pid {victim.process.pid} under load")
+        os.kill(victim.process.pid, signal.SIGKILL)
+        replaced = wait_for_replacement(server, model, victim.process.pid, len(workers), settings.recovery_deadline_s)
+        replaced_at = time.monotonic()
+        progress(f"[soak] replacement READY after {replaced_at - killed_at:.1f}s")
+        time.sleep(settings.after_recovery_s)
+        end = time.monotonic()
+    samples = load.samples
+    measured_before = settings.before_kill_s - WINDOW_S  # skip the ramp-up at the start
+    rate_before = sum(1 for s in samples if killed_at - measured_before <= s.end < killed_at) / measured_before
+    rate_after = sum(1 for s in samples if replaced_at <= s.end < end) / (end - replaced_at)
+    sibling_pids = {w.process.pid for w in siblings}
+    replacement = next(w for w in replaced if w.process.pid not in sibling_pids)
+    failed = [s for s in samples if not s.ok]
+    return KillPhase(
+        model=model,
+        killed_pid=victim.process.pid,
+        replacement_pid=replacement.process.pid,
+        requests=len(samples),
+        failed=sum(1 for s in failed if s.status != NO_RESPONSE),
+        no_response=sum(1 for s in failed if s.status == NO_RESPONSE),
+        failures=[f"t{s.end - killed_at:+.1f}s {s.status} {' '.join(s.error.split())[:120]}" for s in failed],
+        replaced_after_s=round(replaced_at - killed_at, 1),
+        full_rate_after_s=full_rate_after(samples, killed_at, end, rate_before),
+        rate_before=round(rate_before, 2),
+        rate_after=round(rate_after, 2),
+        replacement_cpus=list(replacement.process.cpus),
+        sibling_cpus=sorted({c for w in siblings for c in w.process.cpus}),
+    )
+
+
+def restart_phase(
+    config: ServeConfig, out_dir: Path, first: Server, first_start_s: float, settings: SoakSettings
+) -> RestartPhase:
+    _, first_misses, _ = cache_counts(first.model_log)
+    server = Server(free_ports_config(config), out_dir / "restart")
+    start = time.monotonic()
+    server.start()
+    try:
+        server.wait_ready(settings.start_deadline_s)
+        restart_s = time.monotonic() - start
+        with requests.Session() as session:
+            answered = {r.model: send(session, server, r).status for r in request_mix(settings.models)}
+    finally:
+        server.stop()
+    hits, misses, compiled = cache_counts(server.model_log)
+    return RestartPhase(
+        first_start_s=round(first_start_s, 1),
+        first_cache_misses=first_misses,
+        restart_s=round(restart_s, 1),
+        restart_cache_hits=hits,
+        restart_cache_misses=misses,
+        compiled=compiled,
+        answered=answered,
+    )
+
+
+def evaluate(settings: SoakSettings, soak: SoakPhase, kill: KillPhase, restart: RestartPhase) -> list[Check]:
+    growth = {f"{m.model}/{m.pid}": round(m.end_mb - m.start_mb, 1) for m in soak.memory}
+    pinned = bool(kill.sibling_cpus) and not set(kill.replacement_cpus) & set(kill.sibling_cpus)
+    return [
+        Check("soak: every request answered 2xx", soak.non_2xx == 0 and soak.no_response == 0,
+              f"{soak.requests} requests, {soak.non_2xx} non-2xx, {soak.no_response} unanswered"),
+        Check("soak: no worker replaced", not soak.replaced_workers, f"replaced: {soak.replaced_workers or 'none'}"),
+        Check(f"soak: worker RSS growth <= {settings.rss_growth_limit_mb:.0f} MB",
+              all(g <= settings.rss_growth_limit_mb for g in growth.values()), f"growth MB: {growth}"),
+        Check("kill: no request hung or dropped", kill.no_response == 0,
+              f"{kill.failed} errors, {kill.no_response} unanswered of {kill.requests}"),
+        Check("kill: replacement pinned to the freed core", pinned,
+              f"replacement cpus {kill.replacement_cpus}, sibling cpus {kill.sibling_cpus}"),
+        Check(f"kill: throughput back to >= {RECOVERED_FRACTION:.0%}",
+              kill.rate_after >= RECOVERED_FRACTION * kill.rate_before,
+              f"{kill.rate_before} req/s before, {kill.rate_after} after; full rate after "
+              f"{kill.full_rate_after_s}s, worker READY after {kill.replaced_after_s}s"),
+        Check("restart: every model answers", all(s == 200 for s in restart.answered.values()), f"{restart.answered}"),
+        Check("restart: nothing compiled from scratch", not restart.compiled or restart.restart_cache_misses == 0,
+              f"FX-graph cache {restart.restart_cache_hits} hits, {restart.restart_cache_misses} misses; "
+              f"start-to-READY {restart.restart_s}s (first start {restart.first_start_s}s)"),
+    ]  # fmt: skip
+
+
+def run_soak(settings: SoakSettings, out_dir: Path, progress: Callable[[str], None] = print) -> SoakReport:
+    config = free_ports_config(ServeConfig.from_preset(settings.preset, models=list(settings.models)))
+    first = Server(config, out_dir / "server")
+    start = time.monotonic()
+    first.start()
+    try:
+        first.wait_ready(settings.start_deadline_s, progress)
+        first_start_s = time.monotonic() - start
+        progress(f"[soak] {settings.seconds}s at concurrency {settings.concurrency} over {list(settings.models)}")
+        soak = soak_phase(first, settings, progress)
+        kill = kill_phase(first, settings, progress)
+    finally:
+        first.stop()
+    progress("[soak] stopped; starting again to check the warm compile cache")
+    restart = restart_phase(config, out_dir, first, first_start_s, settings)
+    return SoakReport(settings, soak, kill, restart, evaluate(settings, soak, kill, restart))
+
+
+# -- report -------------------------------------------------------------------------------
+def markdown(report: SoakReport, command: str) -> str:
+    soak, kill, restart = report.soak, report.kill, report.restart
+    lines = [
+        f"# Soak, kill and restart: {'PASSED' if report.passed else 'FAILED'}",
+        "",
+        f"`{command}` — preset `{report.settings.preset}`, models {', '.join(report.settings.models)}, "
+        f"concurrency {report.settings.concurrency}",
+        "",
+        "| check | result | detail |",
+        "|---|---|---|",
+        *(f"| {c.name} | {'pass' if c.passed else '**FAIL**'} | {c.detail} |" for c in report.checks),
+        "",
+        f"**Soak** {soak.seconds:.0f} s: {soak.requests} requests, {soak.throughput_rps} req/s, "
+        f"p50 {soak.p50_ms} ms, p99 {soak.p99_ms} ms, max {soak.max_ms} ms.",
+        "",
+        "| worker | pid | RSS start MB | RSS end MB | peak MB |",
+        "|---|---|---|---|---|",
+        *(f"| {m.model} | {m.pid} | {m.start_mb:.0f} | {m.end_mb:.0f} | {m.peak_mb:.0f} |" for m in soak.memory),
+        "",
+        f"**Kill** -9 of {kill.model} worker {kill.killed_pid}: replacement {kill.replacement_pid} READY after "
+        f"{kill.replaced_after_s} s; full rate after {kill.full_rate_after_s} s; {kill.failed} requests answered "
+        f"with an error, {kill.no_response} unanswered, of {kill.requests}.",
+        *(f"- {failure}" for failure in kill.failures[:10]),
+        "",
+        f"**Restart**: start-to-READY {restart.restart_s} s (first start {restart.first_start_s} s, "
+        f"{restart.first_cache_misses} cache misses); FX-graph cache {restart.restart_cache_hits} hits, "
+        f"{restart.restart_cache_misses} misses.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--seconds", type=int, default=SoakSettings.seconds)
+    parser.add_argument("--models", default=",".join(SoakSettings.models))
+    parser.add_argument("--preset", default=SoakSettings.preset)
+    parser.add_argument("--out", type=Path, default=None, help="default: bench/results/soak-<time>")
+    args = parser.parse_args(argv)
+    try:
+        settings = parse_settings(
+            SoakSettings, {"seconds": args.seconds, "models": args.models.split(","), "preset": args.preset}
+        )
+    except SettingsError as error:
+        print(f"[soak] ERROR: {error}", file=sys.stderr)
+        return 2
+    out_dir = args.out or RESULTS / time.strftime("soak-%Y%m%d-%H%M%S")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        report = run_soak(settings, out_dir)
+    except ServerError as error:
+        print(f"[soak] ERROR: {error}", file=sys.stderr)
+        return 1
+    command = "python -m bench.soak " + " ".join(argv if argv is not None else sys.argv[1:])
+    (out_dir / "soak.json").write_text(json.dumps(dataclasses.asdict(report), indent=2) + "\n")
+    (out_dir / "soak.md").write_text(markdown(report, command))
+    print((out_dir / "soak.md").read_text())
+    print(f"[soak] report: {out_dir / 'soak.md'}")
+    return 0 if report.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""The soak / kill -9 / restart check of `make soak`, shortened to fit CI (20 s soak, one model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.soak import SoakSettings, run_soak
+
+pytestmark = pytest.mark.e2e
+
+
+def test_soak_kill_and_restart_lose_nothing(tmp_path):
+    report = run_soak(SoakSettings(seconds=20, models=("resnet50",)), tmp_path)
+    failed = [f"{c.name}: {c.detail}" for c in report.checks if not c.passed]
+    assert not failed, failed
+    # What the checks stand on, stated again here so a weakened check cannot pass silently.
+    assert report.soak.requests > 0 and report.soak.non_2xx == 0
+    assert report.kill.replacement_pid != report.kill.killed_pid
+    assert report.kill.no_response == 0  # every request during the gap got an answer
+    assert all(f.split()[1] in ("500", "503") for f in report.kill.failures), report.kill.failures
+    assert report.restart.compiled and report.restart.restart_cache_hits > 0
+    assert report.restart.restart_cache_misses == 0
