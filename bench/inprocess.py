@@ -18,23 +18,13 @@ import os
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 
-import yaml
-
+from kit.archive import extract
 from kit.serve_config import Allocator, ServeConfig, worker_environment
 from kit.server import INDUCTOR_CACHE, VENV
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def extract(archive: Path, into: Path) -> Path:
-    target = into / f"{archive.parent.name}-{archive.stem}"
-    if not (target / "MAR-INF" / "MANIFEST.json").is_file():
-        with zipfile.ZipFile(archive) as mar:
-            mar.extractall(target)
-    return target
 
 
 def child_environment(config: ServeConfig) -> dict[str, str]:
@@ -91,22 +81,15 @@ def measure_in_process(archive: Path, config: ServeConfig, seconds: int, work_di
 def run_child(model_dir: Path, batch: int, seconds: int, cpus: str) -> None:
     import torch
 
-    from handlers.loaders import load_model
     from handlers.optimize import optimize, to_layout
-    from handlers.settings import parse_settings
+    from kit.archive import load_archived
 
     if cpus:
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
-    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
-    module_name = Path(manifest["model"]["handler"]).stem
-    handler_class = _handler_class(module_name)
-    config = yaml.safe_load((model_dir / "model-config.yaml").read_text())
-    handler = handler_class()
-    handler.settings = parse_settings(handler_class.settings_class, config.get("handler"))
+    archived = load_archived(model_dir)
     # Converted once up front, so the timed loop's layout conversion is a no-op, as in a worker.
-    inputs = to_layout(handler.example(batch), handler.settings.channels_last)
-    model = load_model(handler.settings.architecture, model_dir)
-    optimized = optimize(model, handler.settings, [inputs])
+    inputs = to_layout(archived.example(batch), archived.settings.channels_last)
+    optimized = optimize(archived.model, archived.settings, [inputs])
     print("ready", flush=True)
     sys.stdin.readline()
     items = 0
@@ -117,15 +100,6 @@ def run_child(model_dir: Path, batch: int, seconds: int, cpus: str) -> None:
             items += batch
         elapsed = time.perf_counter() - start
     print(json.dumps({"items": items, "seconds": elapsed}), flush=True)
-
-
-def _handler_class(module_name: str):
-    import importlib
-    import inspect
-
-    module = importlib.import_module(f"handlers.{module_name}")
-    (cls,) = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
-    return cls
 
 
 if __name__ == "__main__":

@@ -33,6 +33,10 @@ class CompileError(RuntimeError):
     """The configured backend failed on the warm-up inputs and no fallback was allowed."""
 
 
+class AccuracyError(CompileError):
+    """The backend ran but its outputs differ from eager beyond the configured tolerance."""
+
+
 class BackendUnavailable(RuntimeError):
     """The configured backend cannot run in this Python environment."""
 
@@ -102,6 +106,7 @@ class OptimizedModel:
     # Inductor's FX-graph cache during warm-up: on a restart every graph should be a hit.
     cache_hits: int = 0
     cache_misses: int = 0
+    accuracy_error: float = 0.0  # max |out - eager| / (1 + |eager|) over the warm-up inputs
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         # Warm-up and serving both come through here, under inference_mode: the compiled
@@ -137,18 +142,47 @@ def warm_up(optimized: OptimizedModel, examples: Sequence[Inputs], iterations: i
     )
 
 
+def accuracy_error(optimized: OptimizedModel, reference: nn.Module, examples: Sequence[Inputs]) -> float:
+    """Largest mixed abs/rel difference to eager on the warm-up inputs (same layout and dtype)."""
+    worst = 0.0
+    with torch.inference_mode():
+        for inputs in examples:
+            expected = reference(*to_layout(inputs, optimized.channels_last)).float()
+            actual = optimized(*inputs).float()
+            worst = max(worst, ((actual - expected).abs() / (1 + expected.abs())).max().item())
+    return worst
+
+
+def check_accuracy(
+    optimized: OptimizedModel, reference: nn.Module, examples: Sequence[Inputs], settings: OptimizationSettings
+) -> OptimizedModel:
+    error = accuracy_error(optimized, reference, examples)
+    if not error <= settings.tolerance:  # also catches NaN
+        raise AccuracyError(
+            f"backend {settings.backend.value!r} differs from eager by {error:.3g} on the warm-up inputs "
+            f"(tolerance {settings.tolerance:.3g}); run `make doctor` on this model to find the failing "
+            "component, or set `fallback_to_eager: true` in model-config.yaml"
+        )
+    return dataclasses.replace(optimized, accuracy_error=error)
+
+
 def optimize(model: nn.Module, settings: OptimizationSettings, examples: Sequence[Inputs]) -> OptimizedModel:
     prepared = prepare(model, settings)
     try:
         run = BACKENDS[settings.backend](prepared, settings)
-        return warm_up(
+        optimized = warm_up(
             OptimizedModel(run, settings.backend, settings.channels_last), examples, settings.warmup_iterations
         )
+        if settings.backend is Backend.EAGER:
+            return optimized
+        return check_accuracy(optimized, prepared, examples, settings)
     except BackendUnavailable:
         raise  # a missing environment is a configuration error, never silently eager
     except Exception as error:  # noqa: BLE001 - any compiler failure qualifies
         reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
         if not settings.fallback_to_eager:
+            if isinstance(error, AccuracyError):
+                raise
             raise CompileError(
                 f"backend {settings.backend.value!r} failed during warm-up ({reason}); if the model itself is "
                 "fine, choose `backend: eager` or set `fallback_to_eager: true` in model-config.yaml"

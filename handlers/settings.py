@@ -42,6 +42,11 @@ class DType(enum.StrEnum):
     BFLOAT16 = "bfloat16"
 
 
+# Compiled vs eager in the same dtype differ by summation order and fused kernels: ~1e-5 in
+# float32; bfloat16 keeps 8 mantissa bits, so one rounding step is ~4e-3.
+ACCURACY_TOLERANCE = {DType.FLOAT32: 1e-3, DType.BFLOAT16: 5e-2}
+
+
 class SettingsError(ValueError):
     """A configuration value is wrong; the message names it and says how to fix it."""
 
@@ -59,10 +64,22 @@ class OptimizationSettings:
     itt: bool = True
     # Warm-up calls per batch size after the compiling one.
     warmup_iterations: int = 2
+    # Accuracy guard at start-up: the backend's outputs on the warm-up inputs against eager, as
+    # max |out - ref| / (1 + |ref|). Above it the worker refuses to start (or runs eager when
+    # fallback_to_eager). null = the default for the dtype (ACCURACY_TOLERANCE).
+    accuracy_tolerance: float | None = None
 
     def __post_init__(self) -> None:
         if self.warmup_iterations < 0:
             raise SettingsError(f"warmup_iterations must be >= 0, got {self.warmup_iterations}")
+        if self.accuracy_tolerance is not None and not self.accuracy_tolerance > 0:
+            raise SettingsError(f"accuracy_tolerance must be > 0 or null, got {self.accuracy_tolerance}")
+
+    @property
+    def tolerance(self) -> float:
+        if self.accuracy_tolerance is not None:
+            return self.accuracy_tolerance
+        return ACCURACY_TOLERANCE[self.dtype]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +135,10 @@ def _coerce(name: str, kind: Any, value: Any) -> Any:
         raise SettingsError(f"{name} must be true or false, got {value!r}")
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise SettingsError(f"{name} must be an integer, got {value!r}")
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SettingsError(f"{name} must be a number, got {value!r}")
+        return float(value)
     if kind is str and not isinstance(value, str):
         raise SettingsError(f"{name} must be a string, got {value!r}")
     return value

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from handlers.architectures.text import BertClassifier
-from handlers.optimize import BACKENDS, BackendUnavailable, CompileError, optimize
+from handlers.optimize import BACKENDS, AccuracyError, BackendUnavailable, CompileError, optimize
 from handlers.settings import Backend, ImageSettings, TextSettings, parse_settings
 from handlers.text_classification import text_example
 
@@ -117,6 +117,45 @@ def test_fallback_to_eager_only_when_configured(tiny_cnn, monkeypatch, caplog):
     assert "lowering failed: aten.fake_op" in optimized.fallback_reason
     assert "falling back to eager" in caplog.text and "lowering failed" in caplog.text
     torch.testing.assert_close(run(optimized, x), reference, rtol=1e-5, atol=1e-6)
+
+
+class PointwiseNet(torch.nn.Module):
+    """relu in a generated C++ kernel (not a oneDNN post-op), where Inductor's test bug lands."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2 + torch.sin(x)
+
+
+@pytest.fixture
+def broken_relu_lowering():
+    # Inductor's own fault injection: its C++ relu computes a wrong value.
+    torch._dynamo.reset()
+    with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "accuracy"}):
+        yield
+    torch._dynamo.reset()
+
+
+def test_wrong_compiled_output_stops_the_worker(broken_relu_lowering):
+    settings = parse_settings(ImageSettings, {"channels_last": False})
+    with pytest.raises(
+        AccuracyError, match=r"'inductor' differs from eager by .* \(tolerance 0.001\); run `make doctor`"
+    ):
+        optimize(PointwiseNet(), settings, [(torch.randn(2, 3, 8, 8),)])
+
+
+def test_wrong_compiled_output_falls_back_when_configured(broken_relu_lowering, caplog):
+    settings = parse_settings(ImageSettings, {"channels_last": False, "fallback_to_eager": True})
+    x = (torch.randn(2, 3, 8, 8),)
+    with caplog.at_level(logging.WARNING):
+        optimized = optimize(PointwiseNet(), settings, [x])
+    assert optimized.backend is Backend.EAGER
+    assert "differs from eager by" in optimized.fallback_reason and "differs from eager" in caplog.text
+    torch.testing.assert_close(run(optimized, x), PointwiseNet()(*x))
+
+
+def test_correct_compile_reports_its_small_error(tiny_cnn):
+    optimized = optimize(tiny_cnn, parse_settings(ImageSettings, {}), [(torch.randn(2, 3, 32, 32),)])
+    assert 0 <= optimized.accuracy_error < 1e-4
 
 
 def test_ipex_in_main_env_says_how_to_get_it(tiny_cnn):

@@ -1,0 +1,69 @@
+"""A built archive's model in this process, exactly as its handler would load it.
+
+    archived = load_archived(extract(Path("model_store/inductor/resnet50.mar"), Path("/tmp/x")))
+    inputs = archived.example(batch_size=1)     # the handler's own warm-up inputs
+    archived.model(*inputs)                     # eager, unoptimized
+
+For everything that runs a served model without a server: the bench's in-process rows,
+`make profile` and `make doctor`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import json
+import zipfile
+from pathlib import Path
+
+import yaml
+from torch import nn
+
+from handlers.base import OptimizedHandler
+from handlers.loaders import load_model
+from handlers.optimize import Inputs
+from handlers.settings import OptimizationSettings, parse_settings
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchivedModel:
+    name: str
+    model_dir: Path
+    settings: OptimizationSettings  # the archive's `handler:` section, parsed as the worker does
+    model: nn.Module  # eval mode, as loaded: no layout, dtype or backend applied
+    handler: OptimizedHandler  # not initialized; only for `example`
+
+    def example(self, batch_size: int) -> Inputs:
+        return self.handler.example(batch_size)
+
+
+def extract(archive: Path, into: Path) -> Path:
+    """Unpack `archive` once into `into/<variant>-<model>` and return that directory."""
+    target = into / f"{archive.parent.name}-{archive.stem}"
+    if not (target / "MAR-INF" / "MANIFEST.json").is_file():
+        if not archive.is_file():
+            raise FileNotFoundError(f"{archive} does not exist; build it with `make archive`")
+        with zipfile.ZipFile(archive) as mar:
+            mar.extractall(target)
+    return target
+
+
+def handler_class(model_dir: Path) -> type[OptimizedHandler]:
+    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
+    module = importlib.import_module(f"handlers.{Path(manifest['model']['handler']).stem}")
+    (cls,) = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
+    return cls
+
+
+def load_archived(model_dir: Path, overrides: dict | None = None) -> ArchivedModel:
+    """The model and settings of an extracted archive; `overrides` replace `handler:` keys."""
+    cls = handler_class(model_dir)
+    config = yaml.safe_load((model_dir / "model-config.yaml").read_text()) or {}
+    settings = parse_settings(cls.settings_class, {**(config.get("handler") or {}), **(overrides or {})})
+    handler = cls()
+    handler.settings = settings
+    handler.setup(str(model_dir))
+    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
+    model = load_model(settings.architecture, model_dir)
+    return ArchivedModel(manifest["model"]["modelName"], model_dir, settings, model, handler)
