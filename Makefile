@@ -16,6 +16,7 @@ help:
 	@echo "make serve [CONFIG=optimized|baseline|path.yaml] [BACKEND=variant] [BIND=0.0.0.0]"
 	@echo "make stop | status | test | test-unit | test-e2e | archive | lint | format | clean"
 	@echo "make bench [PLAN=quick|default|full] | tune | soak [SOAK_SECONDS=300]"
+	@echo "make doctor | profile [MODEL=resnet50|bert|minilm] [VARIANT=inductor]"
 
 install:
 	@bash scripts/install.sh
@@ -60,7 +61,9 @@ clean: stop
 PLAN ?= default
 BENCH_VARIANTS := eager,inductor,inductor-max-autotune
 
-.PHONY: bench tune soak
+.PHONY: bench tune soak doctor profile
+MODEL ?= resnet50
+VARIANT ?= inductor
 SOAK_SECONDS ?= 300
 # Compare serving configurations with ab on the real server: bench/results/<time>/ (+ latest).
 bench: install
@@ -75,3 +78,11 @@ tune: install
 # Soak at concurrency 8, kill -9 a worker under load, restart on a warm cache: bench/results/soak-<time>/.
 soak: archive
 	@$(PY) -m bench.soak --seconds $(SOAK_SECONDS) --models $(MODELS)
+
+# Which compiler stage breaks MODEL or changes its numbers; minified repro: logs/doctor/<model>-<time>/.
+doctor: archive
+	@$(PY) -m diagnose doctor --model $(MODEL) --variant $(VARIANT) $(if $(DEBUG_DUMP),--debug-dump)
+
+# Eager vs VARIANT under torch.profiler (+ top-down where perf can): logs/profile/<model>-<time>/.
+profile: archive
+	@$(PY) -m diagnose profile --model $(MODEL) --variant $(VARIANT)

@@ -75,7 +75,7 @@ class OptimizedHandler(BaseHandler, abc.ABC):
         self.optimized = optimize(model, self.settings, [self.example(size) for size in self.buckets])
         log.info(
             "%s ready: backend=%s load=%.1fs compile=%.1fs warmup=%.1fs batch_buckets=%s threads=%d "
-            "compile_cache_hits=%d compile_cache_misses=%d accuracy_error=%.2g",
+            "fx_graph_cache=hits:%d,misses:%d,bypasses:%d accuracy_error=%.2g",
             self.model_name,
             self.optimized.backend.value,
             load_seconds,
@@ -85,6 +85,7 @@ class OptimizedHandler(BaseHandler, abc.ABC):
             torch.get_num_threads(),
             self.optimized.cache_hits,
             self.optimized.cache_misses,
+            self.optimized.cache_bypasses,
             self.optimized.accuracy_error,
         )
         self.initialized = True

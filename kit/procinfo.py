@@ -57,3 +57,10 @@ def inspect_process(pid: int) -> ProcessInfo:
         peak_rss_mb=memory_mb(pid, "VmHWM"),
         omp_threads=process_environment(pid).get("OMP_NUM_THREADS", ""),
     )
+
+
+def mapped_files(pid: int, under: Path) -> set[Path]:
+    """Files below `under` that the process has mapped (e.g. compiled kernels it loaded)."""
+    prefix = str(under.resolve()) + "/"
+    paths = (line.split(maxsplit=5)[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
+    return {Path(path) for path in paths if path.startswith(prefix)}

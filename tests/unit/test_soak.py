@@ -13,9 +13,9 @@ from bench.soak import (
     SoakPhase,
     SoakSettings,
     WorkerMemory,
-    cache_counts,
     evaluate,
     full_rate_after,
+    served_backends,
 )
 
 
@@ -31,22 +31,20 @@ def test_full_rate_returns_when_the_rate_does():
     assert full_rate_after(steady(0, 10, 20) + steady(10, 30, 10), 10, 30, 20) is None
 
 
-def test_cache_counts_read_the_ready_lines(tmp_path):
+def test_served_backends_read_the_ready_lines(tmp_path):
     log = tmp_path / "model_log.log"
     log.write_text(
-        "... MODEL_LOG - resnet50 ready: backend=inductor load=0.5s compile=5.1s warmup=0.3s batch_buckets=[1] "
-        "threads=1 compile_cache_hits=2 compile_cache_misses=0\n"
-        "... MODEL_LOG - resnet50 ready: backend=inductor load=0.5s compile=30.0s warmup=0.3s batch_buckets=[1] "
-        "threads=1 compile_cache_hits=0 compile_cache_misses=2\n"
+        "... MODEL_LOG - resnet50 ready: backend=inductor load=0.5s compile=5.1s warmup=0.3s\n"
+        "... MODEL_LOG - bert ready: backend=eager load=0.5s compile=0.1s warmup=0.3s\n"
     )
-    assert cache_counts(log) == (2, 2, True)
-    assert cache_counts(tmp_path / "missing.log") == (0, 0, False)
+    assert served_backends(log) == {"inductor", "eager"}
+    assert served_backends(tmp_path / "missing.log") == set()
 
 
 def phases(**changes):
     soak = SoakPhase(20, 400, 20.0, 0, 0, 300, 400, 450, [], [WorkerMemory("resnet50", 1, 600, 601, 602)])
     kill = KillPhase("resnet50", 1, 3, 600, 1, 0, ["t+0.0s 500 Worker died."], 15, 15, 21, 21, [0], [1])
-    restart = RestartPhase(18, 2, 19, 2, 0, True, {"resnet50": 200})
+    restart = RestartPhase(18, 13, 19, 0, {"resnet50/9000": 13}, True, {"resnet50": 200})
     parts = {"soak": soak, "kill": kill, "restart": restart}
     for key, value in changes.items():
         phase, field = key.split("__")
@@ -73,7 +71,11 @@ def test_a_healthy_run_passes_every_check():
         ({"kill__replacement_cpus": [1]}, "kill: replacement pinned to the freed core"),
         ({"kill__rate_after": 10}, "kill: throughput back to >= 85%"),
         ({"restart__answered": {"resnet50": 503}}, "restart: every model answers"),
-        ({"restart__restart_cache_misses": 1}, "restart: nothing compiled from scratch"),
+        ({"restart__restart_new_kernels": 1}, "restart: kernels loaded from the cache, none compiled again"),
+        (
+            {"restart__cached_kernels_mapped": {"resnet50/9000": 0}},
+            "restart: kernels loaded from the cache, none compiled again",
+        ),
     ],
 )
 def test_each_failure_fails_its_check(change, check):

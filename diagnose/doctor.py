@@ -1,0 +1,181 @@
+"""Which compiler stage breaks a model, or changes its numbers: `make doctor MODEL=resnet50`.
+
+    .venv/bin/python -m diagnose doctor --model resnet50 [--variant inductor] [--debug-dump]
+
+Runs the archive's model eager as the reference, then torch.compile with backend "eager"
+(Dynamo alone), "aot_eager" (+ AOT Autograd) and "inductor" (+ code generation, with the
+archive's own options) in turn. The first stage that raises, or whose output differs from
+the reference beyond the model's tolerance, is the culprit. When it is Inductor, the
+minifier (TORCHDYNAMO_REPRO_AFTER=aot; repro level 4 for accuracy) shrinks the graph to a
+standalone repro.py. `--debug-dump` keeps TORCH_COMPILE_DEBUG's files (FX graph, IR before
+and after fusion, output_code.py). Everything lands in logs/doctor/<model>-<time>/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from handlers.optimize import Inputs, compile_with_inductor, prepare, to_layout
+from handlers.settings import OptimizationSettings
+
+MINIFIER_DEADLINE_S = 1800
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    name: str  # the component this stage adds
+    backend: str  # torch.compile backend that stops right after it
+
+
+STAGES = (Stage("Dynamo", "eager"), Stage("AOT Autograd", "aot_eager"), Stage("Inductor", "inductor"))
+
+
+@dataclasses.dataclass(frozen=True)
+class StageResult:
+    stage: str
+    backend: str
+    passed: bool
+    error: str  # shortened exception, "" if it ran
+    accuracy_error: float | None  # max |out - ref| / (1 + |ref|); None if it did not run
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnosis:
+    model: str
+    tolerance: float
+    stages: list[StageResult]
+    culprit: str | None  # first failing stage, None if all pass
+    repro: str | None = None  # minified repro script
+    debug_dir: str | None = None  # TORCH_COMPILE_DEBUG dump
+
+    def summary(self) -> str:
+        lines = [f"{self.model}: eager reference, tolerance {self.tolerance:.3g} (max |out - ref| / (1 + |ref|))"]
+        for r in self.stages:
+            measured = "not run" if r.accuracy_error is None else f"error {r.accuracy_error:.3g}"
+            verdict = "ok" if r.passed else "FAILED"
+            lines.append(
+                f"  {r.stage:13} backend={r.backend:10} {verdict:6} {measured:16} {r.seconds:6.1f}s  {r.error}"
+            )
+        lines.append(f"culprit: {self.culprit}" if self.culprit else "every stage matches eager")
+        if self.repro:
+            lines.append(f"minified repro: {self.repro}  (run it: python {self.repro})")
+        if self.debug_dir:
+            lines.append(f"TORCH_COMPILE_DEBUG dump: {self.debug_dir}  (see output_code.py, ir_post_fusion.txt)")
+        return "\n".join(lines)
+
+
+def shorten(error: BaseException, limit: int = 300) -> str:
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    return text[:limit]
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.float() - expected.float()).abs() / (1 + expected.float().abs())).max().item()
+
+
+def stage_runner(stage: Stage, prepared: nn.Module, settings: OptimizationSettings) -> Callable:
+    if stage.backend == "inductor":
+        return compile_with_inductor(prepared, settings)  # the served options (freezing, mode)
+    return torch.compile(prepared, backend=stage.backend, dynamic=False)
+
+
+def run_stage(stage: Stage, prepared: nn.Module, inputs: Inputs, reference: torch.Tensor, settings) -> StageResult:
+    torch._dynamo.reset()
+    start = time.perf_counter()
+    try:
+        with torch.inference_mode():
+            output = stage_runner(stage, prepared, settings)(*inputs)
+    except Exception as error:  # noqa: BLE001 - any failure is the finding
+        return StageResult(stage.name, stage.backend, False, shorten(error), None, time.perf_counter() - start)
+    error = relative_error(output, reference)
+    return StageResult(stage.name, stage.backend, error <= settings.tolerance, "", error, time.perf_counter() - start)
+
+
+def minify(prepared: nn.Module, inputs: Inputs, settings, out_dir: Path, accuracy: bool, progress) -> Path | None:
+    """Dump the failing AOT graph with the minifier on, run its launcher, keep the repro."""
+    work = out_dir / "minifier"
+    torch._dynamo.reset()
+    patch = {"repro_after": "aot", "repro_level": 4 if accuracy else 2, "debug_dir_root": str(work)}
+    # The dump also copies repro.py into the working directory: keep it inside out_dir.
+    with torch._dynamo.config.patch(patch), contextlib.chdir(out_dir):
+        try:
+            with torch.inference_mode():
+                compile_with_inductor(prepared, settings)(*inputs)
+        except Exception:  # noqa: BLE001, S110 - expected: the failure is what gets dumped
+            pass
+    launchers = sorted(work.rglob("minifier_launcher.py"), key=lambda p: p.stat().st_mtime)
+    if not launchers:
+        progress("[doctor] the minifier wrote no launcher: the failure did not reproduce on the AOT graph")
+        return None
+    launcher = launchers[-1]
+    progress(f"[doctor] minifying {launcher} (can take minutes)")
+    completed = subprocess.run(
+        [sys.executable, str(launcher)],
+        cwd=launcher.parent,
+        capture_output=True,
+        text=True,
+        timeout=MINIFIER_DEADLINE_S,
+    )
+    (out_dir / "minifier.log").write_text(completed.stdout + completed.stderr)
+    repros = sorted(work.rglob("repro.py"), key=lambda p: p.stat().st_mtime)
+    if not repros:
+        progress(f"[doctor] the minifier produced no repro.py; see {out_dir / 'minifier.log'}")
+        return None
+    return Path(shutil.copy(repros[-1], out_dir / "repro.py"))
+
+
+def debug_dump(model_dir: Path, out_dir: Path) -> Path:
+    """TORCH_COMPILE_DEBUG needs a fresh process: its directory is chosen at import."""
+    target = out_dir / "compile_debug"
+    env = {**os.environ, "TORCH_COMPILE_DEBUG": "1", "TORCH_COMPILE_DEBUG_DIR": str(target)}
+    code = (
+        "import sys, torch; from kit.archive import load_archived; from handlers.optimize import optimize;"
+        "a = load_archived(__import__('pathlib').Path(sys.argv[1]));"
+        "optimize(a.model, a.settings, [a.example(1)])"
+    )
+    subprocess.run([sys.executable, "-c", code, str(model_dir)], env=env, check=False, capture_output=True)
+    return target
+
+
+def diagnose(
+    name: str,
+    model: nn.Module,
+    inputs: Inputs,
+    settings: OptimizationSettings,
+    out_dir: Path,
+    minify_on_failure: bool = True,
+    progress: Callable[[str], None] = print,
+) -> Diagnosis:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prepared = prepare(model, settings)
+    inputs = to_layout(inputs, settings.channels_last)
+    with torch.inference_mode():
+        reference = prepared(*inputs)
+    results = []
+    for stage in STAGES:
+        progress(f"[doctor] {name}: torch.compile(backend={stage.backend!r}) ...")
+        results.append(run_stage(stage, prepared, inputs, reference, settings))
+        if not results[-1].passed:
+            break  # later stages include this one's component: they would only repeat it
+    culprit = next((r for r in results if not r.passed), None)
+    diagnosis = Diagnosis(name, settings.tolerance, results, culprit.stage if culprit else None)
+    if culprit and culprit.stage == "Inductor" and minify_on_failure:
+        repro = minify(prepared, inputs, settings, out_dir, accuracy=not culprit.error, progress=progress)
+        diagnosis = dataclasses.replace(diagnosis, repro=str(repro) if repro else None)
+    (out_dir / "diagnosis.json").write_text(json.dumps(dataclasses.asdict(diagnosis), indent=2) + "\n")
+    (out_dir / "diagnosis.txt").write_text(diagnosis.summary() + "\n")
+    return diagnosis
