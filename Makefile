@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 .PHONY: help install archive archive-custom serve stop status test test-unit test-e2e lint format clean
 
 help:
-	@echo "make serve [CONFIG=optimized|baseline|path.yaml] [BACKEND=variant] [BIND=0.0.0.0]"
+	@echo "make serve [CONFIG=optimized|baseline|path.yaml] [BACKEND=variant] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1]"
 	@echo "make stop | status | test | test-unit | test-e2e | archive | lint | format | clean"
 	@echo "make bench [PLAN=quick|default|full] | tune | soak [SOAK_SECONDS=300]"
 	@echo "make doctor | profile [MODEL=resnet50|bert|minilm] [VARIANT=inductor]"
@@ -32,7 +32,8 @@ archive-custom: install
 	@$(PY) model_store/build.py --custom $(NAME) --exported $(EXPORTED) --task $(or $(TASK),image) --variants $(VARIANTS)
 
 serve: archive
-	@$(PY) -m kit serve --config $(CONFIG) $(if $(BACKEND),--backend $(BACKEND)) $(if $(BIND),--bind $(BIND))
+	@$(PY) -m kit serve --config $(CONFIG) $(if $(BACKEND),--backend $(BACKEND)) $(if $(BIND),--bind $(BIND)) \
+		$(if $(PROFILE_REQUESTS),--profile-requests $(PROFILE_REQUESTS)) $(if $(ITT_OPS),--itt-ops)
 
 stop:
 	@if [ -x $(PY) ]; then $(PY) -m kit stop; else echo "[stop] nothing installed, nothing running"; fi

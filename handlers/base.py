@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
+from handlers.diagnostics import Diagnostics, RequestProfiler, op_ranges
 from handlers.itt import inference_range
 from handlers.loaders import load_model
 from handlers.optimize import Inputs, optimize
@@ -67,6 +68,10 @@ class OptimizedHandler(BaseHandler, abc.ABC):
         self.model_dir = context.system_properties["model_dir"]
         self.settings = parse_settings(self.settings_class, (context.model_yaml_config or {}).get("handler"))
         self.buckets = batch_buckets(int(context.system_properties.get("batch_size") or 1))
+        self.diagnostics = Diagnostics.from_environment()
+        self.profiler = RequestProfiler(
+            self.diagnostics.profile_requests, self.diagnostics.profile_dir, self.model_name
+        )
         self.setup(self.model_dir)
 
         start = time.perf_counter()
@@ -123,7 +128,12 @@ class OptimizedHandler(BaseHandler, abc.ABC):
         count = len(batch.valid)
         bucket = next(size for size in self.buckets if size >= count)
         inputs = collate(batch.items, bucket)
-        with torch.inference_mode(), inference_range(self.model_name, count, self.settings.itt):
+        with (
+            torch.inference_mode(),
+            inference_range(self.model_name, count, self.settings.itt),
+            self.profiler.record(),
+            op_ranges(self.diagnostics.itt_ops),
+        ):
             batch.outputs = self.optimized(*inputs)[:count]
         return batch
 

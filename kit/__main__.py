@@ -24,6 +24,10 @@ def serve(args: argparse.Namespace) -> int:
     overrides = {"variant": args.backend} if args.backend else {}
     if args.bind:
         overrides["bind"] = args.bind
+    if args.profile_requests:
+        overrides["profile_requests"] = args.profile_requests
+    if args.itt_ops:
+        overrides["itt_ops"] = True
     config = ServeConfig.from_preset(args.config, **overrides)
     server = Server(config, RUN_DIR)
     pid = server.start()
@@ -99,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     serve_parser.add_argument("--config", default="optimized", help="preset name in config/presets or a .yaml path")
     serve_parser.add_argument("--backend", default="", help="override the preset's variant (model_store/<variant>)")
     serve_parser.add_argument("--bind", default="", help="address to bind (non-loopback turns token auth on)")
+    serve_parser.add_argument(
+        "--profile-requests",
+        type=int,
+        default=0,
+        help="each worker records a profiler trace of its first N requests into logs/profile/",
+    )
+    serve_parser.add_argument("--itt-ops", action="store_true", help="op-level ITT ranges for VTune (emit_itt)")
     serve_parser.add_argument("--deadline", type=float, default=900, help="seconds to wait for READY workers")
     serve_parser.set_defaults(func=serve)
     commands.add_parser("stop", help="stop the kit's TorchServe and wait for its processes").set_defaults(func=stop)

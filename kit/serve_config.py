@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from handlers.diagnostics import ITT_OPS_VAR, PROFILE_REQUESTS_VAR
 from handlers.settings import SettingsError, parse_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +85,10 @@ class ServeConfig:
     max_request_mb: int = 16
     # None = automatic: off on loopback, on for any other bind.
     token_auth: bool | None = None
+    # Diagnostics (handlers/diagnostics.py): a profiler trace of each worker's first N inference
+    # calls into logs/profile/, and op-level ITT ranges for VTune.
+    profile_requests: int = 0
+    itt_ops: bool = False
 
     def __post_init__(self) -> None:
         cores = os.cpu_count() or 1
@@ -99,6 +104,8 @@ class ServeConfig:
             )
         if self.allocator is not Allocator.DEFAULT and not self.launcher:
             raise ConfigError(f"allocator {self.allocator.value!r} is preloaded by the launcher; set launcher: true")
+        if self.profile_requests < 0:
+            raise ConfigError(f"profile_requests must be >= 0, got {self.profile_requests}")
         if self.max_request_mb < 1:
             raise ConfigError(f"max_request_mb must be >= 1, got {self.max_request_mb}")
         if self.batch_size < 1 or self.max_batch_delay_ms < 0:
@@ -184,4 +191,8 @@ def worker_environment(config: ServeConfig) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = str(config.threads)  # the launcher sets it itself
     if config.omp_wait_policy is not OmpWaitPolicy.DEFAULT:
         env["OMP_WAIT_POLICY"] = config.omp_wait_policy.value.upper()
+    if config.profile_requests:
+        env[PROFILE_REQUESTS_VAR] = str(config.profile_requests)
+    if config.itt_ops:
+        env[ITT_OPS_VAR] = "1"
     return env

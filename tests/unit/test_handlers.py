@@ -205,3 +205,47 @@ def test_model_config_files_parse_into_settings():
         for variant in (CONFIG / "variants").glob("*.yaml"):
             merged = merged_config(base, yaml.safe_load(variant.read_text()))
             parse_settings(settings_class[name], merged["handler"])  # raises on any bad key
+
+
+def test_profile_switch_records_the_first_requests_only(image_archive, tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_PROFILE_REQUESTS", "2")
+    monkeypatch.setenv("LOG_LOCATION", str(tmp_path / "logs"))
+    handler, context = image_handler(image_archive, backend="eager")
+    request = [{"body": encode_image("RGB", (40, 40))}]
+    serve(handler, context, request)
+    assert not (tmp_path / "logs" / "profile").exists()  # written once N calls are recorded
+    serve(handler, context, request)
+    (trace,) = (tmp_path / "logs" / "profile").glob("tiny-pid*.json")
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(event.get("name", "").startswith("aten::conv") for event in events)
+    assert (tmp_path / "logs" / "profile" / f"{trace.stem}-top20.txt").is_file()
+    serve(handler, context, request)  # after N: served as usual, nothing more recorded
+    assert statuses(context) == [200] and len(list((tmp_path / "logs" / "profile").iterdir())) == 2
+
+
+class OpRangeRecorder:
+    entered = 0
+
+    def __enter__(self):
+        OpRangeRecorder.entered += 1
+
+    def __exit__(self, *exc_info):
+        return False
+
+
+@pytest.mark.parametrize(("value", "expected"), [("1", 2), ("", 0)], ids=["on", "off"])
+def test_op_level_itt_switch(image_archive, monkeypatch, value, expected):
+    monkeypatch.setenv("KIT_ITT_OPS", value)
+    monkeypatch.setattr(torch.autograd.profiler, "emit_itt", OpRangeRecorder)
+    OpRangeRecorder.entered = 0
+    handler, context = image_handler(image_archive, backend="eager")
+    for _ in range(2):
+        serve(handler, context, [{"body": encode_image("RGB", (40, 40))}])
+    assert OpRangeRecorder.entered == expected
+
+
+def test_diagnostics_switch_must_be_a_number(monkeypatch):
+    from handlers.diagnostics import Diagnostics
+
+    with pytest.raises(ValueError, match="KIT_PROFILE_REQUESTS must be a whole number of requests, got 'ten'"):
+        Diagnostics.from_environment({"KIT_PROFILE_REQUESTS": "ten"})

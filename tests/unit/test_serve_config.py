@@ -83,3 +83,10 @@ def test_launcher_args_per_layout():
 def test_thread_environment_without_launcher():
     config = ServeConfig(launcher=False, allocator=Allocator.DEFAULT, threads=1)
     assert worker_environment(config) == {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def test_diagnostics_reach_the_workers_environment():
+    config = ServeConfig.from_preset("optimized", profile_requests=20, itt_ops=True)
+    env = worker_environment(config)
+    assert env["KIT_PROFILE_REQUESTS"] == "20" and env["KIT_ITT_OPS"] == "1"
+    assert "KIT_PROFILE_REQUESTS" not in worker_environment(ServeConfig.from_preset("optimized"))
