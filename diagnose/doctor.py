@@ -29,6 +29,7 @@ from torch import nn
 
 from handlers.optimize import Inputs, compile_with_inductor, prepare, to_layout
 from handlers.settings import OptimizationSettings
+from kit.serve_config import ROOT
 
 MINIFIER_DEADLINE_S = 1800
 
@@ -139,15 +140,20 @@ def minify(prepared: nn.Module, inputs: Inputs, settings, out_dir: Path, accurac
 
 
 def debug_dump(model_dir: Path, out_dir: Path) -> Path:
-    """TORCH_COMPILE_DEBUG needs a fresh process: its directory is chosen at import."""
+    """TORCH_COMPILE_DEBUG needs a fresh process (read at import): compile the archive there."""
     target = out_dir / "compile_debug"
     env = {**os.environ, "TORCH_COMPILE_DEBUG": "1", "TORCH_COMPILE_DEBUG_DIR": str(target)}
     code = (
-        "import sys, torch; from kit.archive import load_archived; from handlers.optimize import optimize;"
-        "a = load_archived(__import__('pathlib').Path(sys.argv[1]));"
+        "import sys; from pathlib import Path; from kit.archive import load_archived; "
+        "from handlers.optimize import optimize; a = load_archived(Path(sys.argv[1])); "
         "optimize(a.model, a.settings, [a.example(1)])"
     )
-    subprocess.run([sys.executable, "-c", code, str(model_dir)], env=env, check=False, capture_output=True)
+    completed = subprocess.run(
+        [sys.executable, "-c", code, str(model_dir)], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    (out_dir / "compile_debug.log").write_text(completed.stdout + completed.stderr)
+    if completed.returncode != 0:
+        raise RuntimeError(f"the TORCH_COMPILE_DEBUG compile failed; see {out_dir / 'compile_debug.log'}")
     return target
 
 
