@@ -50,8 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     diagnosis = diagnose(args.model, archived.model, inputs, archived.settings, out_dir)
     if args.debug_dump:
-        diagnosis_dir = debug_dump(archived.model_dir, out_dir)
-        print(f"[doctor] TORCH_COMPILE_DEBUG dump in {diagnosis_dir}")
+        dump = debug_dump(archived.model_dir, out_dir)
+        for code in sorted(dump.rglob("output_code.py")):  # one directory per compiled graph
+            print(f"[doctor] TORCH_COMPILE_DEBUG: {code.parent} (fx_graph_readable.py, ir_pre_fusion.txt, "
+                  "ir_post_fusion.txt, output_code.py)")  # fmt: skip
     print(diagnosis.summary())
     print(f"[doctor] files in {out_dir}")
     return 0 if diagnosis.culprit is None else 1
