@@ -1,6 +1,8 @@
 # CPU inference kit for TorchServe. `make serve` deploys, `make test` tests.
 SHELL := /bin/bash
 PY := .venv/bin/python
+IPEX_PY := .venv-ipex/bin/python
+comma := ,
 CONFIG ?= optimized
 BACKEND ?=
 BIND ?=
@@ -10,16 +12,20 @@ RESNET50_WEIGHTS ?=
 RESNET50_LABELS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help install archive archive-custom serve stop status test test-unit test-e2e lint format clean
+.PHONY: help install install-ipex archive archive-custom serve stop status test test-unit test-e2e lint format clean
 
 help:
 	@echo "make serve [CONFIG=optimized|baseline|path.yaml] [BACKEND=variant] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1]"
-	@echo "make stop | status | test | test-unit | test-e2e | archive | lint | format | clean"
+	@echo "make stop | status | test | test-unit | test-e2e | archive | lint | format | clean | install-ipex"
 	@echo "make bench [PLAN=quick|default|full] | tune | soak [SOAK_SECONDS=300]"
 	@echo "make doctor | profile [MODEL=resnet50|bert|minilm] [VARIANT=inductor]"
 
 install:
 	@bash scripts/install.sh
+
+# .venv-ipex: torch 2.8 + Intel Extension for PyTorch 2.8 (its last release) for BACKEND=ipex.
+install-ipex: install
+	@bash scripts/install_ipex.sh
 
 archive: install
 	@$(PY) model_store/build.py --models $(MODELS) --variants $(VARIANTS) \
@@ -31,6 +37,8 @@ archive-custom: install
 	@test -n "$(NAME)" -a -n "$(EXPORTED)" || { echo "usage: make archive-custom NAME=... EXPORTED=file.pt2 [TASK=image]"; exit 2; }
 	@$(PY) model_store/build.py --custom $(NAME) --exported $(EXPORTED) --task $(or $(TASK),image) --variants $(VARIANTS)
 
+# The preset's archives plus BACKEND's (ipex and ipex-compile are served from .venv-ipex).
+serve: VARIANTS := $(VARIANTS)$(if $(BACKEND),$(comma)$(BACKEND))
 serve: archive
 	@$(PY) -m kit serve --config $(CONFIG) $(if $(BACKEND),--backend $(BACKEND)) $(if $(BIND),--bind $(BIND)) \
 		$(if $(PROFILE_REQUESTS),--profile-requests $(PROFILE_REQUESTS)) $(if $(ITT_OPS),--itt-ops)
@@ -41,13 +49,17 @@ stop:
 status:
 	@$(PY) -m kit status
 
-test: archive
-	@$(PY) -m pytest tests $(PYTEST_ARGS)
+# Everything, IPEX included: its backend tests run in .venv-ipex, its serving test from the main env.
+test: VARIANTS := eager,inductor,ipex
+test: archive install-ipex
+	@$(PY) -m pytest tests --ignore=tests/ipex $(PYTEST_ARGS)
+	@$(IPEX_PY) -m pytest tests/ipex -p no:cacheprovider $(PYTEST_ARGS)
 
 test-unit: install
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-e2e: archive
+test-e2e: VARIANTS := eager,inductor,ipex
+test-e2e: archive install-ipex
 	@$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 lint: install
@@ -60,7 +72,7 @@ clean: stop
 	rm -rf model_store/*/ logs .cache .pytest_cache
 
 PLAN ?= default
-BENCH_VARIANTS := eager,inductor,inductor-max-autotune
+BENCH_VARIANTS := eager,inductor,inductor-max-autotune,ipex
 
 .PHONY: bench tune soak doctor profile
 MODEL ?= resnet50

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.plan import PlanError, load_plan
 from bench.report import write_report
-from bench.runner import environment, log, run_plan
+from bench.runner import PlanRun, environment, log, run_plan
 from bench.tune import write_tuned_preset
 from kit.server import ServerError
 
@@ -42,22 +42,22 @@ def main(argv: list[str] | None = None) -> int:
     log(f"plan {plan.name!r}: {len(plan.rows)} rows over {models}, estimated {plan.estimate_s() / 60:.0f} min "
         f"(more on a cold compile cache); results in {out_dir}")  # fmt: skip
     env = environment()
-    results = []
+    run = PlanRun()
     try:
-        results = run_plan(plan, out_dir)
+        run_plan(plan, out_dir, run)
     except KeyboardInterrupt:
         log("interrupted: servers stopped; writing the rows measured so far")
     except ServerError as error:
         log(f"ERROR: {error}")
         return 1
     finally:
-        write_report(out_dir, plan, env, results, command)
+        write_report(out_dir, plan, env, run.results, command, run.skipped)
         log(f"report: {out_dir / 'report.md'}")
-    if args.write_preset and results:
-        path = write_tuned_preset(args.write_preset, results)
+    if args.write_preset and run.results:
+        path = write_tuned_preset(args.write_preset, run.results)
         log(f"fastest layout written to {path}; serve it with `make serve CONFIG={args.write_preset}`")
     print((out_dir / "report.md").read_text())
-    return 0 if len(results) == len(plan.rows) else 1
+    return 0 if len(run.results) + len(run.skipped) == len(plan.rows) else 1
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kit.archive import extract
 from kit.serve_config import Allocator, ServeConfig, worker_environment
-from kit.server import INDUCTOR_CACHE, VENV
+from kit.server import INDUCTOR_CACHE, python_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ def child_environment(config: ServeConfig) -> dict[str, str]:
     env["TORCHINDUCTOR_CACHE_DIR"] = str(INDUCTOR_CACHE)
     env.pop("LD_PRELOAD", None)
     if config.launcher and config.allocator is not Allocator.DEFAULT:
-        env["LD_PRELOAD"] = str(VENV / "lib" / f"lib{config.allocator.value}.so")
+        env["LD_PRELOAD"] = str(python_environment(config.variant) / "lib" / f"lib{config.allocator.value}.so")
     return env
 
 
@@ -46,7 +46,9 @@ def measure_in_process(archive: Path, config: ServeConfig, seconds: int, work_di
     log_path = work_dir / f"in-process-{model_dir.name}.log"
     log_file = open(log_path, "a")  # noqa: SIM115 - closed in finally, after the children
     for rank in range(workers):
-        command = [sys.executable, "-m", "bench.inprocess", str(model_dir), "--batch", str(config.batch_size),
+        # The variant's own environment: torch 2.8 for the ipex backends.
+        python = python_environment(config.variant) / "bin" / "python"
+        command = [str(python), "-m", "bench.inprocess", str(model_dir), "--batch", str(config.batch_size),
                    "--seconds", str(seconds)]  # fmt: skip
         if config.launcher and config.threads:
             command += ["--cpus", ",".join(str(rank * threads + i) for i in range(threads))]

@@ -76,7 +76,9 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
-def markdown(plan: Plan, environment: dict[str, Any], results: list[RowResult], command: str) -> str:
+def markdown(
+    plan: Plan, environment: dict[str, Any], results: list[RowResult], command: str, skipped: list[str] = ()
+) -> str:
     lines = [
         f"# Bench `{plan.name}`",
         "",
@@ -109,6 +111,8 @@ def markdown(plan: Plan, environment: dict[str, Any], results: list[RowResult], 
                 f"{r.start_to_ready_s:.0f} | {_fmt(sum(r.worker_rss_mb), 0)} |"
             )
         lines.append("")
+    if skipped:
+        lines += ["## Skipped rows", "", *(f"- {reason}" for reason in skipped), ""]
     lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for check in check_targets(results):
         lines.append(f"| {check.target} | {check.measured} | {'yes' if check.met else '**no**'} |")
@@ -141,7 +145,12 @@ def chart(results: list[RowResult], path: Path) -> None:
 
 
 def write_report(
-    out_dir: Path, plan: Plan, environment: dict[str, Any], results: list[RowResult], command: str
+    out_dir: Path,
+    plan: Plan,
+    environment: dict[str, Any],
+    results: list[RowResult],
+    command: str,
+    skipped: list[str] = (),
 ) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     document = {
@@ -150,9 +159,10 @@ def write_report(
         "environment": environment,
         "targets": [dataclasses.asdict(c) for c in check_targets(results)],
         "rows": [dataclasses.asdict(r) for r in results],
+        "skipped": list(skipped),
     }
     (out_dir / "results.json").write_text(json.dumps(document, indent=2))
-    (out_dir / "report.md").write_text(markdown(plan, environment, results, command))
+    (out_dir / "report.md").write_text(markdown(plan, environment, results, command, skipped))
     if results:
         chart(results, out_dir / "throughput.png")
     latest = out_dir.parent / "latest"

@@ -1,6 +1,6 @@
 """Run a plan: for each row start -> ready -> warm up -> ab -> collect -> stop, then in-process.
 
-    results = run_plan(load_plan("quick"), out_dir)
+    run = PlanRun(); run_plan(load_plan("quick"), out_dir, run)   # run.results, run.skipped
 
 The server of a row is always stopped (try/finally), also on Ctrl-C or SIGTERM.
 """
@@ -23,7 +23,7 @@ from bench.payloads import Payload, payload_for
 from bench.plan import Plan, Row
 from handlers.settings import Backend
 from kit.serve_config import ROOT
-from kit.server import Server, free_ports_config
+from kit.server import Server, free_ports_config, python_environment
 
 
 def log(message: str) -> None:
@@ -163,12 +163,32 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def run_plan(plan: Plan, out_dir: Path) -> list[RowResult]:
+@dataclasses.dataclass
+class PlanRun:
+    """Filled in row by row, so an interrupted run still reports what it measured."""
+
+    results: list[RowResult] = dataclasses.field(default_factory=list)
+    skipped: list[str] = dataclasses.field(default_factory=list)  # "row label: why"
+
+
+def missing_environment(row: Row) -> str:
+    """Why this row cannot run here ("" if it can): its variant's venv is not built."""
+    venv = python_environment(row.serve.variant)
+    if (venv / "bin" / "torchserve").is_file():
+        return ""
+    return f"{venv.name} is not built (`make install-ipex`)"
+
+
+def run_plan(plan: Plan, out_dir: Path, run: PlanRun) -> None:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` stops cleanly like Ctrl-C
-    results: list[RowResult] = []
+    results = run.results
     in_process_cache: dict[tuple[Any, ...], float] = {}
     try:
         for index, row in enumerate(plan.rows, start=1):
+            if reason := missing_environment(row):
+                log(f"[{index}/{len(plan.rows)}] {row.label}: skipped, {reason}")
+                run.skipped.append(f"{row.label}: {reason}")
+                continue
             log(f"[{index}/{len(plan.rows)}] {row.label}: start, wait for READY, warm up, ab {plan.run.seconds}s "
                 f"at concurrency {row.concurrency}")  # fmt: skip
             result = run_row(row, plan, out_dir, payload_for(row.model, out_dir))
@@ -188,7 +208,6 @@ def run_plan(plan: Plan, out_dir: Path) -> list[RowResult]:
     finally:
         signal.signal(signal.SIGTERM, previous)
         add_derived(results)
-    return results
 
 
 def environment() -> dict[str, Any]:

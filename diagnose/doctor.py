@@ -88,9 +88,9 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual.float() - expected.float()).abs() / (1 + expected.float().abs())).max().item()
 
 
-def stage_runner(stage: Stage, prepared: nn.Module, settings: OptimizationSettings) -> Callable:
+def stage_runner(stage: Stage, prepared: nn.Module, settings: OptimizationSettings, inputs: Inputs) -> Callable:
     if stage.backend == "inductor":
-        return compile_with_inductor(prepared, settings)  # the served options (freezing, mode)
+        return compile_with_inductor(prepared, settings, inputs)  # the served options (freezing, mode)
     return torch.compile(prepared, backend=stage.backend, dynamic=False)
 
 
@@ -99,7 +99,7 @@ def run_stage(stage: Stage, prepared: nn.Module, inputs: Inputs, reference: torc
     start = time.perf_counter()
     try:
         with torch.inference_mode():
-            output = stage_runner(stage, prepared, settings)(*inputs)
+            output = stage_runner(stage, prepared, settings, inputs)(*inputs)
     except Exception as error:  # noqa: BLE001 - any failure is the finding
         return StageResult(stage.name, stage.backend, False, shorten(error), None, time.perf_counter() - start)
     error = relative_error(output, reference)
@@ -115,7 +115,7 @@ def minify(prepared: nn.Module, inputs: Inputs, settings, out_dir: Path, accurac
     with torch._dynamo.config.patch(patch), contextlib.chdir(out_dir):
         try:
             with torch.inference_mode():
-                compile_with_inductor(prepared, settings)(*inputs)
+                compile_with_inductor(prepared, settings, inputs)(*inputs)
         except Exception:  # noqa: BLE001, S110 - expected: the failure is what gets dumped
             pass
     launchers = sorted(work.rglob("minifier_launcher.py"), key=lambda p: p.stat().st_mtime)

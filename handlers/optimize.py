@@ -69,7 +69,7 @@ def prepare(model: nn.Module, settings: OptimizationSettings) -> nn.Module:
     return model
 
 
-def compile_with_inductor(model: nn.Module, settings: OptimizationSettings) -> Runner:
+def compile_with_inductor(model: nn.Module, settings: OptimizationSettings, example: Inputs) -> Runner:
     # torch.compile takes `mode` or `options`, not both: spell the mode out as options.
     options = torch._inductor.list_mode_options(settings.mode.value)
     options.pop("triton.cudagraphs", None)  # a GPU feature; meaningless on CPU
@@ -86,21 +86,28 @@ def compile_with_inductor(model: nn.Module, settings: OptimizationSettings) -> R
     return run
 
 
-def run_eager(model: nn.Module, settings: OptimizationSettings) -> Runner:
+def run_eager(model: nn.Module, settings: OptimizationSettings, example: Inputs) -> Runner:
     return model
 
 
-def optimize_with_ipex(model: nn.Module, settings: OptimizationSettings) -> Runner:
-    from handlers.ipex_backend import require_ipex
+def optimize_with_ipex(model: nn.Module, settings: OptimizationSettings, example: Inputs) -> Runner:
+    from handlers.ipex_backend import trace_with_ipex  # imports IPEX: only in .venv-ipex
 
-    require_ipex()
-    raise BackendUnavailable("the ipex backend is not wired into this build yet")
+    return trace_with_ipex(model, settings, example)
 
 
-BACKENDS: dict[Backend, Callable[[nn.Module, OptimizationSettings], Runner]] = {
+def compile_with_ipex(model: nn.Module, settings: OptimizationSettings, example: Inputs) -> Runner:
+    from handlers.ipex_backend import compile_with_ipex_backend
+
+    return compile_with_ipex_backend(model, settings)
+
+
+# Backend -> builder(prepared model, settings, first warm-up example in the served layout).
+BACKENDS: dict[Backend, Callable[[nn.Module, OptimizationSettings, Inputs], Runner]] = {
     Backend.EAGER: run_eager,
     Backend.INDUCTOR: compile_with_inductor,
     Backend.IPEX: optimize_with_ipex,
+    Backend.IPEX_COMPILE: compile_with_ipex,
 }
 
 
@@ -183,7 +190,7 @@ def check_accuracy(
 def optimize(model: nn.Module, settings: OptimizationSettings, examples: Sequence[Inputs]) -> OptimizedModel:
     prepared = prepare(model, settings)
     try:
-        run = BACKENDS[settings.backend](prepared, settings)
+        run = BACKENDS[settings.backend](prepared, settings, to_layout(examples[0], settings.channels_last))
         optimized = warm_up(
             OptimizedModel(run, settings.backend, settings.channels_last), examples, settings.warmup_iterations
         )

@@ -29,7 +29,8 @@ class Architecture(enum.StrEnum):
 class Backend(enum.StrEnum):
     EAGER = "eager"
     INDUCTOR = "inductor"
-    IPEX = "ipex"
+    IPEX = "ipex"  # ipex.optimize + TorchScript trace + freeze (.venv-ipex)
+    IPEX_COMPILE = "ipex-compile"  # torch.compile(backend="ipex") (.venv-ipex)
 
 
 class CompileMode(enum.StrEnum):

@@ -25,12 +25,16 @@ from typing import Any
 
 import psutil
 import requests
+import yaml
 
-from handlers.settings import parse_settings
+from handlers.settings import Backend, parse_settings
 from kit.procinfo import ProcessInfo, inspect_process
 from kit.serve_config import ROOT, ServeConfig, render, worker_environment
 
 VENV = ROOT / ".venv"
+IPEX_VENV = ROOT / ".venv-ipex"  # torch 2.8 + IPEX: `make install-ipex`
+# Backends that only run in the IPEX environment; the archive variant says which backend it uses.
+ENVIRONMENT_OF_BACKEND = {Backend.IPEX: IPEX_VENV, Backend.IPEX_COMPILE: IPEX_VENV}
 INDUCTOR_CACHE = ROOT / ".cache" / "inductor"
 LOG_CONFIG = ROOT / "config" / "log4j2.xml"
 STATE_FILE = "server.json"
@@ -69,6 +73,14 @@ def free_ports_config(config: ServeConfig) -> ServeConfig:
     )
 
 
+def python_environment(variant: str) -> Path:
+    """The venv that serves archives of `variant` (config/variants/<variant>.yaml's backend)."""
+    overlay = ROOT / "config" / "variants" / f"{variant}.yaml"
+    raw = (yaml.safe_load(overlay.read_text()) or {}) if overlay.is_file() else {}
+    backend = Backend((raw.get("handler") or {}).get("backend", Backend.INDUCTOR.value))
+    return ENVIRONMENT_OF_BACKEND.get(backend, VENV)
+
+
 def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -99,6 +111,7 @@ class Server:
         self.run_dir = Path(run_dir).resolve()
         self.model_store = (model_store or ROOT / "model_store" / config.variant).resolve()
         self.pid = pid  # the `torchserve --foreground` process; None until started
+        self.venv = python_environment(config.variant)
 
     # -- files --------------------------------------------------------------------------------
     @property
@@ -142,9 +155,9 @@ class Server:
         tmp = self.tmp_dir
         env.update(
             # The frontend's launcher check runs the bare `python`: the venv must come first.
-            PATH=f"{VENV / 'bin'}:{env.get('PATH', '')}",
+            PATH=f"{self.venv / 'bin'}:{env.get('PATH', '')}",
             # run_cpu looks for libjemalloc.so / libtcmalloc.so in $VIRTUAL_ENV/lib.
-            VIRTUAL_ENV=str(VENV),
+            VIRTUAL_ENV=str(self.venv),
             # TorchServe's pid file, extracted archives and worker sockets go under TMPDIR/TEMP.
             TMPDIR=str(tmp),
             TEMP=str(tmp),
@@ -164,13 +177,16 @@ class Server:
         missing = [m for m in self.config.models if not (self.model_store / f"{m}.mar").is_file()]
         if missing:
             raise ServerError(f"{self.model_store} lacks {missing}; run `make archive`")
+        if not (self.venv / "bin" / "torchserve").is_file():
+            raise ServerError(f"variant {self.config.variant!r} is served from {self.venv}, which is not built; "
+                              "run `make install-ipex`")  # fmt: skip
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         INDUCTOR_CACHE.mkdir(parents=True, exist_ok=True)
         config_file = self.run_dir / "config.properties"
         config_file.write_text(render(self.config, self.model_store))
         command = [
-            str(VENV / "bin" / "torchserve"),
+            str(self.venv / "bin" / "torchserve"),
             "--start",
             "--foreground",  # we own the process: its group is ours to stop
             "--ncs",  # no config snapshots: every start is exactly the rendered config

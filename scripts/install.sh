@@ -10,11 +10,13 @@ STAMP="$VENV/.kit-installed"
 PYTHON="${PYTHON:-python3}"
 APT_PACKAGES=(apache2-utils libjemalloc2 libgoogle-perftools4 numactl)
 
-step() { printf '[install] %s\n' "$*"; }
-die() { printf '[install] ERROR: %s\n' "$*" >&2; exit 1; }
+TAG=install
+# shellcheck source=scripts/common.sh
+source "$ROOT/scripts/common.sh"
 
 inputs_hash() {
-    cat "$ROOT/requirements/main.txt" "$ROOT/requirements/constraints.txt" "$0" | sha256sum | cut -d' ' -f1
+    cat "$ROOT/requirements/main.txt" "$ROOT/requirements/constraints.txt" "$0" "$ROOT/scripts/common.sh" \
+        | sha256sum | cut -d' ' -f1
 }
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(inputs_hash)" ]]; then
@@ -47,11 +49,7 @@ create_venv() {
         "$PYTHON" -m venv "$VENV"
     fi
     step "pip: installing requirements/main.txt (torch pinned by requirements/constraints.txt)"
-    # (grep drops pip's notes about index directories that do not list a package; `|| true`
-    # because grep fails when it prints nothing, and pipefail must only see pip's status.)
-    "$VENV/bin/pip" install --quiet --progress-bar off \
-        -c "$ROOT/requirements/constraints.txt" -r "$ROOT/requirements/main.txt" 2>&1 \
-        | { grep -v "is ignored: it is neither a file nor a directory" || true; } \
+    quiet_pip "$VENV/bin/pip" -c "$ROOT/requirements/constraints.txt" -r "$ROOT/requirements/main.txt" \
         || die "pip install failed; see the output above"
     "$VENV/bin/python" - <<'EOF' || die "torch in .venv is not the pinned 2.13.0 CPU build"
 import torch
@@ -60,21 +58,8 @@ assert not torch.version.cuda, f"CUDA build installed: {torch.version.cuda}"
 EOF
 }
 
-# torch.backends.xeon.run_cpu looks for the exact names libjemalloc.so / libtcmalloc.so in
-# $VIRTUAL_ENV/lib (among others) but never in Debian's multiarch directory.
-link_allocators() {
-    local name soname target
-    for name in jemalloc tcmalloc; do
-        soname="$(ldconfig -p | awk -v n="lib${name}.so." '$1 ~ "^"n {print $NF; exit}')"
-        [[ -n "$soname" ]] || die "lib${name} not found by ldconfig; install its apt package"
-        target="$VENV/lib/lib${name}.so"
-        ln -sfn "$soname" "$target"
-        step "linked $target -> $soname"
-    done
-}
-
 install_system_packages
 create_venv
-link_allocators
+link_allocators "$VENV"
 inputs_hash >"$STAMP"
 step "done: $VENV"

@@ -21,6 +21,7 @@ TINY_PLAN = {
     "rows": [
         {"name": "baseline", "preset": "baseline", "baseline": True},
         {"name": "optimized", "preset": "optimized"},
+        {"name": "ipex", "preset": "optimized", "variant": "ipex"},  # served from .venv-ipex
     ],
 }
 
@@ -33,9 +34,10 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
 
     document = json.loads((out / "results.json").read_text())
     assert document["environment"]["cores"] >= 1 and document["environment"]["torch"].startswith("2.13")
-    baseline, optimized = document["rows"]
-    assert (baseline["name"], optimized["name"]) == ("baseline", "optimized")
-    for row in (baseline, optimized):
+    baseline, optimized, ipex = document["rows"]
+    assert (baseline["name"], optimized["name"], ipex["name"]) == ("baseline", "optimized", "ipex")
+    assert document["skipped"] == []
+    for row in (baseline, optimized, ipex):
         assert row["complete"] > 0 and row["requests_per_s"] > 0
         assert row["non_2xx"] == 0 and row["failed"] == 0
         assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
@@ -43,6 +45,7 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
         assert row["ab_command"].startswith("ab -k ")
     assert baseline["speedup_vs_baseline"] == 1.0
     assert optimized["backend"] == "inductor" and set(optimized["allocator_loaded"]) == {"tcmalloc"}
+    assert ipex["backend"] == "ipex" and set(ipex["allocator_loaded"]) == {"tcmalloc"}
     assert baseline["launcher"] is False and set(baseline["allocator_loaded"]) == {"default"}
     report = (out / "report.md").read_text()
     assert "## minilm" in report and "## Targets" in report

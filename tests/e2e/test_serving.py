@@ -34,9 +34,9 @@ def worker_pids(server: Server, model: str) -> set[int]:
     return {w.process.pid for w in server.workers() if w.model == model and w.process}
 
 
-def test_resnet50_matches_eager_reference(optimized_server, extracted_archives):
+def assert_resnet50_matches_eager(server: Server, extracted_archives) -> None:
     jpeg = photo_jpeg()
-    response = post(optimized_server, "resnet50", jpeg, "image/jpeg")
+    response = post(server, "resnet50", jpeg, "image/jpeg")
     assert response.status_code == 200, response.text
     served = response.json()
     assert len(served) == 5
@@ -49,9 +49,13 @@ def test_resnet50_matches_eager_reference(optimized_server, extracted_archives):
     assert list(served.values()) == pytest.approx(top.values.tolist(), abs=PROBABILITY_ATOL)
 
 
-def test_bert_matches_eager_reference(optimized_server, extracted_archives):
+def test_resnet50_matches_eager_reference(optimized_server, extracted_archives):
+    assert_resnet50_matches_eager(optimized_server, extracted_archives)
+
+
+def assert_bert_matches_eager(server: Server, extracted_archives) -> None:
     text = "The film was a quiet, beautifully acted study of grief."
-    response = post(optimized_server, "bert", text.encode(), "text/plain")
+    response = post(server, "bert", text.encode(), "text/plain")
     assert response.status_code == 200, response.text
     served = response.json()
 
@@ -62,6 +66,10 @@ def test_bert_matches_eager_reference(optimized_server, extracted_archives):
         probabilities = torch.softmax(model(*inputs)[0], 0)
     assert list(served) == ["LABEL_0", "LABEL_1"]
     assert list(served.values()) == pytest.approx(probabilities.tolist(), abs=PROBABILITY_ATOL)
+
+
+def test_bert_matches_eager_reference(optimized_server, extracted_archives):
+    assert_bert_matches_eager(optimized_server, extracted_archives)
 
 
 def embed(server: Server, text: str) -> torch.Tensor:

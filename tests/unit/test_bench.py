@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -192,3 +193,22 @@ def test_report_files_speedups_and_targets(tmp_path):
     assert "| **baseline** |" in report and "12.00×" in report and "| **no** |" in report
     assert (out / "throughput.png").read_bytes()[:4] == b"\x89PNG"
     assert (out.parent / "latest").resolve() == out.resolve()
+
+
+def test_rows_without_their_environment_are_skipped_and_reported(tmp_path, monkeypatch):
+    from bench.runner import PlanRun, run_plan
+
+    monkeypatch.setattr("bench.runner.python_environment", lambda variant: tmp_path / ".venv-ipex")
+    monkeypatch.setattr("bench.runner.run_row", lambda *args: pytest.fail("a row without its venv was started"))
+    plan = load_plan("default")
+    ipex_rows = [row for row in plan.rows if row.serve.variant == "ipex"]
+    assert ipex_rows, "the default plan has IPEX rows"
+    plan = dataclasses.replace(plan, rows=ipex_rows)
+    run = PlanRun()
+    run_plan(plan, tmp_path, run)
+    assert run.results == [] and len(run.skipped) == len(ipex_rows)
+    assert ".venv-ipex is not built (`make install-ipex`)" in run.skipped[0]
+    env = {"date": "d", "cpu_model": "cpu", "cores": 2, "torch": "2.13.0", "torchserve": "0.12.0", "git_commit": "abc"}
+    write_report(tmp_path / "out", plan, env, run.results, "python -m bench", run.skipped)
+    assert "## Skipped rows" in (tmp_path / "out" / "report.md").read_text()
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["skipped"] == run.skipped

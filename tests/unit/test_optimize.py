@@ -93,7 +93,7 @@ def test_compile_time_is_reported_apart_from_warmup(tiny_cnn):
     assert optimized.compile_seconds > 0 and optimized.warmup_seconds > 0
 
 
-def broken_backend(model, settings):
+def broken_backend(model, settings, example):
     def run(*inputs):
         raise RuntimeError("lowering failed: aten.fake_op\nlong traceback here")
 
@@ -158,8 +158,9 @@ def test_correct_compile_reports_its_small_error(tiny_cnn):
     assert 0 <= optimized.accuracy_error < 1e-4
 
 
-def test_ipex_in_main_env_says_how_to_get_it(tiny_cnn):
-    settings = parse_settings(ImageSettings, {"backend": "ipex", "fallback_to_eager": True})
+@pytest.mark.parametrize("backend", ["ipex", "ipex-compile"])
+def test_ipex_in_main_env_says_how_to_get_it(tiny_cnn, backend):
+    settings = parse_settings(ImageSettings, {"backend": backend, "fallback_to_eager": True})
     # Never silently eager: a missing environment is a configuration error even with fallback on.
     with pytest.raises(BackendUnavailable, match="make install-ipex"):
         optimize(tiny_cnn, settings, [(torch.randn(1, 3, 32, 32),)])

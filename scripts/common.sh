@@ -1,0 +1,26 @@
+# Shared by scripts/install.sh and scripts/install_ipex.sh (sourced; set TAG first).
+
+step() { printf '[%s] %s\n' "$TAG" "$*"; }
+die() { printf '[%s] ERROR: %s\n' "$TAG" "$*" >&2; exit 1; }
+
+# pip, without its notes about index directories that do not list a package. (`|| true`: grep
+# fails when it prints nothing, and pipefail must only see pip's status.)
+quiet_pip() {
+    local pip="$1"
+    shift
+    "$pip" install --quiet --progress-bar off "$@" 2>&1 \
+        | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
+
+# torch.backends.xeon.run_cpu looks for the exact names libjemalloc.so / libtcmalloc.so in
+# $VIRTUAL_ENV/lib (among others) but never in Debian's multiarch directory.
+link_allocators() {
+    local venv="$1" name soname target
+    for name in jemalloc tcmalloc; do
+        soname="$(ldconfig -p | awk -v n="lib${name}.so." '$1 ~ "^"n {print $NF; exit}')"
+        [[ -n "$soname" ]] || die "lib${name} not found by ldconfig; run \`make install\` (it installs the apt package)"
+        target="$venv/lib/lib${name}.so"
+        ln -sfn "$soname" "$target"
+        step "linked $target -> $soname"
+    done
+}

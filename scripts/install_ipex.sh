@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Build .venv-ipex: torch 2.8.0 + Intel Extension for PyTorch 2.8.0 + TorchServe + the kit's
+# handler dependencies, for the `ipex` backends. The main .venv is not touched.
+#   bash scripts/install_ipex.sh     (what `make install-ipex` runs; needs `make install` first)
+# Idempotent: a stamp file records the inputs' hash, so a second run returns at once.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+VENV="$ROOT/.venv-ipex"
+STAMP="$VENV/.kit-installed"
+PYTHON="${PYTHON:-python3}"
+TAG=install-ipex
+# shellcheck source=scripts/common.sh
+source "$ROOT/scripts/common.sh"
+
+inputs_hash() {
+    cat "$ROOT"/requirements/ipex*.txt "$0" "$ROOT/scripts/common.sh" | sha256sum | cut -d' ' -f1
+}
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(inputs_hash)" ]]; then
+    step "up to date ($VENV); delete $STAMP to force a reinstall"
+    exit 0
+fi
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+    step "creating $VENV with $($PYTHON --version)"
+    "$PYTHON" -m venv "$VENV"
+fi
+step "pip: torch 2.8.0 (CUDA build, used on the CPU) + IPEX 2.8.0 + CUDA runtime libraries, --no-deps (~3.5 GB download)"
+quiet_pip "$VENV/bin/pip" --no-deps -r "$ROOT/requirements/ipex-torch.txt" \
+    || die "pip install of requirements/ipex-torch.txt failed; see the output above"
+step "pip: TorchServe and the handlers' dependencies (pinned by requirements/ipex-constraints.txt)"
+quiet_pip "$VENV/bin/pip" -c "$ROOT/requirements/ipex-constraints.txt" -r "$ROOT/requirements/ipex.txt" \
+    || die "pip install of requirements/ipex.txt failed; see the output above"
+step "checking that IPEX imports with this torch"
+"$VENV/bin/python" - <<'PY' || die "IPEX does not import in $VENV; delete it and run \`make install-ipex\` again"
+import torch
+assert torch.__version__.startswith("2.8."), torch.__version__
+import intel_extension_for_pytorch as ipex
+print(f"[install-ipex] torch {torch.__version__}, IPEX {ipex.__version__}")
+PY
+link_allocators "$VENV"
+inputs_hash >"$STAMP"
+step "done: $VENV ($(du -sh "$VENV" | cut -f1))"

@@ -1,0 +1,41 @@
+"""ResNet-50 and BERT served by TorchServe from .venv-ipex (torch 2.8 + IPEX), over real HTTP,
+against eager references computed in this (main, torch 2.13) environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from kit.serve_config import ServeConfig
+from kit.server import IPEX_VENV
+from tests.e2e.conftest import start_server
+from tests.e2e.test_serving import assert_bert_matches_eager, assert_resnet50_matches_eager
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def ipex_server(tmp_path_factory):
+    if not (IPEX_VENV / "bin" / "torchserve").is_file():
+        pytest.fail(f"{IPEX_VENV} is not built: run `make install-ipex` (make test does)")
+    config = ServeConfig.from_preset("optimized", variant="ipex", models=["resnet50", "bert"])
+    server = start_server(tmp_path_factory.mktemp("ipex"), config)
+    yield server
+    server.stop()
+
+
+def test_workers_run_in_the_ipex_environment(ipex_server):
+    workers = ipex_server.workers()
+    assert sorted(w.model for w in workers) == ["bert", "bert", "resnet50", "resnet50"]
+    for worker in workers:
+        assert worker.process and worker.process.allocator == "tcmalloc"
+        with open(f"/proc/{worker.process.pid}/maps") as maps:
+            assert "intel_extension_for_pytorch" in maps.read(), f"{worker.model}: IPEX not loaded"
+    assert "backend=ipex" in ipex_server.model_log.read_text()
+
+
+def test_ipex_resnet50_matches_eager_reference(ipex_server, extracted_archives):
+    assert_resnet50_matches_eager(ipex_server, extracted_archives)
+
+
+def test_ipex_bert_matches_eager_reference(ipex_server, extracted_archives):
+    assert_bert_matches_eager(ipex_server, extracted_archives)
