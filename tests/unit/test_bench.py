@@ -143,7 +143,7 @@ def test_plan_errors_name_the_problem(raw, message):
 
 
 def test_unknown_plan_lists_choices():
-    with pytest.raises(PlanError, match="plan 'fast' not found; choose one of: default, full, quick, tune"):
+    with pytest.raises(PlanError, match="plan 'fast' not found; choose one of: backends, default, full, quick, tune"):
         load_plan("fast")
 
 
