@@ -29,7 +29,8 @@ fi
 step "pip: torch 2.8.0 (CUDA build, used on the CPU) + IPEX 2.8.0 + CUDA runtime libraries, --no-deps (~3.5 GB download)"
 quiet_pip "$VENV/bin/pip" --no-deps -r "$ROOT/requirements/ipex-torch.txt" \
     || die "pip install of requirements/ipex-torch.txt failed; see the output above"
-step "pip: TorchServe and the handlers' dependencies (pinned by requirements/ipex-constraints.txt)"
+step "pip: TorchServe and the handlers' dependencies (pinned by requirements/ipex-constraints.txt);"
+step "  pip may list torch's nvrtc/cusolver/nvtx/triton as 'dependency conflicts': left out on purpose"
 quiet_pip "$VENV/bin/pip" -c "$ROOT/requirements/ipex-constraints.txt" -r "$ROOT/requirements/ipex.txt" \
     || die "pip install of requirements/ipex.txt failed; see the output above"
 step "checking that IPEX imports with this torch"
