@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from handlers.optimize import Inputs, compile_with_inductor, prepare, to_layout
+from handlers.optimize import Inputs, compile_with_inductor, prepare, relative_error, short_reason, to_layout
 from handlers.settings import OptimizationSettings
 from kit.serve_config import ROOT
 
@@ -78,16 +78,6 @@ class Diagnosis:
         return "\n".join(lines)
 
 
-def shorten(error: BaseException, limit: int = 300) -> str:
-    lines = [line for line in str(error).strip().splitlines() if line.strip()]
-    text = f"{type(error).__name__}: {lines[0] if lines else ''}"
-    return text[:limit]
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    return ((actual.float() - expected.float()).abs() / (1 + expected.float().abs())).max().item()
-
-
 def stage_runner(stage: Stage, prepared: nn.Module, settings: OptimizationSettings, inputs: Inputs) -> Callable:
     if stage.backend == "inductor":
         return compile_with_inductor(prepared, settings, inputs)  # the served options (freezing, mode)
@@ -101,7 +91,9 @@ def run_stage(stage: Stage, prepared: nn.Module, inputs: Inputs, reference: torc
         with torch.inference_mode():
             output = stage_runner(stage, prepared, settings, inputs)(*inputs)
     except Exception as error:  # noqa: BLE001 - any failure is the finding
-        return StageResult(stage.name, stage.backend, False, shorten(error), None, time.perf_counter() - start)
+        return StageResult(
+            stage.name, stage.backend, False, short_reason(error)[:300], None, time.perf_counter() - start
+        )
     error = relative_error(output, reference)
     return StageResult(stage.name, stage.backend, error <= settings.tolerance, "", error, time.perf_counter() - start)
 

@@ -18,12 +18,12 @@ from typing import Any
 import torch
 from ts.torch_handler.base_handler import BaseHandler
 
-from handlers.diagnostics import Diagnostics, RequestProfiler, op_ranges
+from handlers.diagnostics import RequestProfiler, op_ranges
 from handlers.itt import inference_range
 from handlers.loaders import load_model
 from handlers.optimize import Inputs, optimize
 from handlers.payload import HTTP_BAD_REQUEST, InvalidInput, error_body
-from handlers.settings import OptimizationSettings, parse_settings
+from handlers.settings import Diagnostics, OptimizationSettings, parse_settings
 
 log = logging.getLogger(__name__)
 

@@ -4,41 +4,21 @@
     make serve ITT_OPS=1             # op-level ITT ranges (emit_itt) inside each request range
 
 The serving preset (kit/serve_config.py) sets them as environment variables, which the
-frontend passes to every worker; `initialize` reads them once.
+frontend passes to every worker; `initialize` reads them once (handlers/settings.py Diagnostics).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 log = logging.getLogger(__name__)
-
-PROFILE_REQUESTS_VAR = "KIT_PROFILE_REQUESTS"
-ITT_OPS_VAR = "KIT_ITT_OPS"
-LOG_DIR_VAR = "LOG_LOCATION"  # TorchServe's log directory, set by kit/server.py
-
-
-@dataclasses.dataclass(frozen=True)
-class Diagnostics:
-    profile_requests: int = 0  # record the first N inference calls of each worker
-    profile_dir: Path = Path("logs") / "profile"
-    itt_ops: bool = False
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Diagnostics:
-        raw = environ.get(PROFILE_REQUESTS_VAR, "0")
-        if not raw.isdigit():
-            raise ValueError(f"{PROFILE_REQUESTS_VAR} must be a whole number of requests, got {raw!r}")
-        log_dir = Path(environ.get(LOG_DIR_VAR, "logs"))
-        return cls(int(raw), log_dir / "profile", environ.get(ITT_OPS_VAR, "") == "1")
 
 
 class RequestProfiler:

@@ -70,20 +70,17 @@ def prepare(model: nn.Module, settings: OptimizationSettings) -> nn.Module:
 
 
 def compile_with_inductor(model: nn.Module, settings: OptimizationSettings, example: Inputs) -> Runner:
+    # Freezing (weights as constants: conv-BN folding, prepacked oneDNN weights) is read when AOT
+    # Autograd compiles, lazily inside the first calls and outside torch.compile(options=...)'s
+    # scope: passed there it is silently ignored (torch 2.13). A worker process serves one model,
+    # so it is set process-wide: recompiles get it too, serving calls pay nothing for it, and the
+    # minifier's repro scripts (which record the global config) reproduce it.
+    torch._inductor.config.freezing = True
     # torch.compile takes `mode` or `options`, not both: spell the mode out as options.
     options = torch._inductor.list_mode_options(settings.mode.value)
     options.pop("triton.cudagraphs", None)  # a GPU feature; meaningless on CPU
     # dynamic=False: every served shape is warmed up here, so static kernels are safe and fastest.
-    compiled = torch.compile(model, backend="inductor", options=options, dynamic=False)
-
-    def run(*inputs: torch.Tensor) -> torch.Tensor:
-        # Freezing (weights as constants: conv-BN folding, prepacked oneDNN weights) is read when
-        # AOT Autograd picks its inference compiler, outside torch.compile(options=...)'s scope:
-        # passed there it is silently ignored (torch 2.13). Compiles happen inside calls.
-        with torch._inductor.config.patch(freezing=True):
-            return compiled(*inputs)
-
-    return run
+    return torch.compile(model, backend="inductor", options=options, dynamic=False)
 
 
 def run_eager(model: nn.Module, settings: OptimizationSettings, example: Inputs) -> Runner:
@@ -163,14 +160,24 @@ def warm_up(optimized: OptimizedModel, examples: Sequence[Inputs], iterations: i
     )
 
 
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / (1 + |expected|): absolute near zero, relative for large values."""
+    return ((actual.float() - expected.float()).abs() / (1 + expected.float().abs())).max().item()
+
+
+def short_reason(error: BaseException) -> str:
+    """`Type: first line of the message`, for logs and error messages."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
 def accuracy_error(optimized: OptimizedModel, reference: nn.Module, examples: Sequence[Inputs]) -> float:
     """Largest mixed abs/rel difference to eager on the warm-up inputs (same layout and dtype)."""
     worst = 0.0
     with torch.inference_mode():
         for inputs in examples:
-            expected = reference(*to_layout(inputs, optimized.channels_last)).float()
-            actual = optimized(*inputs).float()
-            worst = max(worst, ((actual - expected).abs() / (1 + expected.abs())).max().item())
+            expected = reference(*to_layout(inputs, optimized.channels_last))
+            worst = max(worst, relative_error(optimized(*inputs), expected))
     return worst
 
 
@@ -200,7 +207,7 @@ def optimize(model: nn.Module, settings: OptimizationSettings, examples: Sequenc
     except BackendUnavailable:
         raise  # a missing environment is a configuration error, never silently eager
     except Exception as error:  # noqa: BLE001 - any compiler failure qualifies
-        reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        reason = short_reason(error)
         if not settings.fallback_to_eager:
             if isinstance(error, AccuracyError):
                 raise

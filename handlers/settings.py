@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 
@@ -112,6 +114,27 @@ class TextSettings(OptimizationSettings):
         super().__post_init__()
         if not 8 <= self.max_length <= 512:
             raise SettingsError(f"max_length must be in [8, 512] (BERT positions), got {self.max_length}")
+
+
+# Serve-time diagnostics (handlers/diagnostics.py), set per server through the environment.
+PROFILE_REQUESTS_VAR = "KIT_PROFILE_REQUESTS"
+ITT_OPS_VAR = "KIT_ITT_OPS"
+LOG_DIR_VAR = "LOG_LOCATION"  # TorchServe's log directory, set by kit/server.py
+
+
+@dataclasses.dataclass(frozen=True)
+class Diagnostics:
+    profile_requests: int = 0  # record the first N inference calls of each worker
+    profile_dir: Path = Path("logs") / "profile"
+    itt_ops: bool = False
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Diagnostics:
+        raw = environ.get(PROFILE_REQUESTS_VAR, "0")
+        if not raw.isdigit():
+            raise ValueError(f"{PROFILE_REQUESTS_VAR} must be a whole number of requests, got {raw!r}")
+        log_dir = Path(environ.get(LOG_DIR_VAR, "logs"))
+        return cls(int(raw), log_dir / "profile", environ.get(ITT_OPS_VAR, "") == "1")
 
 
 S = TypeVar("S", bound=OptimizationSettings)

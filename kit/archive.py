@@ -49,8 +49,11 @@ def extract(archive: Path, into: Path) -> Path:
     return target
 
 
-def handler_class(model_dir: Path) -> type[OptimizedHandler]:
-    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
+def read_manifest(model_dir: Path) -> dict:
+    return json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
+
+
+def handler_class(manifest: dict) -> type[OptimizedHandler]:
     module = importlib.import_module(f"handlers.{Path(manifest['model']['handler']).stem}")
     (cls,) = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
     return cls
@@ -58,12 +61,12 @@ def handler_class(model_dir: Path) -> type[OptimizedHandler]:
 
 def load_archived(model_dir: Path, overrides: dict | None = None) -> ArchivedModel:
     """The model and settings of an extracted archive; `overrides` replace `handler:` keys."""
-    cls = handler_class(model_dir)
+    manifest = read_manifest(model_dir)
+    cls = handler_class(manifest)
     config = yaml.safe_load((model_dir / "model-config.yaml").read_text()) or {}
     settings = parse_settings(cls.settings_class, {**(config.get("handler") or {}), **(overrides or {})})
     handler = cls()
     handler.settings = settings
     handler.setup(str(model_dir))
-    manifest = json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
     model = load_model(settings.architecture, model_dir)
     return ArchivedModel(manifest["model"]["modelName"], model_dir, settings, model, handler)

@@ -19,8 +19,7 @@ from typing import Any
 
 import yaml
 
-from handlers.diagnostics import ITT_OPS_VAR, PROFILE_REQUESTS_VAR
-from handlers.settings import SettingsError, parse_settings
+from handlers.settings import ITT_OPS_VAR, PROFILE_REQUESTS_VAR, SettingsError, parse_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = ROOT / "config" / "presets"

@@ -13,7 +13,6 @@ import torch
 from diagnose.__main__ import main as diagnose_main
 from diagnose.doctor import diagnose
 from handlers.settings import ImageSettings, parse_settings
-from kit.serve_config import ROOT
 
 
 class PointwiseNet(torch.nn.Module):
@@ -75,4 +74,3 @@ def test_profile_writes_tables_traces_and_summary(model, compiled_op, monkeypatc
     assert compiled_op in names
     assert any("cpp_fused" in name for name in names)
     assert "x)" in (run / "summary.txt").read_text()  # the speedup figure
-    assert (ROOT / "model_store" / "inductor" / f"{model}.mar").is_file()

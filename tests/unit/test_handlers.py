@@ -245,7 +245,7 @@ def test_op_level_itt_switch(image_archive, monkeypatch, value, expected):
 
 
 def test_diagnostics_switch_must_be_a_number(monkeypatch):
-    from handlers.diagnostics import Diagnostics
+    from handlers.settings import Diagnostics
 
     with pytest.raises(ValueError, match="KIT_PROFILE_REQUESTS must be a whole number of requests, got 'ten'"):
         Diagnostics.from_environment({"KIT_PROFILE_REQUESTS": "ten"})

@@ -78,7 +78,8 @@ def test_inductor_really_freezes_the_weights(tiny_cnn):
     # still calls aten's convolution and computes batch norm in a generated kernel.
     x = (torch.randn(1, 3, 32, 32),)
     torch._dynamo.reset()
-    optimized = optimize(tiny_cnn, parse_settings(ImageSettings, {"backend": "inductor"}), [x])
+    with torch._inductor.config.patch(freezing=False):  # optimize itself must turn it on
+        optimized = optimize(tiny_cnn, parse_settings(ImageSettings, {"backend": "inductor"}), [x])
     with torch.profiler.profile() as profile, torch.inference_mode():
         optimized(*x)
     names = {event.key for event in profile.key_averages()}
