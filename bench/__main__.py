@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"ERROR: {error}")
         return 1
     finally:
-        write_report(out_dir, plan, env, run.results, command, run.skipped)
+        write_report(out_dir, plan, env, run.results, command, run.skipped, run.references)
         log(f"report: {out_dir / 'report.md'}")
     if args.write_preset and run.results:
         path = write_tuned_preset(args.write_preset, run.results)

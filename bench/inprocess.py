@@ -13,6 +13,7 @@ Child mode (used by the parent): python -m bench.inprocess ARCHIVE_DIR --batch B
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.accuracy import Measured
 from kit.archive import extract
 from kit.serve_config import Allocator, ServeConfig, worker_environment
 from kit.server import INDUCTOR_CACHE, python_environment
@@ -37,8 +39,9 @@ def child_environment(config: ServeConfig) -> dict[str, str]:
     return env
 
 
-def measure_in_process(archive: Path, config: ServeConfig, seconds: int, work_dir: Path) -> float:
-    """Summed items/s of `workers` concurrent model processes laid out like the server's."""
+def measure_in_process(archive: Path, config: ServeConfig, seconds: int, work_dir: Path) -> Measured:
+    """Summed items/s of `workers` concurrent model processes laid out like the server's, and
+    the first one's agreement with float32 eager."""
     model_dir = extract(archive, work_dir)
     workers = config.workers or os.cpu_count() or 1
     threads = config.threads or os.cpu_count() or 1
@@ -77,12 +80,15 @@ def measure_in_process(archive: Path, config: ServeConfig, seconds: int, work_di
                 child.kill()
             child.wait()
         log_file.close()
-    return sum(r["items"] / r["seconds"] for r in results)
+    items_per_s = sum(r["items"] / r["seconds"] for r in results)
+    first = results[0]
+    return Measured(round(items_per_s, 2), first["cosine_mean"], first["cosine_min"], first["top1_agreement"])
 
 
 def run_child(model_dir: Path, batch: int, seconds: int, cpus: str) -> None:
     import torch
 
+    from bench.accuracy import agreement
     from handlers.optimize import optimize, to_layout
     from kit.archive import load_archived
 
@@ -91,7 +97,10 @@ def run_child(model_dir: Path, batch: int, seconds: int, cpus: str) -> None:
     archived = load_archived(model_dir)
     # Converted once up front, so the timed loop's layout conversion is a no-op, as in a worker.
     inputs = to_layout(archived.example(batch), archived.settings.channels_last)
-    optimized = optimize(archived.model, archived.settings, [inputs])
+    # Batch 1 as well: the accuracy inputs come one at a time (AOTInductor runs packaged sizes only).
+    examples = [archived.example(1)] + ([inputs] if batch != 1 else [])
+    optimized = optimize(archived.model, archived.settings, examples, model_dir, archived.handler.checks(1))
+    agreed = agreement(optimized, archived.model, archived.handler)
     print("ready", flush=True)
     sys.stdin.readline()
     items = 0
@@ -101,7 +110,7 @@ def run_child(model_dir: Path, batch: int, seconds: int, cpus: str) -> None:
             optimized(*inputs)
             items += batch
         elapsed = time.perf_counter() - start
-    print(json.dumps({"items": items, "seconds": elapsed}), flush=True)
+    print(json.dumps({"items": items, "seconds": elapsed, **dataclasses.asdict(agreed)}), flush=True)
 
 
 if __name__ == "__main__":

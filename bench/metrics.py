@@ -13,6 +13,10 @@ import requests
 
 # ts_inference_latency_microseconds{uuid="...",model_name="resnet50",model_version="default",} 1.2E7
 SAMPLE = re.compile(r"^(?P<name>ts_\w+)\{(?P<labels>[^}]*)\}\s+(?P<value>[-+0-9.eE]+)$", re.MULTILINE)
+# WorkerLoadTime{WorkerName="W-9000-resnet50_1.0",Level="Host",Hostname="vm",} 15691.0  (milliseconds)
+WORKER_LOAD = re.compile(
+    r'^WorkerLoadTime\{WorkerName="W-\d+-(?P<model>.+)_[^"_]+".*\}\s+(?P<ms>[-+0-9.eE]+)$', re.MULTILINE
+)
 LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 Samples = dict[tuple[str, str], float]  # (metric, model) -> value summed over label sets
@@ -27,10 +31,20 @@ def parse_prometheus(text: str) -> Samples:
     return samples
 
 
-def scrape(url: str, headers: dict[str, str] | None = None) -> Samples:
+def scrape_text(url: str, headers: dict[str, str] | None = None) -> str:
     response = requests.get(url, headers=headers or {}, timeout=10)
     response.raise_for_status()
-    return parse_prometheus(response.text)
+    return response.text
+
+
+def scrape(url: str, headers: dict[str, str] | None = None) -> Samples:
+    return parse_prometheus(scrape_text(url, headers))
+
+
+def worker_load_seconds(text: str, model: str) -> float | None:
+    """The slowest worker's spawn-to-READY time (TorchServe's WorkerLoadTime gauge), or None."""
+    times = [float(m["ms"]) / 1000 for m in WORKER_LOAD.finditer(text) if m["model"] == model]
+    return round(max(times), 1) if times else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,8 @@ overrides any ServeConfig field; a list value expands into one row per value (a 
     rows:
       - {name: baseline, preset: baseline, baseline: true}
       - {name: inductor, preset: optimized, allocator: [jemalloc, tcmalloc]}
+    peers:                                  # optional: the same models in other runtimes, in-process
+      - {runtime: openvino, precision: int8}
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from bench.peers import Peer
 from handlers.settings import SettingsError, parse_settings
 from kit.serve_config import ServeConfig
 
@@ -70,11 +73,13 @@ class Plan:
     name: str
     run: RunSettings
     rows: tuple[Row, ...]
+    peers: tuple[Peer, ...] = ()  # measured in-process for every model of the plan
 
     def estimate_s(self) -> float:
-        """Rough wall time: start-up (warm compile cache), warm-up, measurement, stop, in-process."""
+        """Rough wall time: start-up (warm compile cache), warm-up, measurement, stop, in-process, peers."""
         per_row = 45 + self.run.seconds + (self.run.in_process_seconds + 30 if self.run.in_process else 0)
-        return len(self.rows) * per_row
+        per_peer = 40 + self.run.in_process_seconds
+        return len(self.rows) * per_row + len(self.peers) * len(self.run.models) * per_peer
 
 
 def _expand(raw: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
@@ -120,6 +125,10 @@ def parse_plan(name: str, raw: dict[str, Any]) -> Plan:
     if not row_specs:
         raise PlanError(f"plan {name!r} has no rows")
     try:
+        peers = tuple(parse_settings(Peer, spec) for spec in raw.pop("peers", None) or ())
+    except SettingsError as error:
+        raise PlanError(f"plan {name!r}, peers: {error}") from None
+    try:
         run = parse_settings(RunSettings, raw)
     except SettingsError as error:
         raise PlanError(f"plan {name!r}: {error}") from None
@@ -131,7 +140,7 @@ def parse_plan(name: str, raw: dict[str, Any]) -> Plan:
         baselines = [r.name for r in group if r.baseline]
         if len(baselines) > 1:
             raise PlanError(f"model {model} has several baseline rows {baselines}; mark one")
-    return Plan(name, run, tuple(rows))
+    return Plan(name, run, tuple(rows), peers)
 
 
 def load_plan(name_or_path: str) -> Plan:

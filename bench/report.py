@@ -11,11 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.plan import Plan
-from bench.runner import RowResult
+from bench.runner import ReferenceResult, RowResult
 
 # Targets of the bench issue, checked on every run: (model, minimum speedup of the best row).
 SPEEDUP_TARGETS = {"resnet50": 3.0, "bert": 2.0}
 SERVED_VS_IN_PROCESS_TARGET = 0.90
+# A new worker of a precompiled backend (nothing compiles in the worker) is READY within this.
+COLD_START_TARGET_S = 5.0
+PRECOMPILED_RUNTIMES = {"aoti", "openvino"}
+# int8 against float32 eager on held-out inputs: (model, metric, minimum).
+INT8_ACCURACY_TARGETS = (("resnet50", "top1_agreement", 0.95), ("minilm", "cosine_mean", 0.99))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +35,65 @@ def best_row(results: list[RowResult], model: str) -> RowResult | None:
     return max(rows, key=lambda r: r.requests_per_s, default=None)
 
 
-def check_targets(results: list[RowResult]) -> list[TargetCheck]:
+def _short_by(measured: float, target: float) -> str:
+    return "" if measured >= target else f", short by {(target - measured) / target:.0%}"
+
+
+def peer_checks(results: list[RowResult], references: list[ReferenceResult]) -> list[TargetCheck]:
+    """Best served row >= best peer row, per model: in each precision both have, and overall."""
+    checks = []
+    peers = [r for r in references if r.kind == "peer"]
+    served = [r for r in results if r.non_2xx == 0 and r.failed == 0]
+    for model in dict.fromkeys(r.model for r in peers):
+        precisions = sorted({r.precision for r in peers if r.model == model})
+        for precision in [*precisions, None]:  # None: any precision
+            mine = [r for r in served if r.model == model and precision in (None, r.precision)]
+            theirs = [r for r in peers if r.model == model and precision in (None, r.precision)]
+            if not mine or not theirs:
+                continue
+            best = max(mine, key=lambda r: r.items_per_s)
+            peer = max(theirs, key=lambda r: r.items_per_s)
+            scope = precision or "any precision"
+            checks.append(
+                TargetCheck(
+                    f"{model} {scope}: best served row >= best peer row",
+                    f"{best.items_per_s:.1f} ({best.name}) vs {peer.items_per_s:.1f} ({peer.name})"
+                    + _short_by(best.items_per_s, peer.items_per_s),
+                    best.items_per_s >= peer.items_per_s,
+                )
+            )
+    return checks
+
+
+def accuracy_checks(references: list[ReferenceResult]) -> list[TargetCheck]:
+    checks = []
+    for model, metric, minimum in INT8_ACCURACY_TARGETS:
+        for r in references:
+            if r.model == model and r.precision == "int8":
+                value = getattr(r, metric)
+                checks.append(
+                    TargetCheck(
+                        f"{model} int8 {metric} >= {minimum} ({r.kind} {r.name})", f"{value:.4f}", value >= minimum
+                    )
+                )
+    return checks
+
+
+def cold_start_checks(results: list[RowResult]) -> list[TargetCheck]:
+    checks = []
+    for r in results:
+        if r.runtime in PRECOMPILED_RUNTIMES and r.worker_load_s is not None:
+            checks.append(
+                TargetCheck(
+                    f"{r.model} / {r.name}: worker spawn-to-READY <= {COLD_START_TARGET_S:.0f} s",
+                    f"{r.worker_load_s:.1f} s",
+                    r.worker_load_s <= COLD_START_TARGET_S,
+                )
+            )
+    return checks
+
+
+def check_targets(results: list[RowResult], references: list[ReferenceResult] = ()) -> list[TargetCheck]:
     checks = []
     for model, target in SPEEDUP_TARGETS.items():
         best = best_row(results, model)
@@ -63,6 +126,7 @@ def check_targets(results: list[RowResult]) -> list[TargetCheck]:
                 ratio >= SERVED_VS_IN_PROCESS_TARGET,
             )
         )
+    checks += peer_checks(results, list(references)) + accuracy_checks(list(references)) + cold_start_checks(results)
     bad = [f"{r.model}/{r.name}: {r.non_2xx} non-2xx, {r.failed} failed" for r in results if r.non_2xx or r.failed]
     checks.append(TargetCheck("zero non-2xx responses in every row", "; ".join(bad) or "0 in all rows", not bad))
     return checks
@@ -76,8 +140,26 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def reference_table(rows: list[ReferenceResult]) -> list[str]:
+    lines = [
+        "| without a server | kind | runtime | precision | W×T | batch | items/s | cosine mean/min | top-1 agreement |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.name} | {r.kind} | {r.runtime} | {r.precision} | {r.workers}×{r.threads} | {r.batch_size} | "
+            f"{r.items_per_s:.1f} | {r.cosine_mean:.4f}/{r.cosine_min:.4f} | {r.top1_agreement:.0%} |"
+        )
+    return lines
+
+
 def markdown(
-    plan: Plan, environment: dict[str, Any], results: list[RowResult], command: str, skipped: list[str] = ()
+    plan: Plan,
+    environment: dict[str, Any],
+    results: list[RowResult],
+    command: str,
+    skipped: list[str] = (),
+    references: list[ReferenceResult] = (),
 ) -> str:
     lines = [
         f"# Bench `{plan.name}`",
@@ -86,16 +168,20 @@ def markdown(
         f"torch {environment['torch']}, TorchServe {environment['torchserve']}, commit {environment['git_commit']}",
         "",
         f"ab -k for {plan.run.seconds}s per row after {plan.run.warmup_requests} warm-up requests; "
-        "one item per request. In-process = the same model and layout without a server.",
+        "one item per request. In-process = the same model and layout without a server; peers = the same "
+        "weights in another runtime, one process using every core. Cosine and top-1 agreement are against "
+        "float32 eager on held-out inputs (random weights: near-tied logits make top-1 pessimistic). "
+        "load s = the slowest worker's spawn-to-READY (TorchServe's WorkerLoadTime).",
         "",
     ]
-    for model in sorted({r.model for r in results}, key=lambda m: [r.model for r in results].index(m)):
+    for model in dict.fromkeys([r.model for r in results] + [r.model for r in references]):
         lines += [
             f"## {model}",
             "",
-            "| row | backend | launcher | allocator (loaded) | W×T | batch | c | req/s | speedup | p50 ms | p90 ms | "
-            "p99 ms | non-2xx | TS total/queue ms | in-process items/s | served/in-process | ready s | RSS MB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| row | variant | precision | launcher | allocator (loaded) | W×T | batch | c | req/s | speedup | p50 ms | "
+            "p90 ms | p99 ms | non-2xx | TS total/queue ms | in-process items/s | served/in-process | ready s | "
+            "load s | RSS MB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in (r for r in results if r.model == model):
             layout = f"{r.workers or 'def'}×{r.threads or 'def'}"
@@ -105,39 +191,46 @@ def markdown(
             ratio = f"{r.served_vs_in_process:.0%}" if r.served_vs_in_process else "–"
             name = f"**{r.name}**" if r.baseline else r.name
             lines.append(
-                f"| {name} | {r.variant} | {'on' if r.launcher else 'off'} | {r.allocator} ({loaded}) | {layout} | "
+                f"| {name} | {r.variant} | {r.precision} | {'on' if r.launcher else 'off'} | {r.allocator} ({loaded}) | {layout} | "
                 f"{r.batch_size} | {r.concurrency} | {r.requests_per_s:.1f} | {speedup} | {r.p50_ms:.0f} | "
                 f"{r.p90_ms:.0f} | {r.p99_ms:.0f} | {r.non_2xx} | {ts} | {_fmt(r.in_process_items_per_s)} | {ratio} | "
-                f"{r.start_to_ready_s:.0f} | {_fmt(sum(r.worker_rss_mb), 0)} |"
+                f"{r.start_to_ready_s:.0f} | {_fmt(r.worker_load_s)} | {_fmt(sum(r.worker_rss_mb), 0)} |"
             )
         lines.append("")
+        others = [r for r in references if r.model == model]
+        if others:
+            lines += [*reference_table(others), ""]
     if skipped:
         lines += ["## Skipped rows", "", *(f"- {reason}" for reason in skipped), ""]
     lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
-    for check in check_targets(results):
+    for check in check_targets(results, references):
         lines.append(f"| {check.target} | {check.measured} | {'yes' if check.met else '**no**'} |")
     lines.append("")
     return "\n".join(lines)
 
 
-def chart(results: list[RowResult], path: Path) -> None:
+def chart(results: list[RowResult], path: Path, peers: list[ReferenceResult] = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     models = list(dict.fromkeys(r.model for r in results))
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 5), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
         rows = [r for r in results if r.model == model]
-        colours = ["#888888" if r.baseline else "#1f77b4" for r in rows]
-        bars = ax.barh([r.name for r in rows], [r.requests_per_s for r in rows], color=colours)
-        for bar, r in zip(bars, rows, strict=True):
-            label = f"{r.requests_per_s:.1f}" + (f" ({r.speedup_vs_baseline:.1f}×)" if r.speedup_vs_baseline else "")
+        others = [r for r in peers if r.model == model]
+        names = [f"{r.name} ({r.precision})" for r in rows] + [f"peer: {r.name}" for r in others]
+        values = [r.items_per_s for r in rows] + [r.items_per_s for r in others]
+        colours = ["#888888" if r.baseline else "#1f77b4" for r in rows] + ["#ff7f0e"] * len(others)
+        bars = ax.barh(names, values, color=colours)
+        speedups = [r.speedup_vs_baseline for r in rows] + [None] * len(others)
+        for bar, value, speedup in zip(bars, values, speedups, strict=True):
+            label = f"{value:.1f}" + (f" ({speedup:.1f}×)" if speedup else "")
             ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {label}", va="center", fontsize=8)
         ax.invert_yaxis()
-        ax.set_title(f"{model}: requests/s (grey = baseline)")
-        ax.set_xlabel("requests/s")
+        ax.set_title(f"{model}: items/s (grey = baseline, orange = peer runtime in-process)")
+        ax.set_xlabel("items/s")
         ax.margins(x=0.25)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -151,20 +244,23 @@ def write_report(
     results: list[RowResult],
     command: str,
     skipped: list[str] = (),
+    references: list[ReferenceResult] = (),
 ) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
+    references = list(references)
     document = {
         "plan": plan.name,
         "command": command,
         "environment": environment,
-        "targets": [dataclasses.asdict(c) for c in check_targets(results)],
-        "rows": [dataclasses.asdict(r) for r in results],
+        "targets": [dataclasses.asdict(c) for c in check_targets(results, references)],
+        # Every row has kind (served | in_process | peer), runtime and precision.
+        "rows": [dataclasses.asdict(r) for r in [*results, *references]],
         "skipped": list(skipped),
     }
     (out_dir / "results.json").write_text(json.dumps(document, indent=2))
-    (out_dir / "report.md").write_text(markdown(plan, environment, results, command, skipped))
+    (out_dir / "report.md").write_text(markdown(plan, environment, results, command, skipped, references))
     if results:
-        chart(results, out_dir / "throughput.png")
+        chart(results, out_dir / "throughput.png", [r for r in references if r.kind == "peer"])
     latest = out_dir.parent / "latest"
     latest.unlink(missing_ok=True)
     latest.symlink_to(out_dir.name)

@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.ab import MAX_REQUESTS, AbResult, ab_command, parse_ab
+from bench.accuracy import Measured
 from bench.inprocess import measure_in_process
-from bench.metrics import scrape, server_latency
+from bench.metrics import scrape, scrape_text, server_latency, worker_load_seconds
 from bench.payloads import Payload, payload_for
+from bench.peers import Peer, Precision, measure_peer
 from bench.plan import Plan, Row
-from handlers.settings import Backend
+from handlers.settings import Backend, DType
 from kit.serve_config import ROOT
 from kit.server import Server, free_ports_config, python_environment
 
@@ -37,6 +39,8 @@ class RowResult:
     kind: str  # served
     variant: str
     backend: str
+    runtime: str  # the backend that runs the model inside TorchServe
+    precision: str  # fp32 | bf16 | int8
     launcher: bool
     allocator: str
     omp_wait_policy: str
@@ -66,16 +70,44 @@ class RowResult:
     worker_rss_mb: list[float]
     worker_count: int
     ab_command: str
+    worker_load_s: float | None = None  # slowest worker's spawn-to-READY (TorchServe's WorkerLoadTime)
     in_process_items_per_s: float | None = None
+    # Agreement with float32 eager on held-out inputs, from the in-process run of the same archive.
+    cosine_mean: float | None = None
+    cosine_min: float | None = None
+    top1_agreement: float | None = None
     speedup_vs_baseline: float | None = None
     served_vs_in_process: float | None = None
 
 
-def variant_backend(variant: str) -> str:
+@dataclasses.dataclass
+class ReferenceResult:
+    """A row without a server: the kit's own model in-process, or a peer runtime."""
+
+    model: str
+    name: str
+    kind: str  # in_process | peer
+    runtime: str
+    precision: str
+    batch_size: int
+    workers: int
+    threads: int
+    items_per_s: float
+    cosine_mean: float
+    cosine_min: float
+    top1_agreement: float
+
+
+# How results name a handler dtype.
+PRECISION_OF_DTYPE = {DType.FLOAT32: Precision.FP32, DType.BFLOAT16: Precision.BF16, DType.INT8: Precision.INT8}
+
+
+def variant_handler(variant: str) -> tuple[Backend, Precision]:
     import yaml
 
-    raw = yaml.safe_load((ROOT / "config" / "variants" / f"{variant}.yaml").read_text())
-    return raw.get("handler", {}).get("backend", Backend.INDUCTOR.value)
+    raw = yaml.safe_load((ROOT / "config" / "variants" / f"{variant}.yaml").read_text()).get("handler", {})
+    dtype = DType(raw.get("dtype", DType.FLOAT32.value))
+    return Backend(raw.get("backend", Backend.INDUCTOR.value)), PRECISION_OF_DTYPE[dtype]
 
 
 def slug(text: str) -> str:
@@ -110,6 +142,7 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         if plan.run.warmup_requests:
             run_ab(server, row, payload, seconds=120, requests=plan.run.warmup_requests)
         metrics_url = server.url("metrics", "/metrics")
+        load_s = worker_load_seconds(scrape_text(metrics_url), row.model)
         before = scrape(metrics_url)
         result, argv = run_ab(server, row, payload, plan.run.seconds)
         latency = server_latency(before, scrape(metrics_url), row.model)
@@ -117,12 +150,15 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
     finally:
         server.stop()
     config = row.serve
+    backend, precision = variant_handler(config.variant)
     return RowResult(
         model=row.model,
         name=row.name,
         kind="served",
         variant=config.variant,
-        backend=variant_backend(config.variant),
+        backend=backend.value,
+        runtime=backend.value,
+        precision=precision.value,
         launcher=config.launcher,
         allocator=config.allocator.value,
         omp_wait_policy=config.omp_wait_policy.value,
@@ -142,6 +178,7 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         worker_rss_mb=[round(w.process.rss_mb, 1) for w in workers],
         worker_count=len(workers),
         ab_command=" ".join(argv),
+        worker_load_s=load_s,
     )
 
 
@@ -168,6 +205,7 @@ class PlanRun:
     """Filled in row by row, so an interrupted run still reports what it measured."""
 
     results: list[RowResult] = dataclasses.field(default_factory=list)
+    references: list[ReferenceResult] = dataclasses.field(default_factory=list)  # in-process and peers
     skipped: list[str] = dataclasses.field(default_factory=list)  # "row label: why"
 
 
@@ -179,10 +217,51 @@ def missing_environment(row: Row) -> str:
     return f"{venv.name} is not built (`make install-ipex`)"
 
 
+def in_process_row(row: Row, measured: Measured) -> ReferenceResult:
+    backend, precision = variant_handler(row.serve.variant)
+    config = row.serve
+    return ReferenceResult(
+        model=row.model,
+        name=f"{config.variant} {config.workers or 'def'}x{config.threads or 'def'} b{config.batch_size}",
+        kind="in_process",
+        runtime=backend.value,
+        precision=precision.value,
+        batch_size=config.batch_size,
+        workers=config.workers or os.cpu_count() or 1,
+        threads=config.threads or os.cpu_count() or 1,
+        **dataclasses.asdict(measured),
+    )
+
+
+def peer_row(model: str, peer: Peer, measured: Measured) -> ReferenceResult:
+    cores = os.cpu_count() or 1
+    return ReferenceResult(
+        model=model,
+        name=peer.name,
+        kind="peer",
+        runtime=peer.runtime.value,
+        precision=peer.precision.value,
+        batch_size=peer.batch_size,
+        workers=1,
+        threads=cores,
+        **dataclasses.asdict(measured),
+    )
+
+
+def run_peers(plan: Plan, out_dir: Path, run: PlanRun) -> None:
+    for model in plan.run.models:
+        archive = ROOT / "model_store" / "eager" / f"{model}.mar"  # the same weights as every row
+        for peer in plan.peers:
+            log(f"peer {model} / {peer.name}: in-process, {plan.run.in_process_seconds}s")
+            measured = measure_peer(peer, archive, plan.run.in_process_seconds, out_dir / "extracted")
+            log(f"  {measured.items_per_s:.1f} items/s, cosine >= {measured.cosine_min:.4f}")
+            run.references.append(peer_row(model, peer, measured))
+
+
 def run_plan(plan: Plan, out_dir: Path, run: PlanRun) -> None:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` stops cleanly like Ctrl-C
     results = run.results
-    in_process_cache: dict[tuple[Any, ...], float] = {}
+    in_process: dict[tuple[Any, ...], Measured] = {}
     try:
         for index, row in enumerate(plan.rows, start=1):
             if reason := missing_environment(row):
@@ -193,18 +272,24 @@ def run_plan(plan: Plan, out_dir: Path, run: PlanRun) -> None:
                 f"at concurrency {row.concurrency}")  # fmt: skip
             result = run_row(row, plan, out_dir, payload_for(row.model, out_dir))
             log(f"  {result.requests_per_s:.1f} req/s, p50 {result.p50_ms:.0f} ms, p99 {result.p99_ms:.0f} ms, "
-                f"non-2xx {result.non_2xx}, allocator {sorted(set(result.allocator_loaded))}")  # fmt: skip
+                f"non-2xx {result.non_2xx}, allocator {sorted(set(result.allocator_loaded))}, "
+                f"worker load {result.worker_load_s} s")  # fmt: skip
             if plan.run.in_process:
                 key = in_process_key(row)
-                if key not in in_process_cache:
+                if key not in in_process:
                     log(f"  in-process: same model and layout without a server, {plan.run.in_process_seconds}s")
                     archive = ROOT / "model_store" / row.serve.variant / f"{row.model}.mar"
-                    in_process_cache[key] = measure_in_process(
+                    in_process[key] = measure_in_process(
                         archive, row.serve, plan.run.in_process_seconds, out_dir / "extracted"
                     )
-                    log(f"  in-process {in_process_cache[key]:.1f} items/s")
-                result.in_process_items_per_s = round(in_process_cache[key], 2)
+                    log(f"  in-process {in_process[key].items_per_s:.1f} items/s")
+                    run.references.append(in_process_row(row, in_process[key]))
+                measured = in_process[key]
+                result.in_process_items_per_s = measured.items_per_s
+                result.cosine_mean, result.cosine_min = measured.cosine_mean, measured.cosine_min
+                result.top1_agreement = measured.top1_agreement
             results.append(result)
+        run_peers(plan, out_dir, run)
     finally:
         signal.signal(signal.SIGTERM, previous)
         add_derived(results)

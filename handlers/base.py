@@ -13,17 +13,18 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
-from ts.torch_handler.base_handler import BaseHandler
 
+from handlers.calibration import CALIBRATION_COUNT
 from handlers.diagnostics import RequestProfiler, op_ranges
 from handlers.itt import inference_range
 from handlers.loaders import load_model
-from handlers.optimize import Inputs, optimize
+from handlers.optimize import Inputs, graphs_compiled, optimize
 from handlers.payload import HTTP_BAD_REQUEST, InvalidInput, error_body
-from handlers.settings import Diagnostics, OptimizationSettings, parse_settings
+from handlers.settings import Backend, Diagnostics, OptimizationSettings, parse_settings
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,17 @@ def batch_buckets(max_batch: int) -> list[int]:
         sizes.add(size)
         size *= 2
     return sorted(sizes)
+
+
+def serving_buckets(max_batch: int, settings: OptimizationSettings) -> list[int]:
+    """The batch sizes to warm up and pad to: AOTInductor archives only have their packaged sizes."""
+    if settings.backend is not Backend.AOTI:
+        return batch_buckets(max_batch)
+    sizes = sorted(settings.aoti_batch_sizes)
+    # Up to the first packaged size that holds a full batch; none -> max_batch, which the
+    # loader then reports as missing from the archive.
+    cover = next((size for size in sizes if size >= max_batch), max_batch)
+    return [size for size in sizes if size < cover] + [cover]
 
 
 def collate(items: Sequence[Inputs], bucket: int) -> Inputs:
@@ -58,8 +70,16 @@ class Batch:
     outputs: torch.Tensor | None = None  # rows aligned with `valid`
 
 
-class OptimizedHandler(BaseHandler, abc.ABC):
+class OptimizedHandler(abc.ABC):
+    """TorchServe calls initialize(context) once, then handle(requests, context) per batch.
+
+    Not a subclass of TorchServe's BaseHandler: importing that module imports every optional
+    runtime it can find (openvino.torch alone pulls in Dynamo's backends), ~2-3 s of every
+    worker's start, and nothing here uses it.
+    """
+
     settings_class: type[OptimizationSettings] = OptimizationSettings
+    initialized = False
 
     def initialize(self, context) -> None:
         self.context = context
@@ -67,7 +87,7 @@ class OptimizedHandler(BaseHandler, abc.ABC):
         self.model_name = context.model_name
         self.model_dir = context.system_properties["model_dir"]
         self.settings = parse_settings(self.settings_class, (context.model_yaml_config or {}).get("handler"))
-        self.buckets = batch_buckets(int(context.system_properties.get("batch_size") or 1))
+        self.buckets = serving_buckets(int(context.system_properties.get("batch_size") or 1), self.settings)
         self.diagnostics = Diagnostics.from_environment()
         self.profiler = RequestProfiler(
             self.diagnostics.profile_requests, self.diagnostics.profile_dir, self.model_name
@@ -77,7 +97,15 @@ class OptimizedHandler(BaseHandler, abc.ABC):
         start = time.perf_counter()
         model = load_model(self.settings.architecture, self.model_dir)
         load_seconds = time.perf_counter() - start
-        self.optimized = optimize(model, self.settings, [self.example(size) for size in self.buckets])
+        self.optimized = optimize(
+            model,
+            self.settings,
+            [self.example(size) for size in self.buckets],
+            Path(self.model_dir),
+            self.checks(self.buckets[0]),
+        )
+        self.graphs = graphs_compiled()
+        self.buckets_served: set[int] = set()
         log.info(
             "%s ready: backend=%s load=%.1fs compile=%.1fs warmup=%.1fs batch_buckets=%s threads=%d "
             "fx_graph_cache=hits:%d,misses:%d,bypasses:%d accuracy_error=%.2g",
@@ -95,8 +123,13 @@ class OptimizedHandler(BaseHandler, abc.ABC):
         )
         self.initialized = True
 
+    def checks(self, size: int, batches: int = 4) -> list[Inputs]:
+        """Representative inputs for the accuracy guard: held-out samples in full batches of `size`."""
+        first = CALIBRATION_COUNT  # not seen by int8 calibration
+        return [collate([self.sample(first + b * size + i) for i in range(size)], size) for b in range(batches)]
+
     # -- task hooks ---------------------------------------------------------------------------
-    def setup(self, model_dir: str) -> None:
+    def setup(self, model_dir: str) -> None:  # noqa: B027 - an optional hook, not abstract
         """Load what preprocessing needs (tokenizer, labels). Default: nothing."""
 
     @abc.abstractmethod
@@ -108,10 +141,18 @@ class OptimizedHandler(BaseHandler, abc.ABC):
         """Batched warm-up inputs with the exact shapes and dtypes served."""
 
     @abc.abstractmethod
+    def sample(self, index: int) -> Inputs:
+        """A representative unbatched input (handlers/calibration.py): int8 calibration, accuracy."""
+
+    @abc.abstractmethod
     def format(self, output: torch.Tensor) -> Any:
         """One output row -> a JSON-serialisable response."""
 
     # -- TorchServe's preprocess -> inference -> postprocess ----------------------------------
+    def handle(self, requests: list[dict[str, Any]], context) -> list[Any]:
+        self.context = context
+        return self.postprocess(self.inference(self.preprocess(requests)))
+
     def preprocess(self, requests: list[dict[str, Any]]) -> Batch:
         batch = Batch(size=len(requests), valid=[], items=[], errors={})
         for index, request in enumerate(requests):
@@ -135,7 +176,23 @@ class OptimizedHandler(BaseHandler, abc.ABC):
             op_ranges(self.diagnostics.itt_ops),
         ):
             batch.outputs = self.optimized(*inputs)[:count]
+        self.check_no_recompile(count, bucket)
+        if bucket not in self.buckets_served:  # once per shape: shows batching at work, cheaply
+            self.buckets_served.add(bucket)
+            log.info("%s: first batch at bucket %d (%d request(s))", self.model_name, bucket, count)
         return batch
+
+    def check_no_recompile(self, count: int, bucket: int) -> None:
+        # Every served shape was compiled in initialize(); a new graph here means a guard
+        # failed and a request waited for the compiler. Logged, so a test or a user sees it.
+        graphs = graphs_compiled()
+        if graphs != self.graphs:
+            log.warning(
+                "%s: recompiled while serving (%d new graph(s), batch of %d padded to %d); "
+                "run with TORCH_LOGS=recompiles to see which guard failed",
+                self.model_name, graphs - self.graphs, count, bucket,
+            )  # fmt: skip
+            self.graphs = graphs
 
     def postprocess(self, batch: Batch) -> list[Any]:
         responses: list[Any] = [None] * batch.size

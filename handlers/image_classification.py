@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from handlers.base import OptimizedHandler
+from handlers.calibration import synthetic_photo
 from handlers.image import image_to_tensor
 from handlers.labels import Labels
 from handlers.optimize import Inputs
@@ -28,6 +29,9 @@ class ImageClassificationHandler(OptimizedHandler):
 
     def example(self, batch_size: int) -> Inputs:
         return (torch.randn(batch_size, 3, self.settings.crop, self.settings.crop),)
+
+    def sample(self, index: int) -> Inputs:
+        return (image_to_tensor(synthetic_photo(index), self.settings.resize, self.settings.crop),)
 
     def format(self, output: torch.Tensor) -> dict[str, float]:
         probabilities = torch.softmax(output.float(), dim=0)

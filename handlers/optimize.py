@@ -6,7 +6,8 @@
 Order is fixed and explicit: layout (channels-last) -> precision (autocast) -> backend
 (eager | inductor | ipex) -> warm-up of every batch shape in inference mode, the grad mode
 the server uses. The first call per shape is where torch.compile really compiles, so it is
-timed apart from the steady warm-up calls.
+timed apart from the steady warm-up calls. Precompiled backends (aoti, openvino) load what
+`make archive` compiled from the archive directory instead.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -26,7 +28,8 @@ log = logging.getLogger(__name__)
 Inputs = tuple[torch.Tensor, ...]
 Runner = Callable[..., torch.Tensor]
 
-TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16}
+# dtypes reached by autocast at run time; int8 is quantized at archive time, float32 is as is.
+AUTOCAST_DTYPES = {DType.BFLOAT16: torch.bfloat16}
 
 
 class CompileError(RuntimeError):
@@ -64,12 +67,26 @@ def to_layout(inputs: Inputs, channels_last: bool) -> Inputs:
 def prepare(model: nn.Module, settings: OptimizationSettings) -> nn.Module:
     if settings.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    if settings.dtype is not DType.FLOAT32:
-        model = Autocast(model, TORCH_DTYPES[settings.dtype])
+    if settings.dtype in AUTOCAST_DTYPES:
+        model = Autocast(model, AUTOCAST_DTYPES[settings.dtype])
     return model
 
 
-def compile_with_inductor(model: nn.Module, settings: OptimizationSettings, example: Inputs) -> Runner:
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What a backend builder may need besides the model: the served shapes and the archive."""
+
+    example: Inputs  # the first warm-up example, in the served layout
+    batch_sizes: tuple[int, ...]  # every batch size that will be served
+    model_dir: Path | None = None  # the extracted archive: precompiled backends load from it
+
+    def archive(self) -> Path:
+        if self.model_dir is None:
+            raise BackendUnavailable("a precompiled backend (aoti, openvino) runs from a built archive only")
+        return self.model_dir
+
+
+def compile_with_inductor(model: nn.Module, settings: OptimizationSettings, target: Target) -> Runner:
     # Freezing (weights as constants: conv-BN folding, prepacked oneDNN weights) is read when AOT
     # Autograd compiles, lazily inside the first calls and outside torch.compile(options=...)'s
     # scope: passed there it is silently ignored (torch 2.13). A worker process serves one model,
@@ -83,28 +100,43 @@ def compile_with_inductor(model: nn.Module, settings: OptimizationSettings, exam
     return torch.compile(model, backend="inductor", options=options, dynamic=False)
 
 
-def run_eager(model: nn.Module, settings: OptimizationSettings, example: Inputs) -> Runner:
+def run_eager(model: nn.Module, settings: OptimizationSettings, target: Target) -> Runner:
     return model
 
 
-def optimize_with_ipex(model: nn.Module, settings: OptimizationSettings, example: Inputs) -> Runner:
+def optimize_with_ipex(model: nn.Module, settings: OptimizationSettings, target: Target) -> Runner:
     from handlers.ipex_backend import trace_with_ipex  # imports IPEX: only in .venv-ipex
 
-    return trace_with_ipex(model, settings, example)
+    return trace_with_ipex(model, settings, target.example)
 
 
-def compile_with_ipex(model: nn.Module, settings: OptimizationSettings, example: Inputs) -> Runner:
+def compile_with_ipex(model: nn.Module, settings: OptimizationSettings, target: Target) -> Runner:
     from handlers.ipex_backend import compile_with_ipex_backend
 
     return compile_with_ipex_backend(model, settings)
 
 
-# Backend -> builder(prepared model, settings, first warm-up example in the served layout).
-BACKENDS: dict[Backend, Callable[[nn.Module, OptimizationSettings, Inputs], Runner]] = {
+def load_aoti_packages(model: nn.Module, settings: OptimizationSettings, target: Target) -> Runner:
+    from handlers.aoti import load_packages
+
+    return load_packages(target.archive(), settings, target.batch_sizes)
+
+
+def load_openvino_ir(model: nn.Module, settings: OptimizationSettings, target: Target) -> Runner:
+    from handlers.openvino_backend import load_ir
+
+    return load_ir(target.archive(), settings)
+
+
+# Backend -> builder(prepared model, settings, target). The model is the eager reference for
+# precompiled backends, which load their artifact instead.
+BACKENDS: dict[Backend, Callable[[nn.Module, OptimizationSettings, Target], Runner]] = {
     Backend.EAGER: run_eager,
     Backend.INDUCTOR: compile_with_inductor,
     Backend.IPEX: optimize_with_ipex,
     Backend.IPEX_COMPILE: compile_with_ipex,
+    Backend.AOTI: load_aoti_packages,
+    Backend.OPENVINO: load_openvino_ir,
 }
 
 
@@ -137,6 +169,13 @@ def fx_graph_cache_counts() -> tuple[int, int, int]:
     return inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"], inductor["fxgraph_cache_bypass"]
 
 
+def graphs_compiled() -> int:
+    """Graphs Dynamo has compiled in this process so far (recompiles included)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
 def warm_up(optimized: OptimizedModel, examples: Sequence[Inputs], iterations: int) -> OptimizedModel:
     compile_seconds = warmup_seconds = 0.0
     before = fx_graph_cache_counts()
@@ -165,45 +204,75 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual.float() - expected.float()).abs() / (1 + expected.float().abs())).max().item()
 
 
+def cosine_distance(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """1 - the lowest cosine similarity between matching output rows: direction, not scale."""
+    cosine = torch.nn.functional.cosine_similarity(actual.float().flatten(1), expected.float().flatten(1), dim=1)
+    return 1.0 - cosine.min().item()
+
+
+# How far a backend may be from eager, per dtype (tolerances in settings.ACCURACY_TOLERANCE).
+# int8 is compared with the float32 model: element-wise error scales with the logits, while
+# the direction of the output row is what ranking, top-k and embeddings depend on.
+ERROR_METRICS: dict[DType, Callable[[torch.Tensor, torch.Tensor], float]] = {
+    DType.FLOAT32: relative_error,
+    DType.BFLOAT16: relative_error,
+    DType.INT8: cosine_distance,
+}
+
+
 def short_reason(error: BaseException) -> str:
     """`Type: first line of the message`, for logs and error messages."""
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
-def accuracy_error(optimized: OptimizedModel, reference: nn.Module, examples: Sequence[Inputs]) -> float:
-    """Largest mixed abs/rel difference to eager on the warm-up inputs (same layout and dtype)."""
+def accuracy_error(
+    optimized: OptimizedModel, reference: nn.Module, examples: Sequence[Inputs], dtype: DType = DType.FLOAT32
+) -> float:
+    """Largest difference to eager on the warm-up inputs (same layout), by the dtype's metric."""
     worst = 0.0
     with torch.inference_mode():
         for inputs in examples:
             expected = reference(*to_layout(inputs, optimized.channels_last))
-            worst = max(worst, relative_error(optimized(*inputs), expected))
+            worst = max(worst, ERROR_METRICS[dtype](optimized(*inputs), expected))
     return worst
 
 
 def check_accuracy(
     optimized: OptimizedModel, reference: nn.Module, examples: Sequence[Inputs], settings: OptimizationSettings
 ) -> OptimizedModel:
-    error = accuracy_error(optimized, reference, examples)
+    error = accuracy_error(optimized, reference, examples, settings.dtype)
     if not error <= settings.tolerance:  # also catches NaN
         raise AccuracyError(
-            f"backend {settings.backend.value!r} differs from eager by {error:.3g} on the warm-up inputs "
+            f"backend {settings.backend.value!r} differs from eager by {error:.3g} on the check inputs "
             f"(tolerance {settings.tolerance:.3g}); run `make doctor` on this model to find the failing "
             "component, or set `fallback_to_eager: true` in model-config.yaml"
         )
     return dataclasses.replace(optimized, accuracy_error=error)
 
 
-def optimize(model: nn.Module, settings: OptimizationSettings, examples: Sequence[Inputs]) -> OptimizedModel:
+def optimize(
+    model: nn.Module,
+    settings: OptimizationSettings,
+    examples: Sequence[Inputs],
+    model_dir: Path | None = None,
+    checks: Sequence[Inputs] = (),
+) -> OptimizedModel:
+    """`examples` are warmed up (one per served batch shape); the accuracy guard compares
+    `checks` (default: the examples) with eager. int8 needs realistic checks: random token ids
+    are far outside what it was calibrated on."""
     prepared = prepare(model, settings)
+    target = Target(
+        to_layout(examples[0], settings.channels_last), tuple(inputs[0].shape[0] for inputs in examples), model_dir
+    )
     try:
-        run = BACKENDS[settings.backend](prepared, settings, to_layout(examples[0], settings.channels_last))
+        run = BACKENDS[settings.backend](prepared, settings, target)
         optimized = warm_up(
             OptimizedModel(run, settings.backend, settings.channels_last), examples, settings.warmup_iterations
         )
         if settings.backend is Backend.EAGER:
             return optimized
-        return check_accuracy(optimized, prepared, examples, settings)
+        return check_accuracy(optimized, prepared, checks or examples, settings)
     except BackendUnavailable:
         raise  # a missing environment is a configuration error, never silently eager
     except Exception as error:  # noqa: BLE001 - any compiler failure qualifies

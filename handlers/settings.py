@@ -33,6 +33,12 @@ class Backend(enum.StrEnum):
     INDUCTOR = "inductor"
     IPEX = "ipex"  # ipex.optimize + TorchScript trace + freeze (.venv-ipex)
     IPEX_COMPILE = "ipex-compile"  # torch.compile(backend="ipex") (.venv-ipex)
+    AOTI = "aoti"  # AOTInductor package compiled at archive time (handlers/aoti.py)
+    OPENVINO = "openvino"  # OpenVINO IR converted at archive time (handlers/openvino_backend.py)
+
+
+# Compiled (and quantized) by `make archive`: a worker only loads the artifact, in seconds.
+PRECOMPILED = frozenset({Backend.AOTI, Backend.OPENVINO})
 
 
 class CompileMode(enum.StrEnum):
@@ -43,11 +49,14 @@ class CompileMode(enum.StrEnum):
 class DType(enum.StrEnum):
     FLOAT32 = "float32"
     BFLOAT16 = "bfloat16"
+    # Static post-training quantization, calibrated at archive time (precompiled backends only).
+    INT8 = "int8"
 
 
 # Compiled vs eager in the same dtype differ by summation order and fused kernels: ~1e-5 in
-# float32; bfloat16 keeps 8 mantissa bits, so one rounding step is ~4e-3.
-ACCURACY_TOLERANCE = {DType.FLOAT32: 1e-3, DType.BFLOAT16: 5e-2}
+# float32; bfloat16 keeps 8 mantissa bits, so one rounding step is ~4e-3. int8 is compared with
+# float32 eager by cosine distance per output row (optimize.ERROR_METRICS): 0.02 = cosine >= 0.98.
+ACCURACY_TOLERANCE = {DType.FLOAT32: 1e-3, DType.BFLOAT16: 5e-2, DType.INT8: 2e-2}
 
 
 class SettingsError(ValueError):
@@ -56,6 +65,9 @@ class SettingsError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class OptimizationSettings:
+    # Not a setting: tells int8 quantizers which presets fit (attention blocks need their own).
+    transformer: typing.ClassVar[bool] = False
+
     backend: Backend = Backend.INDUCTOR
     mode: CompileMode = CompileMode.DEFAULT
     dtype: DType = DType.FLOAT32
@@ -71,12 +83,20 @@ class OptimizationSettings:
     # max |out - ref| / (1 + |ref|). Above it the worker refuses to start (or runs eager when
     # fallback_to_eager). null = the default for the dtype (ACCURACY_TOLERANCE).
     accuracy_tolerance: float | None = None
+    # backend aoti: one package per batch size, compiled by `make archive` (static shapes are
+    # fastest); serving pads each batch up to the next of these sizes.
+    aoti_batch_sizes: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
         if self.warmup_iterations < 0:
             raise SettingsError(f"warmup_iterations must be >= 0, got {self.warmup_iterations}")
         if self.accuracy_tolerance is not None and not self.accuracy_tolerance > 0:
             raise SettingsError(f"accuracy_tolerance must be > 0 or null, got {self.accuracy_tolerance}")
+        if not self.aoti_batch_sizes or any(size < 1 for size in self.aoti_batch_sizes):
+            raise SettingsError(f"aoti_batch_sizes must be a non-empty list of sizes >= 1, got {self.aoti_batch_sizes}")
+        if self.dtype is DType.INT8 and self.backend not in PRECOMPILED:
+            choices = ", ".join(sorted(b.value for b in PRECOMPILED))
+            raise SettingsError(f"dtype int8 is quantized at archive time; it needs backend {choices}")
 
     @property
     def tolerance(self) -> float:
@@ -105,6 +125,8 @@ class ImageSettings(OptimizationSettings):
 
 @dataclasses.dataclass(frozen=True)
 class TextSettings(OptimizationSettings):
+    transformer: typing.ClassVar[bool] = True
+
     architecture: Architecture = Architecture.BERT_CLASSIFIER
     # Every request is padded to this length: one static shape to compile, nothing to recompile.
     max_length: int = 128

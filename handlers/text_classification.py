@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from handlers.base import OptimizedHandler
+from handlers.calibration import SENTENCES
 from handlers.labels import Labels
 from handlers.optimize import Inputs
 from handlers.payload import request_text
@@ -43,6 +44,9 @@ class TextClassificationHandler(OptimizedHandler):
 
     def example(self, batch_size: int) -> Inputs:
         return text_example(batch_size, self.settings.max_length)
+
+    def sample(self, index: int) -> Inputs:
+        return encode(self.tokenizer, SENTENCES[index % len(SENTENCES)], self.settings.max_length).inputs
 
     def format(self, output: torch.Tensor) -> dict[str, float]:
         probabilities = torch.softmax(output.float(), dim=0)

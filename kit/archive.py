@@ -53,20 +53,27 @@ def read_manifest(model_dir: Path) -> dict:
     return json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
 
 
-def handler_class(manifest: dict) -> type[OptimizedHandler]:
-    module = importlib.import_module(f"handlers.{Path(manifest['model']['handler']).stem}")
+def handler_class(handler_file: str) -> type[OptimizedHandler]:
+    """The handler class defined in handlers/<handler_file> (a path or a file name)."""
+    module = importlib.import_module(f"handlers.{Path(handler_file).stem}")
     (cls,) = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
     return cls
+
+
+def bare_handler(handler_file: str, handler_config: dict, model_dir: Path) -> OptimizedHandler:
+    """A handler with settings parsed and setup() done, not initialized: for example()/sample()."""
+    cls = handler_class(handler_file)
+    handler = cls()
+    handler.settings = parse_settings(cls.settings_class, handler_config)
+    handler.setup(str(model_dir))
+    return handler
 
 
 def load_archived(model_dir: Path, overrides: dict | None = None) -> ArchivedModel:
     """The model and settings of an extracted archive; `overrides` replace `handler:` keys."""
     manifest = read_manifest(model_dir)
-    cls = handler_class(manifest)
     config = yaml.safe_load((model_dir / "model-config.yaml").read_text()) or {}
-    settings = parse_settings(cls.settings_class, {**(config.get("handler") or {}), **(overrides or {})})
-    handler = cls()
-    handler.settings = settings
-    handler.setup(str(model_dir))
-    model = load_model(settings.architecture, model_dir)
-    return ArchivedModel(manifest["model"]["modelName"], model_dir, settings, model, handler)
+    handler_config = {**(config.get("handler") or {}), **(overrides or {})}
+    handler = bare_handler(manifest["model"]["handler"], handler_config, model_dir)
+    model = load_model(handler.settings.architecture, model_dir)
+    return ArchivedModel(manifest["model"]["modelName"], model_dir, handler.settings, model, handler)

@@ -112,6 +112,8 @@ class Server:
         self.model_store = (model_store or ROOT / "model_store" / config.variant).resolve()
         self.pid = pid  # the `torchserve --foreground` process; None until started
         self.venv = python_environment(config.variant)
+        # Logs append across runs: start-up checks read only what this run wrote.
+        self.log_offset = 0
 
     # -- files --------------------------------------------------------------------------------
     @property
@@ -185,6 +187,7 @@ class Server:
         INDUCTOR_CACHE.mkdir(parents=True, exist_ok=True)
         config_file = self.run_dir / "config.properties"
         config_file.write_text(render(self.config, self.model_store))
+        self.log_offset = self.frontend_log.stat().st_size if self.frontend_log.is_file() else 0
         command = [
             str(self.venv / "bin" / "torchserve"),
             "--start",
@@ -279,6 +282,15 @@ class Server:
                     statuses.append(WorkerStatus(model, str(worker["id"]), worker["status"], process))
         return statuses
 
+    def scale(self, model: str, workers: int, timeout_s: float = 900) -> None:
+        """Set the model's worker count and return once TorchServe has them running (synchronous)."""
+        response = requests.put(
+            self.url("management", f"/models/{model}?min_worker={workers}&max_worker={workers}&synchronous=true"),
+            headers=self.headers("management"),
+            timeout=timeout_s,
+        )
+        response.raise_for_status()
+
     def expected_workers(self) -> int:
         # TorchServe's default is one worker per core (default_workers_per_model unset).
         return self.config.workers or os.cpu_count() or 1
@@ -331,7 +343,9 @@ class Server:
     def _load_failures(self) -> list[str]:
         if not self.frontend_log.is_file():
             return []
-        lines = self.frontend_log.read_text(errors="replace").splitlines()
+        with open(self.frontend_log, "rb") as log:
+            log.seek(self.log_offset if log.seek(0, 2) >= self.log_offset else 0)  # 0 after a roll-over
+            lines = log.read().decode(errors="replace").splitlines()
         return [line for line in lines if any(marker in line for marker in self.FAILURE_MARKERS)]
 
     def worker_errors(self, lines: int = 12) -> str:

@@ -29,6 +29,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from handlers.settings import PRECOMPILED  # noqa: E402 - needs ROOT on sys.path
+
 STORE = ROOT / "model_store"
 CONFIG = ROOT / "config"
 SEED = 0  # random-init models are the same bytes on every machine
@@ -144,6 +146,21 @@ def inputs_digest(*parts: object) -> str:
     return digest.hexdigest()
 
 
+def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label: str) -> None:
+    """Precompiled backends (aoti, openvino): compile and calibrate now, ship the artifact."""
+    from handlers.loaders import load_model
+    from handlers.precompile import precompile
+    from kit.archive import bare_handler
+
+    handler = bare_handler(handler_file, handler_config, staging)
+    if handler.settings.backend not in PRECOMPILED:
+        return
+    start = time.perf_counter()
+    model = load_model(handler.settings.architecture, staging)
+    precompile(handler, model, staging, progress=lambda message: log(f"{label}: {message}"))
+    log(f"{label}: precompiled for {handler.settings.backend.value} in {time.perf_counter() - start:.0f}s")
+
+
 def archive(name: str, handler: str, config: dict, write, options, variant: str) -> Path:
     out_dir = STORE / variant
     mar = out_dir / f"{name}.mar"
@@ -160,6 +177,7 @@ def archive(name: str, handler: str, config: dict, write, options, variant: str)
         staging = Path(tmp) / "files"
         staging.mkdir()
         write(staging, options)
+        compile_ahead(handler, config.get("handler") or {}, staging, f"{variant}/{name}")
         shutil.copytree(ROOT / "handlers", staging / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
         config_file = Path(tmp) / "model-config.yaml"
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))

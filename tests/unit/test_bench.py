@@ -8,10 +8,11 @@ import json
 import pytest
 
 from bench.ab import AbParseError, ab_command, parse_ab
-from bench.metrics import parse_prometheus, server_latency
+from bench.metrics import parse_prometheus, server_latency, worker_load_seconds
+from bench.peers import Peer, Precision, Runtime
 from bench.plan import PlanError, load_plan, parse_plan
 from bench.report import check_targets, write_report
-from bench.runner import RowResult, add_derived
+from bench.runner import ReferenceResult, RowResult, add_derived
 
 AB_OUTPUT = """\
 Server Software:
@@ -92,7 +93,16 @@ ts_inference_latency_microseconds{uuid="u",model_name="bert",model_version="defa
 ts_queue_latency_microseconds{uuid="u",model_name="bert",model_version="default",} 500000.0
 ts_inference_requests_total{uuid="u",model_name="bert",model_version="default",} 20.0
 ts_inference_requests_total{uuid="u",model_name="resnet50",model_version="default",} 7.0
+WorkerLoadTime{WorkerName="W-9000-resnet50_1.0",Level="Host",Hostname="vm",} 2500.0
+WorkerLoadTime{WorkerName="W-9001-resnet50_1.0",Level="Host",Hostname="vm",} 4100.0
+WorkerLoadTime{WorkerName="W-9002-bert_1.0",Level="Host",Hostname="vm",} 9000.0
 """
+
+
+def test_worker_load_is_the_slowest_worker_of_the_model():
+    assert worker_load_seconds(PROMETHEUS, "resnet50") == 4.1
+    assert worker_load_seconds(PROMETHEUS, "bert") == 9.0
+    assert worker_load_seconds(PROMETHEUS, "minilm") is None
 
 
 def test_server_latency_from_counter_deltas():
@@ -149,7 +159,8 @@ def test_unknown_plan_lists_choices():
 
 def row_result(**overrides) -> RowResult:
     values = dict(
-        model="resnet50", name="row", kind="served", variant="inductor", backend="inductor", launcher=True,
+        model="resnet50", name="row", kind="served", variant="inductor", backend="inductor", runtime="inductor",
+        precision="fp32", launcher=True,
         allocator="tcmalloc", omp_wait_policy="passive", workers=2, threads=1, batch_size=1, max_batch_delay_ms=5,
         concurrency=4, baseline=False, requests_per_s=20.0, items_per_s=20.0, mean_ms=200.0, p50_ms=190.0,
         p90_ms=220.0, p99_ms=250.0, max_ms=260.0, duration_s=20.0, failed=0, non_2xx=0, complete=400,
@@ -193,6 +204,56 @@ def test_report_files_speedups_and_targets(tmp_path):
     assert "| **baseline** |" in report and "12.00×" in report and "| **no** |" in report
     assert (out / "throughput.png").read_bytes()[:4] == b"\x89PNG"
     assert (out.parent / "latest").resolve() == out.resolve()
+
+
+def reference(**overrides) -> ReferenceResult:
+    values = dict(model="resnet50", name="openvino int8 b1", kind="peer", runtime="openvino", precision="int8",
+                  batch_size=1, workers=1, threads=2, items_per_s=100.0, cosine_mean=0.9995, cosine_min=0.999,
+                  top1_agreement=1.0)  # fmt: skip
+    values.update(overrides)
+    return ReferenceResult(**values)
+
+
+def test_served_rows_are_compared_with_peers_per_precision(tmp_path):
+    results = [
+        row_result(name="aoti int8", runtime="aoti", precision="int8", items_per_s=90.0, worker_load_s=3.2),
+        row_result(name="inductor", items_per_s=30.0, worker_load_s=40.0),
+    ]
+    references = [
+        reference(),  # int8 peer at 100/s: the int8 row is short by 10 %
+        reference(name="onnxruntime fp32 b1", runtime="onnxruntime", precision="fp32", items_per_s=27.0),
+        reference(name="aoti-int8 2x1 b1", kind="in_process", runtime="aoti", top1_agreement=0.9),
+    ]
+    checks = {c.target: c for c in check_targets(results, references)}
+    int8 = checks["resnet50 int8: best served row >= best peer row"]
+    assert not int8.met and "short by 10%" in int8.measured
+    assert checks["resnet50 fp32: best served row >= best peer row"].met
+    # Overall: the best served row (int8, 90/s) against the best peer (int8, 100/s).
+    assert not checks["resnet50 any precision: best served row >= best peer row"].met
+    accuracy = {k: c for k, c in checks.items() if "top1_agreement" in k}
+    assert [c.met for c in accuracy.values()] == [True, False]  # the peer at 100 %, in-process at 90 %
+    cold = [c for k, c in checks.items() if "spawn-to-READY" in k]
+    assert [c.met for c in cold] == [True]  # only the precompiled (aoti) row is held to 5 s
+
+    out = tmp_path / "run"
+    env = {"date": "d", "cpu_model": "cpu", "cores": 2, "torch": "2.13.0", "torchserve": "0.12.0", "git_commit": "abc"}
+    write_report(out, load_plan("quick"), env, results, "python -m bench", references=references)
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [(r["kind"], r["runtime"], r["precision"]) for r in rows] == [
+        ("served", "aoti", "int8"), ("served", "inductor", "fp32"), ("peer", "openvino", "int8"),
+        ("peer", "onnxruntime", "fp32"), ("in_process", "aoti", "int8"),
+    ]  # fmt: skip
+    assert (
+        "| openvino int8 b1 | peer | openvino | int8 | 1×2 | 1 | 100.0 | 0.9995/0.9990 | 100% |"
+        in (out / "report.md").read_text()
+    )
+
+
+def test_plan_peers_are_parsed_and_checked():
+    plan = parse_plan("t", {"rows": [{"name": "x"}], "peers": [{"runtime": "openvino", "precision": "int8"}]})
+    assert plan.peers == (Peer(Runtime.OPENVINO, Precision.INT8),)
+    with pytest.raises(PlanError, match="runtime 'tensorrt' is unknown; choose one of: onnxruntime, openvino"):
+        parse_plan("t", {"rows": [{"name": "x"}], "peers": [{"runtime": "tensorrt"}]})
 
 
 def test_rows_without_their_environment_are_skipped_and_reported(tmp_path, monkeypatch):

@@ -1,0 +1,162 @@
+"""Peer rows: the same model in the runtimes a user could pick instead of the kit, in-process.
+
+    measure_peer(Peer(Runtime.OPENVINO, Precision.INT8), Path("model_store/eager/resnet50.mar"), 10, work_dir)
+
+Each peer runs in its own child process with every core, the way its documentation suggests
+for throughput: ONNX Runtime with intra-op threads = cores, OpenVINO with the THROUGHPUT hint
+and as many requests in flight as it asks for. Weights come from the kit's eager archive, so
+peers and served rows compute the same function. Accuracy is measured against float32 eager
+on held-out samples (handlers/calibration.py), as for the kit's own in-process rows.
+
+Child mode: python -m bench.peers MODEL_DIR --runtime openvino --precision int8 --seconds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.accuracy import Measured
+from kit.archive import extract
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Runtime(enum.StrEnum):
+    ONNXRUNTIME = "onnxruntime"
+    OPENVINO = "openvino"
+
+
+class Precision(enum.StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    INT8 = "int8"
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    runtime: Runtime
+    precision: Precision = Precision.FP32
+    batch_size: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.runtime.value} {self.precision.value} b{self.batch_size}"
+
+
+def measure_peer(peer: Peer, archive: Path, seconds: int, work_dir: Path) -> Measured:
+    model_dir = extract(archive, work_dir)
+    command = [sys.executable, "-m", "bench.peers", str(model_dir), "--runtime", peer.runtime.value,
+               "--precision", peer.precision.value, "--batch", str(peer.batch_size), "--seconds", str(seconds)]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    if completed.returncode != 0:
+        raise RuntimeError(f"peer {peer.name} failed: {completed.stderr.strip()[-800:]}")
+    return Measured(**json.loads(completed.stdout.strip().splitlines()[-1]))
+
+
+# -- child side ---------------------------------------------------------------------------------
+Runner = Callable[[list], object]
+
+
+def _onnxruntime(model, settings, example, calibration, precision: Precision, work_dir: Path):
+    import onnxruntime as ort
+    import torch
+
+    if precision is not Precision.FP32:
+        raise ValueError("the onnxruntime peer runs fp32 only")
+    path = work_dir / "peer.onnx"
+    names = [f"input{i}" for i in range(len(example))]
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    torch.onnx.export(model, example, str(path), input_names=names, output_names=["output"],
+                      dynamic_shapes=tuple({0: batch} for _ in example), dynamo=True)  # fmt: skip
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = os.cpu_count()
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+    def run(arrays: list):
+        return session.run(None, dict(zip(names, arrays, strict=True)))[0]
+
+    return run, None
+
+
+OV_PRECISION = {Precision.FP32: "f32", Precision.BF16: "bf16", Precision.INT8: "f32"}
+
+
+def _openvino(model, settings, example, calibration, precision: Precision, work_dir: Path):
+    import openvino as ov
+
+    from handlers.openvino_backend import convert, quantize_int8
+
+    converted = convert(model, example)
+    if precision is Precision.INT8:
+        converted = quantize_int8(converted, calibration, settings.transformer)
+    config = {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_PRECISION_HINT": OV_PRECISION[precision]}
+    compiled = ov.Core().compile_model(converted, "CPU", config)
+    request = compiled.create_infer_request()
+
+    def run(arrays: list):
+        return request.infer(arrays)[0].copy()
+
+    # Throughput mode: as many requests in flight as the plugin asks for.
+    queue = ov.AsyncInferQueue(compiled, compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+    return run, queue
+
+
+PEER_BUILDERS = {Runtime.ONNXRUNTIME: _onnxruntime, Runtime.OPENVINO: _openvino}
+
+
+def run_child(model_dir: Path, runtime: Runtime, precision: Precision, batch: int, seconds: int) -> None:
+    import numpy as np
+    import torch
+
+    from bench.accuracy import agreement
+    from handlers.precompile import calibration_batches
+    from kit.archive import load_archived
+
+    archived = load_archived(model_dir)
+    calibration = calibration_batches(archived.handler)
+    run, queue = PEER_BUILDERS[runtime](
+        archived.model, archived.settings, archived.example(2), calibration, precision, model_dir
+    )
+    agreed = agreement(
+        lambda *inputs: torch.from_numpy(np.asarray(run([t.numpy() for t in inputs]))), archived.model, archived.handler
+    )
+
+    arrays = [t.numpy() for t in archived.example(batch)]
+    for _ in range(3):
+        run(arrays)
+    items = 0
+    start = time.perf_counter()
+    if queue is None:
+        while time.perf_counter() - start < seconds:
+            run(arrays)
+            items += batch
+    else:
+        while time.perf_counter() - start < seconds:
+            for _ in range(len(queue)):
+                queue.start_async(arrays)
+            queue.wait_all()
+            items += batch * len(queue)
+    elapsed = time.perf_counter() - start
+    result = Measured(round(items / elapsed, 2), **dataclasses.asdict(agreed))
+    print(json.dumps(dataclasses.asdict(result)), flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("--runtime", type=Runtime, required=True)
+    parser.add_argument("--precision", type=Precision, default=Precision.FP32)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seconds", type=int, default=10)
+    args = parser.parse_args()
+    run_child(args.model_dir, args.runtime, args.precision, args.batch, args.seconds)

@@ -1,0 +1,110 @@
+"""Precompiled backends (aoti, openvino) end to end on a tiny CNN: archive-time compile and
+int8 calibration, then the real handler loading the artifacts and serving batches."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from handlers.aoti import load_packages, package_name
+from handlers.base import serving_buckets
+from handlers.optimize import cosine_distance, relative_error
+from handlers.precompile import precompile
+from handlers.settings import ImageSettings, SettingsError, parse_settings
+from kit.archive import bare_handler
+from tests.conftest import encode_image
+from tests.unit.test_handlers import image_handler, serve, statuses
+
+
+def test_int8_needs_a_precompiled_backend():
+    with pytest.raises(SettingsError, match="dtype int8 is quantized at archive time; it needs backend aoti, openvino"):
+        parse_settings(ImageSettings, {"backend": "inductor", "dtype": "int8"})
+    with pytest.raises(SettingsError, match="aoti_batch_sizes must be a non-empty list of sizes >= 1"):
+        parse_settings(ImageSettings, {"backend": "aoti", "aoti_batch_sizes": [0, 4]})
+
+
+@pytest.mark.parametrize(
+    ("max_batch", "packaged", "buckets"),
+    [(1, (1, 2, 4, 8), [1]), (3, (1, 2, 4, 8), [1, 2, 4]), (4, (8, 1), [1, 8]), (16, (1, 2), [1, 2, 16])],
+)
+def test_aoti_buckets_are_packaged_sizes(max_batch, packaged, buckets):
+    settings = parse_settings(ImageSettings, {"backend": "aoti", "aoti_batch_sizes": list(packaged)})
+    assert serving_buckets(max_batch, settings) == buckets
+
+
+def test_a_batch_size_without_package_is_refused_by_name(tmp_path):
+    settings = parse_settings(ImageSettings, {"backend": "aoti", "aoti_batch_sizes": [1, 2]})
+    with pytest.raises(ValueError, match=r"batch sizes \[1, 2\], but serving needs \[16\]; lower batchSize"):
+        load_packages(tmp_path, settings, [1, 2, 16])
+
+
+def test_cosine_distance_ignores_scale_not_direction():
+    x = torch.randn(3, 10)
+    assert cosine_distance(2 * x, x) == pytest.approx(0.0, abs=1e-6)
+    assert cosine_distance(-x, x) == pytest.approx(2.0, abs=1e-6)
+    assert relative_error(2 * x, x) > 0.1  # the float metric would call a rescaled output wrong
+
+
+@pytest.fixture
+def exported_cnn(tmp_path, tiny_cnn):
+    program = torch.export.export(
+        tiny_cnn, (torch.randn(2, 3, 224, 224),), dynamic_shapes={"x": {0: torch.export.Dim("batch", max=64)}}
+    )
+    torch.export.save(program, tmp_path / "model.pt2")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"backend": "aoti", "dtype": "int8", "aoti_batch_sizes": [1, 2]},
+        {"backend": "aoti", "aoti_batch_sizes": [1, 2]},
+        {"backend": "openvino", "dtype": "int8"},
+        {"backend": "openvino"},
+    ],
+    ids=["aoti-int8", "aoti-fp32", "openvino-int8", "openvino-fp32"],
+)
+def test_precompiled_archive_serves_batches_close_to_eager(exported_cnn, tiny_cnn, settings):
+    config = {"architecture": "exported-program", **settings}
+    handler = bare_handler("image_classification.py", config, exported_cnn)
+    from handlers.loaders import load_model
+
+    precompile(handler, load_model(handler.settings.architecture, exported_cnn), exported_cnn, progress=print)
+
+    served, context = image_handler(exported_cnn, batch_size=2, top_k=10, **settings)
+    assert served.buckets == [1, 2]
+    assert served.optimized.backend.value == settings["backend"]
+    images = [encode_image("RGB", (120 + 10 * i, 90)) for i in range(3)]
+    responses = serve(served, context, [{"body": data} for data in images[:2]])  # one batch of 2
+    responses += serve(served, context, [{"body": images[2]}])  # and one of 1
+    assert statuses(context) == [200]
+    from handlers.image import image_to_tensor
+
+    for response, data in zip(responses, images, strict=True):
+        with torch.inference_mode():
+            expected = torch.softmax(tiny_cnn(image_to_tensor(data, 256, 224)[None])[0], 0)
+        got = torch.tensor([response[str(i)] for i in range(10)])
+        # float32: kernels differ by summation order only; int8: the same ranking, close values.
+        tolerance = 0.02 if settings.get("dtype") == "int8" else 1e-4
+        torch.testing.assert_close(got, expected, rtol=0, atol=tolerance)
+
+
+def test_aoti_archive_without_packages_names_the_fix(exported_cnn):
+    with pytest.raises(
+        Exception, match=f"{package_name(1)} is missing from the archive; rebuild it with `make archive`"
+    ):
+        image_handler(exported_cnn, backend="aoti")
+
+
+def test_a_recompile_while_serving_is_logged(exported_cnn, caplog):
+    handler, context = image_handler(exported_cnn, batch_size=2, backend="inductor")
+    with caplog.at_level(logging.INFO, logger="handlers.base"):
+        serve(handler, context, [{"body": encode_image("RGB", (64, 64))}] * 2)
+        assert "recompiled while serving" not in caplog.text
+        assert "first batch at bucket 2 (2 request(s))" in caplog.text
+        with torch.inference_mode():  # a shape initialize() never compiled
+            handler.optimized(torch.randn(3, 3, 224, 224))
+        handler.check_no_recompile(3, 3)
+    assert "resnet50" not in caplog.text and "recompiled while serving (1 new graph(s), batch of 3" in caplog.text
