@@ -50,7 +50,7 @@ status:
 	@$(PY) -m kit status
 
 # Everything, IPEX included: its backend tests run in .venv-ipex, its serving test from the main env.
-test: VARIANTS := eager,inductor,ipex
+test: VARIANTS := eager,inductor,ipex,aoti-int8,openvino-int8
 test: archive install-ipex
 	@$(PY) -m pytest tests --ignore=tests/ipex $(PYTEST_ARGS)
 	@$(IPEX_PY) -m pytest tests/ipex -p no:cacheprovider $(PYTEST_ARGS)
@@ -58,7 +58,7 @@ test: archive install-ipex
 test-unit: install
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-e2e: VARIANTS := eager,inductor,ipex
+test-e2e: VARIANTS := eager,inductor,ipex,aoti-int8,openvino-int8
 test-e2e: archive install-ipex
 	@$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
@@ -72,7 +72,7 @@ clean: stop
 	rm -rf model_store/*/ logs .cache .pytest_cache
 
 PLAN ?= default
-BENCH_VARIANTS := eager,inductor,inductor-max-autotune,ipex
+BENCH_VARIANTS := eager,inductor,inductor-max-autotune,ipex,aoti-int8,openvino,openvino-int8
 
 .PHONY: bench tune soak doctor profile
 MODEL ?= resnet50

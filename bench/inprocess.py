@@ -24,12 +24,13 @@ from pathlib import Path
 from bench.accuracy import Measured
 from kit.archive import extract
 from kit.serve_config import Allocator, ServeConfig, worker_environment
-from kit.server import INDUCTOR_CACHE, python_environment
+from kit.server import INDUCTOR_CACHE, compatible, python_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def child_environment(config: ServeConfig) -> dict[str, str]:
+    config = compatible(config)
     env = {**os.environ, **worker_environment(config), "HF_HUB_OFFLINE": "1"}
     env["OMP_NUM_THREADS"] = str(config.threads or os.cpu_count())
     env["TORCHINDUCTOR_CACHE_DIR"] = str(INDUCTOR_CACHE)

@@ -149,7 +149,7 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         workers = [w for w in server.workers() if w.process]
     finally:
         server.stop()
-    config = row.serve
+    config = server.config  # as served: an OpenVINO row runs on glibc malloc (kit.server.compatible)
     backend, precision = variant_handler(config.variant)
     return RowResult(
         model=row.model,

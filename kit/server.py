@@ -29,12 +29,13 @@ import yaml
 
 from handlers.settings import Backend, parse_settings
 from kit.procinfo import ProcessInfo, inspect_process
-from kit.serve_config import ROOT, ServeConfig, render, worker_environment
+from kit.serve_config import ROOT, Allocator, ServeConfig, render, worker_environment
 
 VENV = ROOT / ".venv"
 IPEX_VENV = ROOT / ".venv-ipex"  # torch 2.8 + IPEX: `make install-ipex`
 # Backends that only run in the IPEX environment; the archive variant says which backend it uses.
 ENVIRONMENT_OF_BACKEND = {Backend.IPEX: IPEX_VENV, Backend.IPEX_COMPILE: IPEX_VENV}
+NO_PRELOADED_ALLOCATOR = {Backend.OPENVINO}  # see compatible()
 INDUCTOR_CACHE = ROOT / ".cache" / "inductor"
 LOG_CONFIG = ROOT / "config" / "log4j2.xml"
 STATE_FILE = "server.json"
@@ -73,12 +74,28 @@ def free_ports_config(config: ServeConfig) -> ServeConfig:
     )
 
 
-def python_environment(variant: str) -> Path:
-    """The venv that serves archives of `variant` (config/variants/<variant>.yaml's backend)."""
+def variant_backend(variant: str) -> Backend:
+    """The backend of config/variants/<variant>.yaml."""
     overlay = ROOT / "config" / "variants" / f"{variant}.yaml"
     raw = (yaml.safe_load(overlay.read_text()) or {}) if overlay.is_file() else {}
-    backend = Backend((raw.get("handler") or {}).get("backend", Backend.INDUCTOR.value))
-    return ENVIRONMENT_OF_BACKEND.get(backend, VENV)
+    return Backend((raw.get("handler") or {}).get("backend", Backend.INDUCTOR.value))
+
+
+def python_environment(variant: str) -> Path:
+    """The venv that serves archives of `variant`."""
+    return ENVIRONMENT_OF_BACKEND.get(variant_backend(variant), VENV)
+
+
+def compatible(config: ServeConfig) -> ServeConfig:
+    """The config with the allocator the variant's backend can run with.
+
+    OpenVINO's CPU plugin frees, with glibc, memory that an LD_PRELOADed tcmalloc or jemalloc
+    allocated (it crashes in compile_model with "free(): invalid pointer"), so its workers keep
+    glibc malloc whatever the preset says.
+    """
+    if variant_backend(config.variant) in NO_PRELOADED_ALLOCATOR and config.allocator is not Allocator.DEFAULT:
+        return dataclasses.replace(config, allocator=Allocator.DEFAULT)
+    return config
 
 
 def process_alive(pid: int) -> bool:
@@ -107,7 +124,7 @@ def live_process(pid: int | None) -> ProcessInfo | None:
 
 class Server:
     def __init__(self, config: ServeConfig, run_dir: Path, model_store: Path | None = None, pid: int | None = None):
-        self.config = config
+        self.config = compatible(config)
         self.run_dir = Path(run_dir).resolve()
         self.model_store = (model_store or ROOT / "model_store" / config.variant).resolve()
         self.pid = pid  # the `torchserve --foreground` process; None until started

@@ -22,7 +22,9 @@ TINY_PLAN = {
         {"name": "baseline", "preset": "baseline", "baseline": True},
         {"name": "optimized", "preset": "optimized"},
         {"name": "ipex", "preset": "optimized", "variant": "ipex"},  # served from .venv-ipex
+        {"name": "openvino-int8", "preset": "optimized", "variant": "openvino-int8"},  # precompiled
     ],
+    "peers": [{"runtime": "openvino", "precision": "int8"}],
 }
 
 
@@ -34,10 +36,11 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
 
     document = json.loads((out / "results.json").read_text())
     assert document["environment"]["cores"] >= 1 and document["environment"]["torch"].startswith("2.13")
-    baseline, optimized, ipex = document["rows"]
-    assert (baseline["name"], optimized["name"], ipex["name"]) == ("baseline", "optimized", "ipex")
+    served = [r for r in document["rows"] if r["kind"] == "served"]
+    baseline, optimized, ipex, int8 = served
+    assert [r["name"] for r in served] == ["baseline", "optimized", "ipex", "openvino-int8"]
     assert document["skipped"] == []
-    for row in (baseline, optimized, ipex):
+    for row in served:
         assert row["complete"] > 0 and row["requests_per_s"] > 0
         assert row["non_2xx"] == 0 and row["failed"] == 0
         assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
@@ -47,7 +50,15 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
     assert optimized["backend"] == "inductor" and set(optimized["allocator_loaded"]) == {"tcmalloc"}
     assert ipex["backend"] == "ipex" and set(ipex["allocator_loaded"]) == {"tcmalloc"}
     assert baseline["launcher"] is False and set(baseline["allocator_loaded"]) == {"default"}
+    assert (int8["runtime"], int8["precision"]) == ("openvino", "int8") and int8["worker_load_s"] > 0
+    assert int8["cosine_mean"] >= 0.99  # from its in-process run, against float32 eager
+    others = [(r["kind"], r["runtime"], r["precision"]) for r in document["rows"] if r["kind"] != "served"]
+    assert ("peer", "openvino", "int8") in others and ("in_process", "openvino", "int8") in others
+    assert len([o for o in others if o[0] == "in_process"]) == 4  # one per served row
+    peer = next(r for r in document["rows"] if r["kind"] == "peer")
+    assert peer["items_per_s"] > 0 and peer["cosine_mean"] >= 0.99
     report = (out / "report.md").read_text()
     assert "## minilm" in report and "## Targets" in report
+    assert "minilm int8: best served row >= best peer row" in report
     assert (out / "throughput.png").stat().st_size > 1000
     assert (out.parent / "latest").resolve() == out.resolve()

@@ -90,3 +90,13 @@ def test_diagnostics_reach_the_workers_environment():
     env = worker_environment(config)
     assert env["KIT_PROFILE_REQUESTS"] == "20" and env["KIT_ITT_OPS"] == "1"
     assert "KIT_PROFILE_REQUESTS" not in worker_environment(ServeConfig.from_preset("optimized"))
+
+
+def test_openvino_workers_keep_glibc_malloc():
+    from kit.server import compatible
+
+    openvino = ServeConfig.from_preset("optimized", variant="openvino-int8")
+    assert openvino.allocator is Allocator.TCMALLOC  # what the preset asks for
+    assert compatible(openvino).allocator is Allocator.DEFAULT  # what the worker gets
+    inductor = ServeConfig.from_preset("optimized")
+    assert compatible(inductor) == inductor

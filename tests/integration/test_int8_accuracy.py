@@ -1,0 +1,43 @@
+"""int8 archives against float32 eager on held-out inputs (not seen by the calibration).
+
+Targets: ResNet-50 top-1 agreement >= 95 % on 32 synthetic photos (random weights: logits are
+near-tied, so a flipped arg-max is easier than with a trained model); MiniLM (real weights)
+mean cosine >= 0.99 and every sentence >= 0.98 on the 16 evaluation sentences.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.accuracy import agreement
+from handlers.optimize import optimize
+from kit.archive import extract, load_archived
+
+ROOT = Path(__file__).resolve().parents[2]
+INT8_VARIANTS = ["aoti-int8", "openvino-int8"]
+
+
+def int8_model(variant: str, model: str, tmp_path: Path):
+    archive = ROOT / "model_store" / variant / f"{model}.mar"
+    if not archive.is_file():
+        pytest.fail(f"{archive} is missing: run `make archive VARIANTS={variant}` (make test does)")
+    archived = load_archived(extract(archive, tmp_path))
+    optimized = optimize(archived.model, archived.settings, [archived.example(1)], archived.model_dir,
+                         archived.handler.checks(1))  # fmt: skip
+    return optimized, archived
+
+
+@pytest.mark.parametrize("variant", INT8_VARIANTS)
+def test_resnet50_int8_top1_agrees_with_float32(variant, tmp_path):
+    optimized, archived = int8_model(variant, "resnet50", tmp_path)
+    agreed = agreement(optimized, archived.model, archived.handler, count=32)
+    assert agreed.top1_agreement >= 0.95, agreed
+
+
+@pytest.mark.parametrize("variant", INT8_VARIANTS)
+def test_minilm_int8_embeddings_keep_their_direction(variant, tmp_path):
+    optimized, archived = int8_model(variant, "minilm", tmp_path)
+    agreed = agreement(optimized, archived.model, archived.handler, count=16)
+    assert agreed.cosine_mean >= 0.99 and agreed.cosine_min >= 0.98, agreed
