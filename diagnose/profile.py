@@ -142,7 +142,10 @@ def profile_model(archived: ArchivedModel, inputs: Inputs, out_dir: Path) -> str
     runs = {"eager": optimize(archived.model, eager_settings, [inputs])}
     # Named C++ kernels in the trace; set before compiling, as it changes the generated code.
     with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
-        runs[archived.settings.backend.value] = optimize(archived.model, archived.settings, [inputs])
+        checks = archived.handler.checks(inputs[0].shape[0])  # realistic inputs: int8's guard needs them
+        runs[archived.settings.backend.value] = optimize(
+            archived.model, archived.settings, [inputs], archived.model_dir, checks
+        )
     profiles = [record(label, optimized, inputs, out_dir) for label, optimized in runs.items()]
     eager, compiled = profiles[0], profiles[-1]
     (out_dir / "comparison.md").write_text(comparison(eager, compiled))

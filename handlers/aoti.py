@@ -16,6 +16,7 @@ Without freezing the quantized graph runs as decomposed fp32 ops (measured ~10x 
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -71,7 +72,9 @@ def build_packages(
     packages = []
     for size in settings.aoti_batch_sizes:
         progress(f"AOTInductor: compiling batch size {size}")
-        with torch.no_grad():  # freezing only applies to a graph without autograd
+        with torch.no_grad(), warnings.catch_warnings():  # freezing only applies without autograd
+            # torch's own int8 lowering copies a tensor the deprecated way, once per layer.
+            warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning)
             program = torch.export.export(model, example_of(size))
             packages.append(
                 Path(
