@@ -96,10 +96,12 @@ def run_child(model_dir: Path, batch: int, seconds: int, cpus: str) -> None:
     if cpus:
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     archived = load_archived(model_dir)
-    # Converted once up front, so the timed loop's layout conversion is a no-op, as in a worker.
-    inputs = to_layout(archived.example(batch), archived.settings.channels_last)
+    # Converted once up front, in inference mode as a worker converts (Dynamo guards on
+    # inference-tensor-ness): the timed loop's layout conversion is then a no-op.
+    with torch.inference_mode():
+        inputs = to_layout(archived.example(batch), archived.settings.channels_last)
     # Batch 1 as well: the accuracy inputs come one at a time (AOTInductor runs packaged sizes only).
-    examples = [archived.example(1)] + ([inputs] if batch != 1 else [])
+    examples = [inputs] if batch == 1 else [archived.example(1), inputs]
     optimized = optimize(archived.model, archived.settings, examples, model_dir, archived.handler.checks(1))
     agreed = agreement(optimized, archived.model, archived.handler)
     print("ready", flush=True)

@@ -140,7 +140,8 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         server.wait_ready(plan.run.start_deadline_s, progress=lambda m: log(f"  {m.removeprefix('[serve] ')}"))
         ready_s = time.monotonic() - start
         if plan.run.warmup_requests:
-            run_ab(server, row, payload, seconds=120, requests=plan.run.warmup_requests)
+            # ab refuses fewer requests than its concurrency.
+            run_ab(server, row, payload, seconds=120, requests=max(plan.run.warmup_requests, row.concurrency))
         metrics_url = server.url("metrics", "/metrics")
         load_s = worker_load_seconds(scrape_text(metrics_url), row.model)
         before = scrape(metrics_url)
