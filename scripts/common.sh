@@ -15,9 +15,12 @@ quiet_pip() {
 # torch.backends.xeon.run_cpu looks for the exact names libjemalloc.so / libtcmalloc.so in
 # $VIRTUAL_ENV/lib (among others) but never in Debian's multiarch directory.
 link_allocators() {
-    local venv="$1" name soname target
+    local venv="$1" name soname target cache
+    # Read the cache whole first: awk stopping early in a pipe would SIGPIPE ldconfig, and
+    # with pipefail that failed the install at random (exit 141).
+    cache="$(ldconfig -p)"
     for name in jemalloc tcmalloc; do
-        soname="$(ldconfig -p | awk -v n="lib${name}.so." '$1 ~ "^"n {print $NF; exit}')"
+        soname="$(awk -v n="lib${name}.so." '$1 ~ "^"n {print $NF; exit}' <<<"$cache")"
         [[ -n "$soname" ]] || die "lib${name} not found by ldconfig; run \`make install\` (it installs the apt package)"
         target="$venv/lib/lib${name}.so"
         ln -sfn "$soname" "$target"
