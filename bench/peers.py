@@ -21,7 +21,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from bench.accuracy import Measured
@@ -64,9 +63,6 @@ def measure_peer(peer: Peer, archive: Path, seconds: int, work_dir: Path) -> Mea
 
 
 # -- child side ---------------------------------------------------------------------------------
-Runner = Callable[[list], object]
-
-
 def _onnxruntime(model, settings, example, calibration, precision: Precision, work_dir: Path):
     import onnxruntime as ort
     import torch

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -293,6 +294,8 @@ def run_plan(plan: Plan, out_dir: Path, run: PlanRun) -> None:
         run_peers(plan, out_dir, run)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        # Archives unpacked for the in-process and peer rows: GBs per run, needed by no report.
+        shutil.rmtree(out_dir / "extracted", ignore_errors=True)
         add_derived(results)
 
 

@@ -23,11 +23,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from handlers.optimize import Inputs, inductor_options
 from handlers.settings import DType, OptimizationSettings
 
 log = logging.getLogger(__name__)
-
-Inputs = tuple[torch.Tensor, ...]
 
 
 def package_name(batch_size: int) -> str:
@@ -49,12 +48,6 @@ def quantize_int8(model: nn.Module, example: Inputs, calibration: Sequence[Input
         for inputs in calibration:
             prepared(*inputs)
     return convert_pt2e(prepared)
-
-
-def inductor_configs(settings: OptimizationSettings) -> dict:
-    options = torch._inductor.list_mode_options(settings.mode.value)
-    options.pop("triton.cudagraphs", None)  # a GPU feature; meaningless on CPU
-    return {**options, "freezing": True}
 
 
 def build_packages(
@@ -81,7 +74,7 @@ def build_packages(
                     torch._inductor.aoti_compile_and_package(
                         program,
                         package_path=str(out_dir / package_name(size)),
-                        inductor_configs=inductor_configs(settings),
+                        inductor_configs={**inductor_options(settings), "freezing": True},
                     )
                 )
             )

@@ -19,11 +19,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from handlers.optimize import Inputs
 from handlers.settings import DType, OptimizationSettings
 
 log = logging.getLogger(__name__)
 
-Inputs = tuple[torch.Tensor, ...]
 IR_FILE = "model.xml"  # + model.bin beside it
 # int8 runs int8 kernels where NNCF inserted quantization, f32 elsewhere.
 PRECISION_HINT = {DType.FLOAT32: "f32", DType.BFLOAT16: "bf16", DType.INT8: "f32"}

@@ -86,6 +86,13 @@ class Target:
         return self.model_dir
 
 
+def inductor_options(settings: OptimizationSettings) -> dict:
+    """Inductor's options for the settings' mode (torch.compile takes `mode` or `options`, not both)."""
+    options = torch._inductor.list_mode_options(settings.mode.value)
+    options.pop("triton.cudagraphs", None)  # a GPU feature; meaningless on CPU
+    return options
+
+
 def compile_with_inductor(model: nn.Module, settings: OptimizationSettings, target: Target) -> Runner:
     # Freezing (weights as constants: conv-BN folding, prepacked oneDNN weights) is read when AOT
     # Autograd compiles, lazily inside the first calls and outside torch.compile(options=...)'s
@@ -93,9 +100,7 @@ def compile_with_inductor(model: nn.Module, settings: OptimizationSettings, targ
     # so it is set process-wide: recompiles get it too, serving calls pay nothing for it, and the
     # minifier's repro scripts (which record the global config) reproduce it.
     torch._inductor.config.freezing = True
-    # torch.compile takes `mode` or `options`, not both: spell the mode out as options.
-    options = torch._inductor.list_mode_options(settings.mode.value)
-    options.pop("triton.cudagraphs", None)  # a GPU feature; meaningless on CPU
+    options = inductor_options(settings)
     # dynamic=False: every served shape is warmed up here, so static kernels are safe and fastest.
     return torch.compile(model, backend="inductor", options=options, dynamic=False)
 

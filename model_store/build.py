@@ -34,6 +34,9 @@ from handlers.settings import PRECOMPILED  # noqa: E402 - needs ROOT on sys.path
 STORE = ROOT / "model_store"
 CONFIG = ROOT / "config"
 SEED = 0  # random-init models are the same bytes on every machine
+# The largest archive (bert, aoti-int8) is 1.2 GB and exists three times while it is built: the
+# staged files, torch-model-archiver's copy of them under TMPDIR, and the .mar being written.
+MIN_FREE_GB = 4
 
 
 def log(message: str) -> None:
@@ -161,6 +164,16 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     log(f"{label}: precompiled for {handler.settings.backend.value} in {time.perf_counter() - start:.0f}s")
 
 
+def require_free_space(paths: list[Path], what: str) -> None:
+    for path in paths:
+        free_gb = shutil.disk_usage(path).free / 1e9
+        if free_gb < MIN_FREE_GB:
+            sys.exit(
+                f"[archive] ERROR: {free_gb:.1f} GB free in {path}; building {what} needs {MIN_FREE_GB} GB. "
+                "Free space there (`make clean` removes the archives, old bench/results runs can go) and rerun."
+            )
+
+
 def archive(name: str, handler: str, config: dict, write, options, variant: str) -> Path:
     out_dir = STORE / variant
     mar = out_dir / f"{name}.mar"
@@ -173,6 +186,8 @@ def archive(name: str, handler: str, config: dict, write, options, variant: str)
         return mar
     start = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
+    mar.unlink(missing_ok=True)  # stale; its space is needed for the new one
+    require_free_space([out_dir, Path(tempfile.gettempdir())], f"{variant}/{name}.mar")
     with tempfile.TemporaryDirectory(prefix=f"kit-{name}-") as tmp:
         staging = Path(tmp) / "files"
         staging.mkdir()

@@ -3,6 +3,14 @@
 step() { printf '[%s] %s\n' "$TAG" "$*"; }
 die() { printf '[%s] ERROR: %s\n' "$TAG" "$*" >&2; exit 1; }
 
+# Fail before a long step that would run out of disk half-way with a pip or OSError traceback.
+need_space() {
+    local dir="$1" gb="$2" what="$3" free_kb
+    free_kb="$(df -Pk "$dir" | awk 'NR == 2 {print $4}')"
+    ((free_kb >= gb * 1000 * 1000)) \
+        || die "$what needs ${gb} GB free in $dir, $((free_kb / 1000 / 1000)) GB left; free space there and rerun"
+}
+
 # pip, without its notes about index directories that do not list a package. (`|| true`: grep
 # fails when it prints nothing, and pipefail must only see pip's status.)
 quiet_pip() {

@@ -23,6 +23,7 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(inputs_hash)" ]]; then
 fi
 
 if [[ ! -x "$VENV/bin/python" ]]; then
+    need_space "$ROOT" 8 "$VENV (torch 2.8 with its CUDA runtime libraries: ~6 GB)"
     step "creating $VENV with $($PYTHON --version)"
     "$PYTHON" -m venv "$VENV"
 fi

@@ -207,6 +207,15 @@ def test_model_config_files_parse_into_settings():
             parse_settings(settings_class[name], merged["handler"])  # raises on any bad key
 
 
+def test_archive_build_stops_early_when_the_disk_is_nearly_full(tmp_path, monkeypatch):
+    from model_store import build
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(build.shutil, "disk_usage", lambda path: usage._replace(free=int(1.5e9)))
+    with pytest.raises(SystemExit, match=rf"1.5 GB free in {tmp_path}; building inductor/bert.mar needs 4 GB"):
+        build.require_free_space([tmp_path], "inductor/bert.mar")
+
+
 def test_profile_switch_records_the_first_requests_only(image_archive, tmp_path, monkeypatch):
     monkeypatch.setenv("KIT_PROFILE_REQUESTS", "2")
     monkeypatch.setenv("LOG_LOCATION", str(tmp_path / "logs"))
