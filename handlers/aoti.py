@@ -81,6 +81,45 @@ def build_packages(
     return packages
 
 
+# What a package's AOTI_CPU_ISA tokens (Inductor's names for the vector ISA it was compiled
+# for) need from this CPU: a package built on a newer CPU dies of SIGILL on an older one.
+CPU_SUPPORTS: dict[str, Callable[[], bool]] = {
+    "AVX2": torch.cpu._is_avx2_supported,
+    "AVX512": torch.cpu._is_avx512_supported,
+    "AVX512_VNNI": torch.cpu._is_vnni_supported,
+    "AMX_TILE": torch.cpu._is_amx_tile_supported,
+}
+
+
+def check_cpu(path: Path) -> None:
+    metadata = torch._C._aoti.AOTIModelPackageLoader.load_metadata_from_package(str(path), "model")
+    compiled_for = metadata.get("AOTI_CPU_ISA", "").split()
+    missing = [isa for isa in compiled_for if isa in CPU_SUPPORTS and not CPU_SUPPORTS[isa]()]
+    if missing:
+        raise RuntimeError(
+            f"{path.name} was compiled for {' '.join(compiled_for)}, but this CPU lacks {' '.join(missing)}; "
+            "rebuild the archive on this machine with `make archive`"
+        )
+
+
+class Package:
+    """One package, run through AOTInductor's C++ loader.
+
+    torch._inductor.aoti_load_package would import Dynamo and Inductor (~1.5 s) and compile and
+    dlopen ISA test programs in subprocesses (~1.2 s) only to warn on an ISA mismatch: ~2.7 s of
+    a ~3.4 s worker start, measured on one core. Our packages take tensors and return one tensor,
+    so the loader's flat call is all the wrapper did; `check_cpu` is the ISA check, as an error.
+    """
+
+    def __init__(self, path: Path):
+        check_cpu(path)
+        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        (output,) = self.loader.boxed_run(list(inputs))
+        return output
+
+
 class PackagedModel:
     """Calls the package compiled for the batch size of the inputs."""
 
@@ -103,5 +142,5 @@ def load_packages(model_dir: Path, settings: OptimizationSettings, buckets: Sequ
         path = model_dir / package_name(size)
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing from the archive; rebuild it with `make archive`")
-        runners[size] = torch._inductor.aoti_load_package(str(path))
+        runners[size] = Package(path)
     return PackagedModel(runners)

@@ -24,7 +24,7 @@ from handlers.itt import inference_range
 from handlers.loaders import load_model
 from handlers.optimize import Inputs, graphs_compiled, optimize
 from handlers.payload import HTTP_BAD_REQUEST, InvalidInput, error_body
-from handlers.settings import Backend, Diagnostics, OptimizationSettings, parse_settings
+from handlers.settings import PRECOMPILED, Backend, Diagnostics, OptimizationSettings, parse_settings
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,9 @@ class OptimizedHandler(abc.ABC):
         self.setup(self.model_dir)
 
         start = time.perf_counter()
-        model = load_model(self.settings.architecture, self.model_dir)
+        # A precompiled backend's artifact is the model (the accuracy guard's Reference ships with it).
+        precompiled = self.settings.backend in PRECOMPILED
+        model = None if precompiled else load_model(self.settings.architecture, self.model_dir)
         load_seconds = time.perf_counter() - start
         self.optimized = optimize(
             model,

@@ -12,8 +12,10 @@ timed apart from the steady warm-up calls. Precompiled backends (aoti, openvino)
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,12 +23,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from handlers.settings import Backend, DType, OptimizationSettings
+from handlers.loaders import load_model
+from handlers.settings import PRECOMPILED, Backend, DType, OptimizationSettings
 
 log = logging.getLogger(__name__)
 
 Inputs = tuple[torch.Tensor, ...]
 Runner = Callable[..., torch.Tensor]
+REFERENCE_FILE = "reference.pt"  # precompiled archives: the accuracy guard's Reference
 
 # dtypes reached by autocast at run time; int8 is quantized at archive time, float32 is as is.
 AUTOCAST_DTYPES = {DType.BFLOAT16: torch.bfloat16}
@@ -167,18 +171,24 @@ class OptimizedModel:
         return self.run(*to_layout(inputs, self.channels_last))
 
 
-def fx_graph_cache_counts() -> tuple[int, int, int]:
+def dynamo_counters() -> dict[str, collections.Counter]:
+    # Importing Dynamo takes ~1.5 s of a worker's start: a process that never imported it (the
+    # precompiled backends, eager) has compiled nothing, so its counters would all be zero.
+    if "torch._dynamo" not in sys.modules:
+        return collections.defaultdict(collections.Counter)
     from torch._dynamo.utils import counters
 
-    inductor = counters["inductor"]
+    return counters
+
+
+def fx_graph_cache_counts() -> tuple[int, int, int]:
+    inductor = dynamo_counters()["inductor"]
     return inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"], inductor["fxgraph_cache_bypass"]
 
 
 def graphs_compiled() -> int:
     """Graphs Dynamo has compiled in this process so far (recompiles included)."""
-    from torch._dynamo.utils import counters
-
-    return counters["stats"]["unique_graphs"]
+    return dynamo_counters()["stats"]["unique_graphs"]
 
 
 def warm_up(optimized: OptimizedModel, examples: Sequence[Inputs], iterations: int) -> OptimizedModel:
@@ -231,22 +241,45 @@ def short_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
-def accuracy_error(
-    optimized: OptimizedModel, reference: nn.Module, examples: Sequence[Inputs], dtype: DType = DType.FLOAT32
-) -> float:
-    """Largest difference to eager on the warm-up inputs (same layout), by the dtype's metric."""
-    worst = 0.0
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """The accuracy guard's input batches and what the float eager model returns for them.
+
+    Backends compiled in the worker compute it there. Precompiled ones ship it in the archive
+    (handlers/precompile.py runs the same eager model), so their workers never build that model:
+    for BERT that is transformers' import, 440 MB of float weights and the eager runs, ~3 s of
+    a worker's start on one core.
+    """
+
+    inputs: list[Inputs]
+    outputs: list[torch.Tensor]
+
+    @classmethod
+    def of(cls, model: nn.Module, inputs: Sequence[Inputs], channels_last: bool) -> Reference:
+        with torch.inference_mode():
+            return cls(list(inputs), [model(*to_layout(batch, channels_last)) for batch in inputs])
+
+    def save(self, model_dir: Path) -> None:
+        torch.save({"inputs": self.inputs, "outputs": self.outputs}, model_dir / REFERENCE_FILE)
+
+    @classmethod
+    def load(cls, model_dir: Path) -> Reference:
+        path = model_dir / REFERENCE_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing from the archive; rebuild it with `make archive`")
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        return cls([tuple(batch) for batch in saved["inputs"]], saved["outputs"])
+
+
+def accuracy_error(optimized: OptimizedModel, reference: Reference, dtype: DType = DType.FLOAT32) -> float:
+    """Largest difference to eager on the reference inputs, by the dtype's metric."""
     with torch.inference_mode():
-        for inputs in examples:
-            expected = reference(*to_layout(inputs, optimized.channels_last))
-            worst = max(worst, ERROR_METRICS[dtype](optimized(*inputs), expected))
-    return worst
+        pairs = zip(reference.inputs, reference.outputs, strict=True)
+        return max(ERROR_METRICS[dtype](optimized(*inputs), expected) for inputs, expected in pairs)
 
 
-def check_accuracy(
-    optimized: OptimizedModel, reference: nn.Module, examples: Sequence[Inputs], settings: OptimizationSettings
-) -> OptimizedModel:
-    error = accuracy_error(optimized, reference, examples, settings.dtype)
+def check_accuracy(optimized: OptimizedModel, reference: Reference, settings: OptimizationSettings) -> OptimizedModel:
+    error = accuracy_error(optimized, reference, settings.dtype)
     if not error <= settings.tolerance:  # also catches NaN
         raise AccuracyError(
             f"backend {settings.backend.value!r} differs from eager by {error:.3g} on the check inputs "
@@ -257,7 +290,7 @@ def check_accuracy(
 
 
 def optimize(
-    model: nn.Module,
+    model: nn.Module | None,
     settings: OptimizationSettings,
     examples: Sequence[Inputs],
     model_dir: Path | None = None,
@@ -265,8 +298,12 @@ def optimize(
 ) -> OptimizedModel:
     """`examples` are warmed up (one per served batch shape); the accuracy guard compares
     `checks` (default: the examples) with eager. int8 needs realistic checks: random token ids
-    are far outside what it was calibrated on."""
-    prepared = prepare(model, settings)
+    are far outside what it was calibrated on. A precompiled backend checks against the archive's
+    Reference instead and needs no `model` (None: loaded only if it falls back to eager)."""
+    precompiled = settings.backend in PRECOMPILED
+    if model is None and not precompiled:
+        raise ValueError(f"backend {settings.backend.value!r} compiles the eager model: pass it")
+    prepared = None if model is None else prepare(model, settings)
     target = Target(
         to_layout(examples[0], settings.channels_last), tuple(inputs[0].shape[0] for inputs in examples), model_dir
     )
@@ -277,7 +314,11 @@ def optimize(
         )
         if settings.backend is Backend.EAGER:
             return optimized
-        return check_accuracy(optimized, prepared, checks or examples, settings)
+        if precompiled:
+            reference = Reference.load(target.archive())
+        else:
+            reference = Reference.of(prepared, checks or examples, settings.channels_last)
+        return check_accuracy(optimized, reference, settings)
     except BackendUnavailable:
         raise  # a missing environment is a configuration error, never silently eager
     except Exception as error:  # noqa: BLE001 - any compiler failure qualifies
@@ -290,5 +331,7 @@ def optimize(
                 "fine, choose `backend: eager` or set `fallback_to_eager: true` in model-config.yaml"
             ) from error
         log.warning("backend %s failed, falling back to eager as configured: %s", settings.backend.value, reason)
+        if prepared is None:
+            prepared = prepare(load_model(settings.architecture, target.archive()), settings)
         eager = OptimizedModel(prepared, Backend.EAGER, settings.channels_last, fallback_reason=reason)
         return warm_up(eager, examples, settings.warmup_iterations)

@@ -14,10 +14,10 @@ from pathlib import Path
 from torch import nn
 
 from handlers.aoti import build_packages
-from handlers.base import OptimizedHandler
+from handlers.base import OptimizedHandler, serving_buckets
 from handlers.calibration import CALIBRATION_COUNT
 from handlers.openvino_backend import build_ir
-from handlers.optimize import Inputs, prepare, to_layout
+from handlers.optimize import Inputs, Reference, prepare, to_layout
 from handlers.settings import Backend
 
 Progress = Callable[[str], None]
@@ -52,7 +52,12 @@ PRECOMPILERS: dict[Backend, Callable[[nn.Module, OptimizedHandler, Path, Progres
 
 
 def precompile(handler: OptimizedHandler, model: nn.Module, out_dir: Path, progress: Progress = print) -> None:
-    """Write the artifact of the handler's backend into out_dir (nothing for other backends)."""
-    builder = PRECOMPILERS.get(handler.settings.backend)
-    if builder is not None:
-        builder(model, handler, out_dir, progress)
+    """Write the artifact of the handler's backend and its Reference into out_dir (nothing for other backends)."""
+    settings = handler.settings
+    builder = PRECOMPILERS.get(settings.backend)
+    if builder is None:
+        return
+    builder(model, handler, out_dir, progress)
+    # What the worker's accuracy guard compares the artifact with, at the smallest served batch.
+    size = serving_buckets(1, settings)[0]
+    Reference.of(prepare(model, settings), handler.checks(size), settings.channels_last).save(out_dir)

@@ -8,9 +8,9 @@ import logging
 import pytest
 import torch
 
-from handlers.aoti import load_packages, package_name
+from handlers.aoti import CPU_SUPPORTS, load_packages, package_name
 from handlers.base import serving_buckets
-from handlers.optimize import cosine_distance, relative_error
+from handlers.optimize import AccuracyError, Reference, cosine_distance, relative_error
 from handlers.precompile import precompile
 from handlers.settings import ImageSettings, SettingsError, parse_settings
 from kit.archive import bare_handler
@@ -89,6 +89,35 @@ def test_precompiled_archive_serves_batches_close_to_eager(exported_cnn, tiny_cn
         # float32: kernels differ by summation order only; int8: the same ranking, close values.
         tolerance = 0.02 if settings.get("dtype") == "int8" else 1e-4
         torch.testing.assert_close(got, expected, rtol=0, atol=tolerance)
+
+
+@pytest.fixture
+def aoti_archive(exported_cnn):
+    settings = {"architecture": "exported-program", "backend": "aoti"}
+    handler = bare_handler("image_classification.py", settings, exported_cnn)
+    from handlers.loaders import load_model
+
+    precompile(handler, load_model(handler.settings.architecture, exported_cnn), exported_cnn, progress=print)
+    return exported_cnn
+
+
+def test_a_precompiled_worker_checks_the_shipped_reference_without_the_eager_model(aoti_archive):
+    (aoti_archive / "model.pt2").unlink()  # the eager model: a precompiled worker must not need it
+    handler, context = image_handler(aoti_archive, backend="aoti")
+    serve(handler, context, [{"body": encode_image("RGB", (64, 64))}])
+    assert statuses(context) == [200] and 0 <= handler.optimized.accuracy_error < 1e-4
+
+    reference = Reference.load(aoti_archive)
+    Reference(reference.inputs, [-output for output in reference.outputs]).save(aoti_archive)
+    with pytest.raises(AccuracyError, match="backend 'aoti' differs from eager by"):
+        image_handler(aoti_archive, backend="aoti")
+
+
+def test_a_package_for_a_newer_cpu_is_refused_by_name(aoti_archive, monkeypatch):
+    for isa in CPU_SUPPORTS:  # a CPU older than the one that built the package
+        monkeypatch.setitem(CPU_SUPPORTS, isa, lambda: False)
+    with pytest.raises(RuntimeError, match=r"model.aoti.b1.pt2 was compiled for (AVX\S+).*, but this CPU lacks \1"):
+        load_packages(aoti_archive, parse_settings(ImageSettings, {"backend": "aoti"}), [1])
 
 
 def test_aoti_archive_without_packages_names_the_fix(exported_cnn):
