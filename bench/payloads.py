@@ -48,7 +48,9 @@ def sentence(tokens: int = TEXT_TOKENS) -> str:
     from model_store.build import minilm_dir
 
     tokenizer = load_tokenizer(minilm_dir())
-    ids = tokenizer(PARAGRAPH, add_special_tokens=False)["input_ids"]
+    tokenizer.no_truncation()  # the whole paragraph, then cut here
+    tokenizer.no_padding()
+    ids = tokenizer.encode(PARAGRAPH, add_special_tokens=False).ids
     if len(ids) < tokens - 2:
         raise ValueError(f"paragraph has only {len(ids)} tokens; need {tokens - 2}")
     return tokenizer.decode(ids[: tokens - 2])

@@ -22,23 +22,18 @@ class Encoded:
 
 
 def load_tokenizer(model_dir: str | Path):
-    from transformers import BertTokenizerFast
+    # The Rust tokenizer alone (what transformers' BertTokenizerFast wraps): importing
+    # transformers for it cost a text worker's start ~0.8 s. tests/unit/test_text.py checks that
+    # both give the same ids, masks and truncation.
+    from tokenizers import Tokenizer
 
-    model_dir = Path(model_dir)
-    return BertTokenizerFast(
-        vocab_file=str(model_dir / VOCAB_FILE), tokenizer_file=str(model_dir / TOKENIZER_FILE), do_lower_case=True
-    )
+    return Tokenizer.from_file(str(Path(model_dir) / TOKENIZER_FILE))
 
 
 def encode(tokenizer, text: str, max_length: int) -> Encoded:
-    # Overflowing windows are only counted, to tell the caller the text was cut.
-    batch = tokenizer(
-        text,
-        padding="max_length",
-        truncation=True,
-        max_length=max_length,
-        return_overflowing_tokens=True,
-        return_tensors="pt",
-    )
-    inputs = (batch["input_ids"][0], batch["attention_mask"][0], batch["token_type_ids"][0])
-    return Encoded(inputs=inputs, truncated=batch["input_ids"].shape[0] > 1)
+    tokenizer.enable_truncation(max_length)
+    tokenizer.enable_padding(length=max_length)
+    encoding = tokenizer.encode(text)
+    inputs = tuple(torch.tensor(ids) for ids in (encoding.ids, encoding.attention_mask, encoding.type_ids))
+    # The cut-off windows are only counted, to tell the caller the text was cut.
+    return Encoded(inputs=inputs, truncated=bool(encoding.overflowing))

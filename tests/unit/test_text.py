@@ -35,6 +35,25 @@ def test_mixed_scripts_and_emoji_are_accepted(tokenizer):
     assert ids.dtype == torch.int64 and ids[0].item() == 101
 
 
+@pytest.mark.parametrize("max_length", [16, 128])
+def test_encode_equals_transformers_bert_tokenizer(tokenizer, max_length):
+    from transformers import BertTokenizerFast
+
+    from handlers.calibration import SENTENCES
+
+    reference = BertTokenizerFast(
+        vocab_file=str(minilm_dir() / "vocab.txt"), tokenizer_file=str(minilm_dir() / "tokenizer.json")
+    )
+    odd = ["word " * 1000, "naïve café — Привет 你好 😀", "  A\tB\nC  ", "ÉCOLE Straße", "[CLS] [MASK]", "x" * 500]
+    for text in [*SENTENCES, *odd]:
+        expected = reference(text, padding="max_length", truncation=True, max_length=max_length,
+                             return_overflowing_tokens=True)  # fmt: skip
+        encoded = encode(tokenizer, text, max_length)
+        keys = ("input_ids", "attention_mask", "token_type_ids")
+        assert [t.tolist() for t in encoded.inputs] == [expected[key][0] for key in keys], text
+        assert encoded.truncated == (len(expected["input_ids"]) > 1), text
+
+
 @pytest.mark.parametrize(
     ("request_", "expected"),
     [
