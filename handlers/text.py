@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 
-VOCAB_FILE = "vocab.txt"
 TOKENIZER_FILE = "tokenizer.json"
 
 
