@@ -95,16 +95,15 @@ class OptimizedHandler(abc.ABC):
         self.setup(self.model_dir)
 
         start = time.perf_counter()
-        # A precompiled backend's artifact is the model (the accuracy guard's Reference ships with it).
-        precompiled = self.settings.backend in PRECOMPILED
-        model = None if precompiled else load_model(self.settings.architecture, self.model_dir)
+        # A precompiled backend's artifact is the model, and its accuracy guard's Reference (inputs
+        # and float outputs) ships with it: neither the float model nor check inputs are built here.
+        if self.settings.backend in PRECOMPILED:
+            model, checks = None, []
+        else:
+            model, checks = load_model(self.settings.architecture, self.model_dir), self.checks(self.buckets[0])
         load_seconds = time.perf_counter() - start
         self.optimized = optimize(
-            model,
-            self.settings,
-            [self.example(size) for size in self.buckets],
-            Path(self.model_dir),
-            self.checks(self.buckets[0]),
+            model, self.settings, [self.example(size) for size in self.buckets], Path(self.model_dir), checks
         )
         self.graphs = graphs_compiled()
         self.buckets_served: set[int] = set()

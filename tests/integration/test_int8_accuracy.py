@@ -24,8 +24,8 @@ def int8_model(variant: str, model: str, tmp_path: Path):
     if not archive.is_file():
         pytest.fail(f"{archive} is missing: run `make archive VARIANTS={variant}` (make test does)")
     archived = load_archived(extract(archive, tmp_path))
-    optimized = optimize(archived.model, archived.settings, [archived.example(1)], archived.model_dir,
-                         archived.handler.checks(1))  # fmt: skip
+    # The accuracy guard inside checks the archive's shipped Reference; the tests below use held-out inputs.
+    optimized = optimize(archived.model, archived.settings, [archived.example(1)], archived.model_dir)
     return optimized, archived
 
 
