@@ -4,43 +4,50 @@ PY := .venv/bin/python
 IPEX_PY := .venv-ipex/bin/python
 comma := ,
 CONFIG ?= optimized
-BACKEND ?=
+# VARIANT: which archives to serve (config/variants/NAME.yaml); empty = the preset's own.
+VARIANT ?=
+ifdef BACKEND
+$(warning BACKEND= is deprecated: it names a variant; use VARIANT=$(BACKEND))
+VARIANT := $(BACKEND)
+endif
 BIND ?=
 VARIANTS ?= eager,inductor
-MODELS ?= resnet50,bert,minilm
+# Empty = every model of kit/models.py.
+MODELS ?=
 RESNET50_WEIGHTS ?=
 RESNET50_LABELS ?=
 PYTEST_ARGS ?=
 
-.PHONY: help install install-ipex archive archive-custom serve stop status test test-unit test-e2e lint format clean
+.PHONY: help install install-ipex archive archive-custom serve stop status test test-archives test-unit test-e2e lint format clean
 
 help:
-	@echo "make serve [CONFIG=optimized|baseline|path.yaml] [BACKEND=variant] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1]"
+	@echo "make serve [CONFIG=optimized|baseline|path.yaml] [VARIANT=name] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1]"
 	@echo "make stop | status | test | test-unit | test-e2e | archive | lint | format | clean | install-ipex"
 	@echo "make bench [PLAN=quick|default|full] | tune | soak [SOAK_SECONDS=300]"
 	@echo "make doctor | profile [MODEL=resnet50|bert|minilm] [VARIANT=inductor]"
+	@echo "(BACKEND= is the old spelling of VARIANT=, still understood)"
 
 install:
 	@bash scripts/install.sh
 
-# .venv-ipex: torch 2.8 + Intel Extension for PyTorch 2.8 (its last release) for BACKEND=ipex.
+# .venv-ipex: torch 2.8 + Intel Extension for PyTorch 2.8 (its last release) for VARIANT=ipex.
 install-ipex: install
 	@bash scripts/install_ipex.sh
 
 archive: install
-	@$(PY) model_store/build.py --models $(MODELS) --variants $(VARIANTS) \
+	@$(PY) -m model_store.build $(if $(MODELS),--models $(MODELS)) --variants $(VARIANTS) \
 		$(if $(RESNET50_WEIGHTS),--resnet50-weights $(RESNET50_WEIGHTS)) \
 		$(if $(RESNET50_LABELS),--resnet50-labels $(RESNET50_LABELS))
 
 # Your own model: make archive-custom NAME=mymodel EXPORTED=model.pt2 TASK=image|text-classification|embedding
 archive-custom: install
 	@test -n "$(NAME)" -a -n "$(EXPORTED)" || { echo "usage: make archive-custom NAME=... EXPORTED=file.pt2 [TASK=image]"; exit 2; }
-	@$(PY) model_store/build.py --custom $(NAME) --exported $(EXPORTED) --task $(or $(TASK),image) --variants $(VARIANTS)
+	@$(PY) -m model_store.build --custom $(NAME) --exported $(EXPORTED) --task $(or $(TASK),image) --variants $(VARIANTS)
 
-# The preset's archives plus BACKEND's (ipex and ipex-compile are served from .venv-ipex).
-serve: VARIANTS := $(VARIANTS)$(if $(BACKEND),$(comma)$(BACKEND))
+# The preset's archives plus VARIANT's (ipex and ipex-compile are served from .venv-ipex).
+serve: VARIANTS := $(VARIANTS)$(if $(VARIANT),$(comma)$(VARIANT))
 serve: archive
-	@$(PY) -m kit serve --config $(CONFIG) $(if $(BACKEND),--backend $(BACKEND)) $(if $(BIND),--bind $(BIND)) \
+	@$(PY) -m kit serve --config $(CONFIG) $(if $(VARIANT),--variant $(VARIANT)) $(if $(BIND),--bind $(BIND)) \
 		$(if $(PROFILE_REQUESTS),--profile-requests $(PROFILE_REQUESTS)) $(if $(ITT_OPS),--itt-ops)
 
 stop:
@@ -49,17 +56,19 @@ stop:
 status:
 	@$(PY) -m kit status
 
+# The archives the tests serve and check.
+test-archives: VARIANTS := eager,inductor,ipex,aoti-int8,openvino-int8
+test-archives: archive
+
 # Everything, IPEX included: its backend tests run in .venv-ipex, its serving test from the main env.
-test: VARIANTS := eager,inductor,ipex,aoti-int8,openvino-int8
-test: archive install-ipex
+test: test-archives install-ipex
 	@$(PY) -m pytest tests --ignore=tests/ipex $(PYTEST_ARGS)
 	@$(IPEX_PY) -m pytest tests/ipex -p no:cacheprovider $(PYTEST_ARGS)
 
 test-unit: install
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-e2e: VARIANTS := eager,inductor,ipex,aoti-int8,openvino-int8
-test-e2e: archive install-ipex
+test-e2e: test-archives install-ipex
 	@$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 lint: install
@@ -72,30 +81,29 @@ clean: stop
 	rm -rf model_store/*/ logs .cache .pytest_cache
 
 PLAN ?= default
-BENCH_VARIANTS := eager,inductor,inductor-max-autotune,ipex,aoti-int8,openvino,openvino-int8
 
 .PHONY: bench tune soak doctor profile
 MODEL ?= resnet50
-VARIANT ?= inductor
 SOAK_SECONDS ?= 300
 # Compare serving configurations with ab on the real server: bench/results/<time>/ (+ latest).
+# The bench builds the archives of the variants its plan names.
 bench: install
-	@$(PY) model_store/build.py --models $(MODELS) --variants $(BENCH_VARIANTS)
 	@$(PY) -m bench --plan $(PLAN)
 
 # Search the layout and write the winner as config/presets/tuned.yaml: `make serve CONFIG=tuned`.
 tune: install
-	@$(PY) model_store/build.py --models $(MODELS) --variants $(BENCH_VARIANTS)
 	@$(PY) -m bench --plan tune --write-preset tuned
 
 # Soak at concurrency 8, kill -9 a worker under load, restart on a warm cache: bench/results/soak-<time>/.
 soak: archive
-	@$(PY) -m bench.soak --seconds $(SOAK_SECONDS) --models $(MODELS)
+	@$(PY) -m bench.soak --seconds $(SOAK_SECONDS) $(if $(MODELS),--models $(MODELS))
 
 # Which compiler stage breaks MODEL or changes its numbers; minified repro: logs/doctor/<model>-<time>/.
+doctor: VARIANTS := $(or $(VARIANT),inductor)
 doctor: archive
-	@$(PY) -m diagnose doctor --model $(MODEL) --variant $(VARIANT) $(if $(DEBUG_DUMP),--debug-dump)
+	@$(PY) -m diagnose doctor --model $(MODEL) --variant $(or $(VARIANT),inductor) $(if $(DEBUG_DUMP),--debug-dump)
 
-# Eager vs VARIANT under torch.profiler (+ top-down where perf can): logs/profile/<model>-<time>/.
+# Eager vs VARIANT (default inductor) under torch.profiler (+ top-down where perf can): logs/profile/<model>-<time>/.
+profile: VARIANTS := $(or $(VARIANT),inductor)
 profile: archive
-	@$(PY) -m diagnose profile --model $(MODEL) --variant $(VARIANT)
+	@$(PY) -m diagnose profile --model $(MODEL) --variant $(or $(VARIANT),inductor)

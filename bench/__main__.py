@@ -3,6 +3,7 @@
     .venv/bin/python -m bench --plan default        # what `make bench` runs (PLAN=quick|full|path.yaml)
     .venv/bin/python -m bench --plan tune --write-preset tuned
 
+Builds the archives the plan needs first (model_store/build.py skips the up-to-date ones).
 Results go to bench/results/<timestamp>/ (results.json, report.md, throughput.png);
 bench/results/latest points to the newest run.
 """
@@ -11,17 +12,30 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.plan import PlanError, load_plan
+from bench.plan import Plan, PlanError, load_plan
 from bench.report import write_report
-from bench.runner import PlanRun, environment, log, run_plan
+from bench.results import BenchRun, RunEnvironment
+from bench.runner import log, run_plan
 from bench.tune import write_tuned_preset
+from kit.paths import ROOT
 from kit.server import ServerError
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def build_archives(plan: Plan) -> bool:
+    """The archives of every variant and model the plan runs; False if a build failed."""
+    for variant, models in plan.archives.items():
+        command = [sys.executable, "-m", "model_store.build", "--variants", variant, "--models", ",".join(models)]
+        if subprocess.run(command, cwd=ROOT).returncode != 0:
+            log(f"ERROR: building the {variant} archives of {models} failed (output above)")
+            return False
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,21 +51,22 @@ def main(argv: list[str] | None = None) -> int:
     except PlanError as error:
         print(f"[bench] ERROR: {error}", file=sys.stderr)
         return 2
+    if not build_archives(plan):
+        return 1
     out_dir = args.out or RESULTS / time.strftime("%Y%m%d-%H%M%S")
     models = sorted({r.model for r in plan.rows})
     log(f"plan {plan.name!r}: {len(plan.rows)} rows over {models}, estimated {plan.estimate_s() / 60:.0f} min "
         f"(more on a cold compile cache); results in {out_dir}")  # fmt: skip
-    env = environment()
-    run = PlanRun()
+    run = BenchRun(plan, command, RunEnvironment.capture())
     try:
-        run_plan(plan, out_dir, run)
+        run_plan(run, out_dir)
     except KeyboardInterrupt:
         log("interrupted: servers stopped; writing the rows measured so far")
     except ServerError as error:
         log(f"ERROR: {error}")
         return 1
     finally:
-        write_report(out_dir, plan, env, run.results, command, run.skipped, run.references)
+        write_report(out_dir, run)
         log(f"report: {out_dir / 'report.md'}")
     if args.write_preset and run.results:
         path = write_tuned_preset(args.write_preset, run.results)

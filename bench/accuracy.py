@@ -43,13 +43,3 @@ def agreement(
             cosines.append(torch.nn.functional.cosine_similarity(actual, expected, dim=0).item())
             same += int(actual.argmax() == expected.argmax())
     return Agreement(round(sum(cosines) / len(cosines), 5), round(min(cosines), 5), same / len(cosines))
-
-
-@dataclasses.dataclass(frozen=True)
-class Measured:
-    """What an in-process or peer measurement reports: throughput and agreement."""
-
-    items_per_s: float
-    cosine_mean: float
-    cosine_min: float
-    top1_agreement: float

@@ -1,6 +1,6 @@
 """In-process throughput of an archive's model: the same layout as a server row, without a server.
 
-    measure_in_process(Path("model_store/inductor/resnet50.mar"), ServeConfig(...), seconds=10)
+    measure_in_process(ServeConfig(...).variant.archive("resnet50"), ServeConfig(...), seconds=10)
 
 One child process per worker, each with the worker's thread count, allocator (LD_PRELOAD)
 and, when the launcher would pin, the same cores. Children load + optimize + warm up, report
@@ -21,22 +21,19 @@ import sys
 import time
 from pathlib import Path
 
-from bench.accuracy import Measured
+from bench.results import Measured
 from kit.archive import extract
+from kit.paths import ROOT, process_environment
 from kit.serve_config import Allocator, ServeConfig, worker_environment
-from kit.server import INDUCTOR_CACHE, compatible, python_environment
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def child_environment(config: ServeConfig) -> dict[str, str]:
-    config = compatible(config)
-    env = {**os.environ, **worker_environment(config), "HF_HUB_OFFLINE": "1"}
+    env = {**process_environment(dict(os.environ)), **worker_environment(config)}
     env["OMP_NUM_THREADS"] = str(config.threads or os.cpu_count())
-    env["TORCHINDUCTOR_CACHE_DIR"] = str(INDUCTOR_CACHE)
     env.pop("LD_PRELOAD", None)
-    if config.launcher and config.allocator is not Allocator.DEFAULT:
-        env["LD_PRELOAD"] = str(python_environment(config.variant) / "lib" / f"lib{config.allocator.value}.so")
+    allocator = config.served_allocator
+    if config.launcher and allocator is not Allocator.DEFAULT:
+        env["LD_PRELOAD"] = str(config.variant.environment / "lib" / f"lib{allocator.value}.so")
     return env
 
 
@@ -51,7 +48,7 @@ def measure_in_process(archive: Path, config: ServeConfig, seconds: int, work_di
     log_file = open(log_path, "a")  # noqa: SIM115 - closed in finally, after the children
     for rank in range(workers):
         # The variant's own environment: torch 2.8 for the ipex backends.
-        python = python_environment(config.variant) / "bin" / "python"
+        python = config.variant.environment / "bin" / "python"
         command = [str(python), "-m", "bench.inprocess", str(model_dir), "--batch", str(config.batch_size),
                    "--seconds", str(seconds)]  # fmt: skip
         if config.launcher and config.threads:
@@ -90,7 +87,8 @@ def run_child(model_dir: Path, batch: int, seconds: int, cpus: str) -> None:
     import torch
 
     from bench.accuracy import agreement
-    from handlers.optimize import optimize, to_layout
+    from handlers.backends.common import to_layout
+    from handlers.optimize import optimize
     from kit.archive import load_archived
 
     if cpus:

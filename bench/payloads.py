@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from kit.models import MODELS, Task
+
 TEXT_TOKENS = 128  # including [CLS] and [SEP]: exactly the served max_length, nothing padded
 PARAGRAPH = (
     "The committee met on a grey Tuesday morning to review the quarterly results, and although the "
@@ -56,14 +58,26 @@ def sentence(tokens: int = TEXT_TOKENS) -> str:
     return tokenizer.decode(ids[: tokens - 2])
 
 
+@dataclasses.dataclass(frozen=True)
+class Body:
+    """A request body for a task, as bytes: what the soak's clients and the bench's files send."""
+
+    data: bytes
+    content_type: str
+    file_name: str
+
+
+def body_for(task: Task) -> Body:
+    if task is Task.IMAGE:
+        return Body(photo_jpeg(), "image/jpeg", "photo.jpg")
+    return Body(sentence().encode(), "text/plain", "sentence.txt")
+
+
 def payload_for(model: str, out_dir: Path) -> Payload:
+    """The model's body as a file for ab (written once per run directory)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    if model == "resnet50":
-        path = out_dir / "photo.jpg"
-        if not path.is_file():
-            path.write_bytes(photo_jpeg())
-        return Payload(path, "image/jpeg")
-    path = out_dir / "sentence.txt"
+    body = body_for(MODELS[model].task)
+    path = out_dir / body.file_name
     if not path.is_file():
-        path.write_text(sentence())
-    return Payload(path, "text/plain")
+        path.write_bytes(body.data)
+    return Payload(path, body.content_type)

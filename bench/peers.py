@@ -1,6 +1,6 @@
 """Peer rows: the same model in the runtimes a user could pick instead of the kit, in-process.
 
-    measure_peer(Peer(Runtime.OPENVINO, Precision.INT8), Path("model_store/eager/resnet50.mar"), 10, work_dir)
+    measure_peer(Peer(Runtime.OPENVINO, Precision.INT8), Variant.load("eager").archive("resnet50"), 10, work_dir)
 
 Each peer runs in its own child process with every core, the way its documentation suggests
 for throughput: ONNX Runtime with intra-op threads = cores, OpenVINO with the THROUGHPUT hint
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import enum
 import json
 import os
 import subprocess
@@ -23,39 +22,17 @@ import sys
 import time
 from pathlib import Path
 
-from bench.accuracy import Measured
+from bench.plan import Peer, Runtime
+from bench.results import Measured, Precision
 from kit.archive import extract
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-class Runtime(enum.StrEnum):
-    ONNXRUNTIME = "onnxruntime"
-    OPENVINO = "openvino"
-
-
-class Precision(enum.StrEnum):
-    FP32 = "fp32"
-    BF16 = "bf16"
-    INT8 = "int8"
-
-
-@dataclasses.dataclass(frozen=True)
-class Peer:
-    runtime: Runtime
-    precision: Precision = Precision.FP32
-    batch_size: int = 1
-
-    @property
-    def name(self) -> str:
-        return f"{self.runtime.value} {self.precision.value} b{self.batch_size}"
+from kit.paths import ROOT, process_environment
 
 
 def measure_peer(peer: Peer, archive: Path, seconds: int, work_dir: Path) -> Measured:
     model_dir = extract(archive, work_dir)
     command = [sys.executable, "-m", "bench.peers", str(model_dir), "--runtime", peer.runtime.value,
                "--precision", peer.precision.value, "--batch", str(peer.batch_size), "--seconds", str(seconds)]  # fmt: skip
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = process_environment(dict(os.environ))
     completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if completed.returncode != 0:
         raise RuntimeError(f"peer {peer.name} failed: {completed.stderr.strip()[-800:]}")
@@ -90,7 +67,7 @@ OV_PRECISION = {Precision.FP32: "f32", Precision.BF16: "bf16", Precision.INT8: "
 def _openvino(model, settings, example, calibration, precision: Precision, work_dir: Path):
     import openvino as ov
 
-    from handlers.openvino_backend import convert, quantize_int8
+    from handlers.backends.openvino import convert, quantize_int8
 
     converted = convert(model, example)
     if precision is Precision.INT8:

@@ -17,17 +17,20 @@ overrides any ServeConfig field; a list value expands into one row per value (a 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import itertools
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from bench.peers import Peer
+from bench.results import Precision
 from handlers.settings import SettingsError, parse_settings
+from kit.models import MODEL_NAMES
 from kit.serve_config import ServeConfig
 
 PLANS = Path(__file__).resolve().parent / "plans"
+EAGER_VARIANT = "eager"  # peers run the weights of the eager archive: the same function as every row
 ROW_KEYS = {"name", "preset", "baseline", "models", "concurrency"}
 SERVE_KEYS = {f.name for f in dataclasses.fields(ServeConfig)} - {"models"}
 PORT_KEYS = {"bind", "management_bind", "worker_port"} | {
@@ -39,6 +42,24 @@ class PlanError(SettingsError):
     """The plan file is wrong; the message names the row and the key."""
 
 
+class Runtime(enum.StrEnum):
+    ONNXRUNTIME = "onnxruntime"
+    OPENVINO = "openvino"
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    """The same model in a runtime a user could pick instead of the kit (bench/peers.py runs it)."""
+
+    runtime: Runtime
+    precision: Precision = Precision.FP32
+    batch_size: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"{self.runtime.value} {self.precision.value} b{self.batch_size}"
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
     seconds: int = 20  # ab time limit per row
@@ -47,7 +68,7 @@ class RunSettings:
     in_process: bool = True  # also measure the same model without a server
     in_process_seconds: int = 10
     start_deadline_s: int = 1800  # cold max-autotune compiles take minutes
-    models: tuple[str, ...] = ("resnet50", "bert")
+    models: tuple[str, ...] = MODEL_NAMES
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -74,6 +95,16 @@ class Plan:
     run: RunSettings
     rows: tuple[Row, ...]
     peers: tuple[Peer, ...] = ()  # measured in-process for every model of the plan
+
+    @property
+    def archives(self) -> dict[str, list[str]]:
+        """variant -> the models whose archives the plan serves, or reads (peers: the eager weights)."""
+        needed: dict[str, dict[str, None]] = {}
+        for row in self.rows:
+            needed.setdefault(row.serve.variant.name, {})[row.model] = None
+        if self.peers:
+            needed.setdefault(EAGER_VARIANT, {}).update(dict.fromkeys(self.run.models))
+        return {variant: list(models) for variant, models in needed.items()}
 
     def estimate_s(self) -> float:
         """Rough wall time: start-up (warm compile cache), warm-up, measurement, stop, in-process, peers."""

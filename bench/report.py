@@ -1,6 +1,6 @@
 """Write a bench run: results.json (machine-readable), report.md (tables + targets), throughput.png.
 
-write_report(out_dir, plan, environment, results)
+write_report(out_dir, run)   # run: bench.results.BenchRun
 """
 
 from __future__ import annotations
@@ -10,15 +10,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.plan import Plan
-from bench.runner import ReferenceResult, RowResult
+from bench.results import BenchRun, InProcessResult, Precision, RowResult
 
 # Targets of the bench issue, checked on every run: (model, minimum speedup of the best row).
 SPEEDUP_TARGETS = {"resnet50": 3.0, "bert": 2.0}
 SERVED_VS_IN_PROCESS_TARGET = 0.90
 # A new worker of a precompiled backend (nothing compiles in the worker) is READY within this.
 COLD_START_TARGET_S = 5.0
-PRECOMPILED_RUNTIMES = {"aoti", "openvino"}
 # int8 against float32 eager on held-out inputs: (model, metric, minimum).
 INT8_ACCURACY_TARGETS = (("resnet50", "top1_agreement", 0.95), ("minilm", "cosine_mean", 0.99))
 
@@ -39,7 +37,7 @@ def _short_by(measured: float, target: float) -> str:
     return "" if measured >= target else f", short by {(target - measured) / target:.0%}"
 
 
-def peer_checks(results: list[RowResult], references: list[ReferenceResult]) -> list[TargetCheck]:
+def peer_checks(results: list[RowResult], references: list[InProcessResult]) -> list[TargetCheck]:
     """Best served row >= best peer row, per model: in each precision both have, and overall."""
     checks = []
     peers = [r for r in references if r.kind == "peer"]
@@ -65,11 +63,11 @@ def peer_checks(results: list[RowResult], references: list[ReferenceResult]) -> 
     return checks
 
 
-def accuracy_checks(references: list[ReferenceResult]) -> list[TargetCheck]:
+def accuracy_checks(references: list[InProcessResult]) -> list[TargetCheck]:
     checks = []
     for model, metric, minimum in INT8_ACCURACY_TARGETS:
         for r in references:
-            if r.model == model and r.precision == "int8":
+            if r.model == model and r.precision == Precision.INT8:
                 value = getattr(r, metric)
                 checks.append(
                     TargetCheck(
@@ -82,7 +80,7 @@ def accuracy_checks(references: list[ReferenceResult]) -> list[TargetCheck]:
 def cold_start_checks(results: list[RowResult]) -> list[TargetCheck]:
     checks = []
     for r in results:
-        if r.runtime in PRECOMPILED_RUNTIMES and r.worker_load_s is not None:
+        if r.precompiled and r.worker_load_s is not None:
             checks.append(
                 TargetCheck(
                     f"{r.model} / {r.name}: worker spawn-to-READY <= {COLD_START_TARGET_S:.0f} s",
@@ -93,7 +91,7 @@ def cold_start_checks(results: list[RowResult]) -> list[TargetCheck]:
     return checks
 
 
-def check_targets(results: list[RowResult], references: list[ReferenceResult] = ()) -> list[TargetCheck]:
+def check_targets(results: list[RowResult], references: list[InProcessResult] = ()) -> list[TargetCheck]:
     checks = []
     for model, target in SPEEDUP_TARGETS.items():
         best = best_row(results, model)
@@ -140,7 +138,7 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
-def reference_table(rows: list[ReferenceResult]) -> list[str]:
+def reference_table(rows: list[InProcessResult]) -> list[str]:
     lines = [
         "| without a server | kind | runtime | precision | W×T | batch | items/s | cosine mean/min | top-1 agreement |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -153,19 +151,13 @@ def reference_table(rows: list[ReferenceResult]) -> list[str]:
     return lines
 
 
-def markdown(
-    plan: Plan,
-    environment: dict[str, Any],
-    results: list[RowResult],
-    command: str,
-    skipped: list[str] = (),
-    references: list[ReferenceResult] = (),
-) -> str:
+def markdown(run: BenchRun) -> str:
+    plan, env, results, references = run.plan, run.environment, run.results, run.references
     lines = [
         f"# Bench `{plan.name}`",
         "",
-        f"`{command}` — {environment['date']}, {environment['cpu_model']}, {environment['cores']} cores, "
-        f"torch {environment['torch']}, TorchServe {environment['torchserve']}, commit {environment['git_commit']}",
+        f"`{run.command}` — {env.date}, {env.cpu_model}, {env.cores} cores, "
+        f"torch {env.torch}, TorchServe {env.torchserve}, commit {env.git_commit}",
         "",
         f"ab -k for {plan.run.seconds}s per row after {plan.run.warmup_requests} warm-up requests; "
         "one item per request. In-process = the same model and layout without a server; peers = the same "
@@ -200,8 +192,8 @@ def markdown(
         others = [r for r in references if r.model == model]
         if others:
             lines += [*reference_table(others), ""]
-    if skipped:
-        lines += ["## Skipped rows", "", *(f"- {reason}" for reason in skipped), ""]
+    if run.skipped:
+        lines += ["## Skipped rows", "", *(f"- {reason}" for reason in run.skipped), ""]
     lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for check in check_targets(results, references):
         lines.append(f"| {check.target} | {check.measured} | {'yes' if check.met else '**no**'} |")
@@ -209,7 +201,7 @@ def markdown(
     return "\n".join(lines)
 
 
-def chart(results: list[RowResult], path: Path, peers: list[ReferenceResult] = ()) -> None:
+def chart(results: list[RowResult], path: Path, peers: list[InProcessResult] = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -237,30 +229,21 @@ def chart(results: list[RowResult], path: Path, peers: list[ReferenceResult] = (
     plt.close(fig)
 
 
-def write_report(
-    out_dir: Path,
-    plan: Plan,
-    environment: dict[str, Any],
-    results: list[RowResult],
-    command: str,
-    skipped: list[str] = (),
-    references: list[ReferenceResult] = (),
-) -> None:
+def write_report(out_dir: Path, run: BenchRun) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    references = list(references)
     document = {
-        "plan": plan.name,
-        "command": command,
-        "environment": environment,
-        "targets": [dataclasses.asdict(c) for c in check_targets(results, references)],
+        "plan": run.plan.name,
+        "command": run.command,
+        "environment": dataclasses.asdict(run.environment),
+        "targets": [dataclasses.asdict(c) for c in check_targets(run.results, run.references)],
         # Every row has kind (served | in_process | peer), runtime and precision.
-        "rows": [dataclasses.asdict(r) for r in [*results, *references]],
-        "skipped": list(skipped),
+        "rows": [dataclasses.asdict(r) for r in [*run.results, *run.references]],
+        "skipped": list(run.skipped),
     }
     (out_dir / "results.json").write_text(json.dumps(document, indent=2))
-    (out_dir / "report.md").write_text(markdown(plan, environment, results, command, skipped, references))
-    if results:
-        chart(results, out_dir / "throughput.png", [r for r in references if r.kind == "peer"])
+    (out_dir / "report.md").write_text(markdown(run))
+    if run.results:
+        chart(run.results, out_dir / "throughput.png", [r for r in run.references if r.kind == "peer"])
     latest = out_dir.parent / "latest"
     latest.unlink(missing_ok=True)
     latest.symlink_to(out_dir.name)

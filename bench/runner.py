@@ -1,6 +1,6 @@
 """Run a plan: for each row start -> ready -> warm up -> ab -> collect -> stop, then in-process.
 
-    run = PlanRun(); run_plan(load_plan("quick"), out_dir, run)   # run.results, run.skipped
+    run = BenchRun(plan, command, RunEnvironment.capture()); run_plan(run, out_dir)   # run.results, run.skipped
 
 The server of a row is always stopped (try/finally), also on Ctrl-C or SIGTERM.
 """
@@ -18,97 +18,19 @@ from pathlib import Path
 from typing import Any
 
 from bench.ab import MAX_REQUESTS, AbResult, ab_command, parse_ab
-from bench.accuracy import Measured
 from bench.inprocess import measure_in_process
 from bench.metrics import scrape, scrape_text, server_latency, worker_load_seconds
 from bench.payloads import Payload, payload_for
-from bench.peers import Peer, Precision, measure_peer
-from bench.plan import Plan, Row
-from handlers.settings import Backend, DType
-from kit.serve_config import ROOT
-from kit.server import Server, free_ports_config, python_environment
+from bench.peers import measure_peer
+from bench.plan import EAGER_VARIANT, Peer, Plan, Row
+from bench.results import PRECISION_OF_DTYPE, BenchRun, InProcessResult, Measured, RowResult, add_derived
+from kit.serve_config import free_ports_config
+from kit.server import Server
+from kit.variant import Variant
 
 
 def log(message: str) -> None:
     print(f"[bench] {message}", flush=True)
-
-
-@dataclasses.dataclass
-class RowResult:
-    model: str
-    name: str
-    kind: str  # served
-    variant: str
-    backend: str
-    runtime: str  # the backend that runs the model inside TorchServe
-    precision: str  # fp32 | bf16 | int8
-    launcher: bool
-    allocator: str
-    omp_wait_policy: str
-    workers: int | None
-    threads: int | None
-    batch_size: int
-    max_batch_delay_ms: int
-    concurrency: int
-    baseline: bool
-    # AbResult's fields, under the same names:
-    complete: int
-    failed: int
-    non_2xx: int
-    requests_per_s: float
-    mean_ms: float
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    max_ms: float
-    duration_s: float
-    items_per_s: float  # one item per HTTP request: requests_per_s
-    start_to_ready_s: float
-    ts_inference_ms: float | None
-    ts_queue_ms: float | None
-    allocator_loaded: list[str]
-    cpu_affinity: list[list[int]]
-    worker_rss_mb: list[float]
-    worker_count: int
-    ab_command: str
-    worker_load_s: float | None = None  # slowest worker's spawn-to-READY (TorchServe's WorkerLoadTime)
-    in_process_items_per_s: float | None = None
-    # Agreement with float32 eager on held-out inputs, from the in-process run of the same archive.
-    cosine_mean: float | None = None
-    cosine_min: float | None = None
-    top1_agreement: float | None = None
-    speedup_vs_baseline: float | None = None
-    served_vs_in_process: float | None = None
-
-
-@dataclasses.dataclass
-class ReferenceResult:
-    """A row without a server: the kit's own model in-process, or a peer runtime."""
-
-    model: str
-    name: str
-    kind: str  # in_process | peer
-    runtime: str
-    precision: str
-    batch_size: int
-    workers: int
-    threads: int
-    items_per_s: float
-    cosine_mean: float
-    cosine_min: float
-    top1_agreement: float
-
-
-# How results name a handler dtype.
-PRECISION_OF_DTYPE = {DType.FLOAT32: Precision.FP32, DType.BFLOAT16: Precision.BF16, DType.INT8: Precision.INT8}
-
-
-def variant_handler(variant: str) -> tuple[Backend, Precision]:
-    import yaml
-
-    raw = yaml.safe_load((ROOT / "config" / "variants" / f"{variant}.yaml").read_text()).get("handler", {})
-    dtype = DType(raw.get("dtype", DType.FLOAT32.value))
-    return Backend(raw.get("backend", Backend.INDUCTOR.value)), PRECISION_OF_DTYPE[dtype]
 
 
 def slug(text: str) -> str:
@@ -151,18 +73,17 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         workers = [w for w in server.workers() if w.process]
     finally:
         server.stop()
-    config = server.config  # as served: an OpenVINO row runs on glibc malloc (kit.server.compatible)
-    backend, precision = variant_handler(config.variant)
+    config = server.config
     return RowResult(
         model=row.model,
         name=row.name,
         kind="served",
-        variant=config.variant,
-        backend=backend.value,
-        runtime=backend.value,
-        precision=precision.value,
+        variant=config.variant.name,
+        runtime=config.variant.backend.value,
+        precompiled=config.variant.traits.precompiled,
+        precision=PRECISION_OF_DTYPE[config.variant.dtype].value,
         launcher=config.launcher,
-        allocator=config.allocator.value,
+        allocator=config.served_allocator.value,
         omp_wait_policy=config.omp_wait_policy.value,
         workers=config.workers,
         threads=config.threads,
@@ -189,45 +110,26 @@ def in_process_key(row: Row) -> tuple[Any, ...]:
     return (row.model, c.variant, c.workers, c.threads, c.launcher, c.allocator, c.omp_wait_policy, c.batch_size)
 
 
-def add_derived(results: list[RowResult]) -> None:
-    baselines = {r.model: r.requests_per_s for r in results if r.baseline}
-    for r in results:
-        if r.model in baselines and baselines[r.model] > 0:
-            r.speedup_vs_baseline = round(r.requests_per_s / baselines[r.model], 2)
-        if r.in_process_items_per_s:
-            r.served_vs_in_process = round(r.items_per_s / r.in_process_items_per_s, 3)
-
-
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-@dataclasses.dataclass
-class PlanRun:
-    """Filled in row by row, so an interrupted run still reports what it measured."""
-
-    results: list[RowResult] = dataclasses.field(default_factory=list)
-    references: list[ReferenceResult] = dataclasses.field(default_factory=list)  # in-process and peers
-    skipped: list[str] = dataclasses.field(default_factory=list)  # "row label: why"
-
-
 def missing_environment(row: Row) -> str:
     """Why this row cannot run here ("" if it can): its variant's venv is not built."""
-    venv = python_environment(row.serve.variant)
+    venv = row.serve.variant.environment
     if (venv / "bin" / "torchserve").is_file():
         return ""
     return f"{venv.name} is not built (`make install-ipex`)"
 
 
-def in_process_row(row: Row, measured: Measured) -> ReferenceResult:
-    backend, precision = variant_handler(row.serve.variant)
+def in_process_row(row: Row, measured: Measured) -> InProcessResult:
     config = row.serve
-    return ReferenceResult(
+    return InProcessResult(
         model=row.model,
-        name=f"{config.variant} {config.workers or 'def'}x{config.threads or 'def'} b{config.batch_size}",
+        name=f"{config.variant.name} {config.workers or 'def'}x{config.threads or 'def'} b{config.batch_size}",
         kind="in_process",
-        runtime=backend.value,
-        precision=precision.value,
+        runtime=config.variant.backend.value,
+        precision=PRECISION_OF_DTYPE[config.variant.dtype].value,
         batch_size=config.batch_size,
         workers=config.workers or os.cpu_count() or 1,
         threads=config.threads or os.cpu_count() or 1,
@@ -235,9 +137,9 @@ def in_process_row(row: Row, measured: Measured) -> ReferenceResult:
     )
 
 
-def peer_row(model: str, peer: Peer, measured: Measured) -> ReferenceResult:
+def peer_row(model: str, peer: Peer, measured: Measured) -> InProcessResult:
     cores = os.cpu_count() or 1
-    return ReferenceResult(
+    return InProcessResult(
         model=model,
         name=peer.name,
         kind="peer",
@@ -250,9 +152,9 @@ def peer_row(model: str, peer: Peer, measured: Measured) -> ReferenceResult:
     )
 
 
-def run_peers(plan: Plan, out_dir: Path, run: PlanRun) -> None:
+def run_peers(plan: Plan, out_dir: Path, run: BenchRun) -> None:
     for model in plan.run.models:
-        archive = ROOT / "model_store" / "eager" / f"{model}.mar"  # the same weights as every row
+        archive = Variant.load(EAGER_VARIANT).archive(model)  # the same weights as every row
         for peer in plan.peers:
             log(f"peer {model} / {peer.name}: in-process, {plan.run.in_process_seconds}s")
             measured = measure_peer(peer, archive, plan.run.in_process_seconds, out_dir / "extracted")
@@ -260,9 +162,9 @@ def run_peers(plan: Plan, out_dir: Path, run: PlanRun) -> None:
             run.references.append(peer_row(model, peer, measured))
 
 
-def run_plan(plan: Plan, out_dir: Path, run: PlanRun) -> None:
+def run_plan(run: BenchRun, out_dir: Path) -> None:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` stops cleanly like Ctrl-C
-    results = run.results
+    plan, results = run.plan, run.results
     in_process: dict[tuple[Any, ...], Measured] = {}
     try:
         for index, row in enumerate(plan.rows, start=1):
@@ -280,9 +182,11 @@ def run_plan(plan: Plan, out_dir: Path, run: PlanRun) -> None:
                 key = in_process_key(row)
                 if key not in in_process:
                     log(f"  in-process: same model and layout without a server, {plan.run.in_process_seconds}s")
-                    archive = ROOT / "model_store" / row.serve.variant / f"{row.model}.mar"
                     in_process[key] = measure_in_process(
-                        archive, row.serve, plan.run.in_process_seconds, out_dir / "extracted"
+                        row.serve.variant.archive(row.model),
+                        row.serve,
+                        plan.run.in_process_seconds,
+                        out_dir / "extracted",
                     )
                     log(f"  in-process {in_process[key].items_per_s:.1f} items/s")
                     run.references.append(in_process_row(row, in_process[key]))
@@ -297,33 +201,3 @@ def run_plan(plan: Plan, out_dir: Path, run: PlanRun) -> None:
         # Archives unpacked for the in-process and peer rows: GBs per run, needed by no report.
         shutil.rmtree(out_dir / "extracted", ignore_errors=True)
         add_derived(results)
-
-
-def environment() -> dict[str, Any]:
-    import platform
-
-    import torch
-
-    def version(package: str) -> str:
-        from importlib import metadata
-
-        try:
-            return metadata.version(package)
-        except metadata.PackageNotFoundError:
-            return ""
-
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-         if line.startswith("model name")),
-        platform.processor(),
-    )  # fmt: skip
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return {
-        "cpu_model": cpu,
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "torchserve": version("torchserve"),
-        "python": platform.python_version(),
-        "git_commit": commit.stdout.strip(),
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }

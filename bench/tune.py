@@ -14,8 +14,9 @@ from pathlib import Path
 
 import yaml
 
-from bench.runner import RowResult
-from kit.serve_config import PRESETS, ROOT, ServeConfig, render
+from bench.results import RowResult
+from kit.paths import CONFIG
+from kit.serve_config import PRESETS, ServeConfig, render
 
 LAYOUT_FIELDS = ("variant", "launcher", "allocator", "omp_wait_policy", "workers", "threads", "batch_size",
                  "max_batch_delay_ms")  # fmt: skip
@@ -55,6 +56,6 @@ def write_tuned_preset(name: str, results: list[RowResult]) -> Path:
     header = f"# Written by `make tune` from a measured run: {gains}\n"
     path.write_text(header + yaml.safe_dump(layout, sort_keys=False))
     config = ServeConfig.from_preset(name)  # validates what was written
-    (ROOT / "config" / f"{name}.properties").write_text(render(config, ROOT / "model_store" / config.variant))
+    (CONFIG / f"{name}.properties").write_text(render(config, config.variant.store))
     print(f"[tune] winner: {layout} -> {gains}")
     return path

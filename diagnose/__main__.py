@@ -17,10 +17,10 @@ import torch
 
 from diagnose.doctor import debug_dump, diagnose
 from diagnose.profile import profile_model
+from handlers.settings import SettingsError
 from kit.archive import extract, load_archived
-from kit.serve_config import ROOT
-
-LOGS = ROOT / "logs"
+from kit.paths import LOGS
+from kit.variant import Variant
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,11 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
-    archive = ROOT / "model_store" / args.variant / f"{args.model}.mar"
     out_dir = LOGS / args.command / f"{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        archived = load_archived(extract(archive, LOGS / "archives"))
-    except FileNotFoundError as error:
+        archived = load_archived(extract(Variant.load(args.variant).archive(args.model), LOGS / "archives"))
+    except (FileNotFoundError, SettingsError) as error:
         print(f"[{args.command}] ERROR: {error}", file=sys.stderr)
         return 2
     inputs = archived.example(args.batch)

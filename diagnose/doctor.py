@@ -27,9 +27,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from handlers.optimize import Inputs, compile_with_inductor, prepare, relative_error, short_reason, to_layout
+from handlers.accuracy import relative_error
+from handlers.backends import inductor
+from handlers.backends.common import BuildSpec, Inputs, prepare, short_reason, to_layout
 from handlers.settings import OptimizationSettings
-from kit.serve_config import ROOT
+from kit.paths import ROOT
 
 MINIFIER_DEADLINE_S = 1800
 
@@ -78,9 +80,14 @@ class Diagnosis:
         return "\n".join(lines)
 
 
+def compile_inductor(prepared: nn.Module, settings: OptimizationSettings, inputs: Inputs) -> Callable:
+    """The served Inductor build: the archive's options, freezing."""
+    return inductor.build(prepared, settings, BuildSpec(inputs, (inputs[0].shape[0],)))
+
+
 def stage_runner(stage: Stage, prepared: nn.Module, settings: OptimizationSettings, inputs: Inputs) -> Callable:
     if stage.backend == "inductor":
-        return compile_with_inductor(prepared, settings, inputs)  # the served options (freezing, mode)
+        return compile_inductor(prepared, settings, inputs)
     return torch.compile(prepared, backend=stage.backend, dynamic=False)
 
 
@@ -107,7 +114,7 @@ def minify(prepared: nn.Module, inputs: Inputs, settings, out_dir: Path, accurac
     with torch._dynamo.config.patch(patch), contextlib.chdir(out_dir):
         try:
             with torch.inference_mode():
-                compile_with_inductor(prepared, settings, inputs)(*inputs)
+                compile_inductor(prepared, settings, inputs)(*inputs)
         except Exception:  # noqa: BLE001, S110 - expected: the failure is what gets dumped
             pass
     launchers = sorted(work.rglob("minifier_launcher.py"), key=lambda p: p.stat().st_mtime)

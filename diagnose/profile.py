@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from handlers.optimize import Inputs, OptimizedModel, optimize
-from handlers.settings import Backend
+from handlers.backends import Backend
+from handlers.backends.common import Inputs
+from handlers.optimize import OptimizedModel, optimize
 from kit.archive import ArchivedModel
 
 WAIT, WARMUP, ACTIVE = 1, 3, 10  # profiler schedule, in steps (one step = one batch)

@@ -18,36 +18,16 @@ from typing import Any
 
 import torch
 
+from handlers.backends.common import Inputs
 from handlers.calibration import CALIBRATION_COUNT
 from handlers.diagnostics import RequestProfiler, op_ranges
 from handlers.itt import inference_range
 from handlers.loaders import load_model
-from handlers.optimize import Inputs, graphs_compiled, optimize
+from handlers.optimize import graphs_compiled, optimize
 from handlers.payload import HTTP_BAD_REQUEST, InvalidInput, error_body
-from handlers.settings import PRECOMPILED, Backend, Diagnostics, OptimizationSettings, parse_settings
+from handlers.settings import Diagnostics, OptimizationSettings, parse_settings
 
 log = logging.getLogger(__name__)
-
-
-def batch_buckets(max_batch: int) -> list[int]:
-    """Powers of two up to max_batch, plus max_batch: the shapes compiled at start-up."""
-    sizes = {max_batch}
-    size = 1
-    while size < max_batch:
-        sizes.add(size)
-        size *= 2
-    return sorted(sizes)
-
-
-def serving_buckets(max_batch: int, settings: OptimizationSettings) -> list[int]:
-    """The batch sizes to warm up and pad to: AOTInductor archives only have their packaged sizes."""
-    if settings.backend is not Backend.AOTI:
-        return batch_buckets(max_batch)
-    sizes = sorted(settings.aoti_batch_sizes)
-    # Up to the first packaged size that holds a full batch; none -> max_batch, which the
-    # loader then reports as missing from the archive.
-    cover = next((size for size in sizes if size >= max_batch), max_batch)
-    return [size for size in sizes if size < cover] + [cover]
 
 
 def collate(items: Sequence[Inputs], bucket: int) -> Inputs:
@@ -87,7 +67,7 @@ class OptimizedHandler(abc.ABC):
         self.model_name = context.model_name
         self.model_dir = context.system_properties["model_dir"]
         self.settings = parse_settings(self.settings_class, (context.model_yaml_config or {}).get("handler"))
-        self.buckets = serving_buckets(int(context.system_properties.get("batch_size") or 1), self.settings)
+        self.buckets = self.settings.serving_buckets(int(context.system_properties.get("batch_size") or 1))
         self.diagnostics = Diagnostics.from_environment()
         self.profiler = RequestProfiler(
             self.diagnostics.profile_requests, self.diagnostics.profile_dir, self.model_name
@@ -97,7 +77,7 @@ class OptimizedHandler(abc.ABC):
         start = time.perf_counter()
         # A precompiled backend's artifact is the model, and its accuracy guard's Reference (inputs
         # and float outputs) ships with it: neither the float model nor check inputs are built here.
-        if self.settings.backend in PRECOMPILED:
+        if self.settings.traits.precompiled:
             model, checks = None, []
         else:
             model, checks = load_model(self.settings.architecture, self.model_dir), self.checks(self.buckets[0])
@@ -109,7 +89,7 @@ class OptimizedHandler(abc.ABC):
         self.buckets_served: set[int] = set()
         log.info(
             "%s ready: backend=%s load=%.1fs compile=%.1fs warmup=%.1fs batch_buckets=%s threads=%d "
-            "fx_graph_cache=hits:%d,misses:%d,bypasses:%d accuracy_error=%.2g",
+            "fx_graph_cache=hits:%d,misses:%d,bypasses:%d accuracy_error=%s",
             self.model_name,
             self.optimized.backend.value,
             load_seconds,
@@ -120,7 +100,7 @@ class OptimizedHandler(abc.ABC):
             self.optimized.cache_hits,
             self.optimized.cache_misses,
             self.optimized.cache_bypasses,
-            self.optimized.accuracy_error,
+            "n/a" if self.optimized.accuracy_error is None else f"{self.optimized.accuracy_error:.2g}",
         )
         self.initialized = True
 
@@ -164,7 +144,7 @@ class OptimizedHandler(abc.ABC):
                 batch.errors[index] = str(error)
         return batch
 
-    def inference(self, batch: Batch, *args, **kwargs) -> Batch:
+    def inference(self, batch: Batch) -> Batch:
         if not batch.valid:
             return batch
         count = len(batch.valid)

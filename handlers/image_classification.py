@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
+from handlers.backends.common import Inputs
 from handlers.base import OptimizedHandler
 from handlers.calibration import synthetic_photo
 from handlers.image import image_to_tensor
 from handlers.labels import Labels
-from handlers.optimize import Inputs
 from handlers.payload import request_bytes
 from handlers.settings import ImageSettings
 

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from handlers.backends import BACKENDS, Backend, BackendTraits, DType, backends_serving, serving_buckets
+
 
 class Architecture(enum.StrEnum):
     """Which loader builds the model from the archive's files (see handlers/loaders.py)."""
@@ -28,34 +30,14 @@ class Architecture(enum.StrEnum):
     EXPORTED_PROGRAM = "exported-program"
 
 
-class Backend(enum.StrEnum):
-    EAGER = "eager"
-    INDUCTOR = "inductor"
-    IPEX = "ipex"  # ipex.optimize + TorchScript trace + freeze (.venv-ipex)
-    IPEX_COMPILE = "ipex-compile"  # torch.compile(backend="ipex") (.venv-ipex)
-    AOTI = "aoti"  # AOTInductor package compiled at archive time (handlers/aoti.py)
-    OPENVINO = "openvino"  # OpenVINO IR converted at archive time (handlers/openvino_backend.py)
-
-
-# Compiled (and quantized) by `make archive`: a worker only loads the artifact, in seconds.
-PRECOMPILED = frozenset({Backend.AOTI, Backend.OPENVINO})
-
-
 class CompileMode(enum.StrEnum):
     DEFAULT = "default"
     MAX_AUTOTUNE = "max-autotune"
 
 
-class DType(enum.StrEnum):
-    FLOAT32 = "float32"
-    BFLOAT16 = "bfloat16"
-    # Static post-training quantization, calibrated at archive time (precompiled backends only).
-    INT8 = "int8"
-
-
 # Compiled vs eager in the same dtype differ by summation order and fused kernels: ~1e-5 in
 # float32; bfloat16 keeps 8 mantissa bits, so one rounding step is ~4e-3. int8 is compared with
-# float32 eager by cosine distance per output row (optimize.ERROR_METRICS): 0.02 = cosine >= 0.98.
+# float32 eager by cosine distance per output row (accuracy.ERROR_METRICS): 0.02 = cosine >= 0.98.
 ACCURACY_TOLERANCE = {DType.FLOAT32: 1e-3, DType.BFLOAT16: 5e-2, DType.INT8: 2e-2}
 
 
@@ -94,15 +76,27 @@ class OptimizationSettings:
             raise SettingsError(f"accuracy_tolerance must be > 0 or null, got {self.accuracy_tolerance}")
         if not self.aoti_batch_sizes or any(size < 1 for size in self.aoti_batch_sizes):
             raise SettingsError(f"aoti_batch_sizes must be a non-empty list of sizes >= 1, got {self.aoti_batch_sizes}")
-        if self.dtype is DType.INT8 and self.backend not in PRECOMPILED:
-            choices = ", ".join(sorted(b.value for b in PRECOMPILED))
-            raise SettingsError(f"dtype int8 is quantized at archive time; it needs backend {choices}")
+        served = BACKENDS[self.backend].dtypes
+        if self.dtype not in served:
+            raise SettingsError(
+                f"backend {self.backend.value!r} does not serve dtype {self.dtype.value!r} (it serves "
+                f"{', '.join(sorted(d.value for d in served))}); for {self.dtype.value} choose backend "
+                f"{', '.join(backends_serving(self.dtype))}"
+            )
 
     @property
     def tolerance(self) -> float:
         if self.accuracy_tolerance is not None:
             return self.accuracy_tolerance
         return ACCURACY_TOLERANCE[self.dtype]
+
+    @property
+    def traits(self) -> BackendTraits:
+        return BACKENDS[self.backend]
+
+    def serving_buckets(self, max_batch: int) -> list[int]:
+        """The batch sizes warmed up and padded to for a TorchServe batchSize of max_batch."""
+        return serving_buckets(max_batch, self.backend, self.aoti_batch_sizes)
 
 
 @dataclasses.dataclass(frozen=True)

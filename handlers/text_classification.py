@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
+from handlers.backends.common import Inputs
 from handlers.base import OptimizedHandler
 from handlers.calibration import SENTENCES
 from handlers.labels import Labels
-from handlers.optimize import Inputs
 from handlers.payload import request_text
 from handlers.settings import TextSettings
 from handlers.text import encode, load_tokenizer

@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kit.serve_config import ROOT, ConfigError, ServeConfig
+from kit.paths import LOGS
+from kit.serve_config import ConfigError, ServeConfig
 from kit.server import Server, ServerError
 
-RUN_DIR = ROOT / "logs"
+RUN_DIR = LOGS
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -21,7 +22,10 @@ def serve(args: argparse.Namespace) -> int:
     if running and running.is_running():
         print(f"[serve] TorchServe is already running (pid {running.pid}); `make stop` first to change it")
         return 0
-    overrides = {"variant": args.backend} if args.backend else {}
+    if args.backend:
+        print("[serve] --backend/BACKEND= is deprecated: it names a variant; use --variant/VARIANT=", file=sys.stderr)
+    variant = args.variant or args.backend
+    overrides = {"variant": variant} if variant else {}
     if args.bind:
         overrides["bind"] = args.bind
     if args.profile_requests:
@@ -30,6 +34,9 @@ def serve(args: argparse.Namespace) -> int:
         overrides["itt_ops"] = True
     config = ServeConfig.from_preset(args.config, **overrides)
     server = Server(config, RUN_DIR)
+    if config.served_allocator is not config.allocator:
+        print(f"[serve] variant {config.variant.name!r} ({config.variant.backend.value}) runs on the default allocator, "
+              f"not {config.allocator.value}: a preloaded allocator crashes it")  # fmt: skip
     pid = server.start()
     print(
         f"[serve] started TorchServe (pid {pid}) with preset {args.config!r}: {server.model_store}; logs in {RUN_DIR}"
@@ -80,8 +87,8 @@ def status(args: argparse.Namespace) -> int:
         return 1
     c = server.config
     print(
-        f"[status] TorchServe pid {server.pid}, variant {c.variant}, launcher {c.launcher}, "
-        f"allocator {c.allocator.value}, workers {c.workers or 'default'} x threads {c.threads or 'default'}"
+        f"[status] TorchServe pid {server.pid}, variant {c.variant.name}, launcher {c.launcher}, "
+        f"allocator {c.served_allocator.value}, workers {c.workers or 'default'} x threads {c.threads or 'default'}"
     )
     print(f"{'model':10} {'worker':8} {'status':10} {'pid':>7} {'allocator':10} {'cpus':8} {'omp':4} {'rss MB':>8}")
     for w in server.workers():
@@ -101,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="start TorchServe and wait until every model is READY")
     serve_parser.add_argument("--config", default="optimized", help="preset name in config/presets or a .yaml path")
-    serve_parser.add_argument("--backend", default="", help="override the preset's variant (model_store/<variant>)")
+    serve_parser.add_argument("--variant", default="", help="override the preset's variant (config/variants/NAME.yaml)")
+    serve_parser.add_argument("--backend", default="", help=argparse.SUPPRESS)  # deprecated spelling of --variant
     serve_parser.add_argument("--bind", default="", help="address to bind (non-loopback turns token auth on)")
     serve_parser.add_argument(
         "--profile-requests",

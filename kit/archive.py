@@ -20,9 +20,9 @@ from pathlib import Path
 import yaml
 from torch import nn
 
+from handlers.backends.common import Inputs
 from handlers.base import OptimizedHandler
 from handlers.loaders import load_model
-from handlers.optimize import Inputs
 from handlers.settings import OptimizationSettings, parse_settings
 
 
@@ -32,7 +32,7 @@ class ArchivedModel:
     model_dir: Path
     settings: OptimizationSettings  # the archive's `handler:` section, parsed as the worker does
     model: nn.Module  # eval mode, as loaded: no layout, dtype or backend applied
-    handler: OptimizedHandler  # not initialized; only for `example`
+    handler: OptimizedHandler  # set up, not initialized: its example(), sample() and checks()
 
     def example(self, batch_size: int) -> Inputs:
         return self.handler.example(batch_size)

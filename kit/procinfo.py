@@ -64,3 +64,27 @@ def mapped_files(pid: int, under: Path) -> set[Path]:
     prefix = str(under.resolve()) + "/"
     paths = (line.split(maxsplit=5)[-1] for line in Path(f"/proc/{pid}/maps").read_text().splitlines())
     return {Path(path) for path in paths if path.startswith(prefix)}
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie still answers kill(0); count it as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def live_process(pid: int | None) -> ProcessInfo | None:
+    """What /proc says of a worker pid; None if it is gone (also if it dies while being read)."""
+    if not pid or not process_alive(pid):
+        return None
+    try:
+        return inspect_process(pid)
+    except OSError:
+        return None

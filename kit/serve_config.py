@@ -13,6 +13,7 @@ import enum
 import ipaddress
 import json
 import os
+import socket
 import string
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,12 @@ from typing import Any
 import yaml
 
 from handlers.settings import ITT_OPS_VAR, PROFILE_REQUESTS_VAR, SettingsError, parse_settings
+from kit.models import MODEL_NAMES
+from kit.paths import CONFIG
+from kit.variant import Variant
 
-ROOT = Path(__file__).resolve().parent.parent
-PRESETS = ROOT / "config" / "presets"
-TEMPLATE = ROOT / "config" / "config.properties.template"
-MODELS = ("resnet50", "bert", "minilm")
+PRESETS = CONFIG / "presets"
+TEMPLATE = CONFIG / "config.properties.template"
 
 
 ConfigError = SettingsError  # one error type for every typed config in the kit
@@ -60,8 +62,9 @@ def is_loopback(address: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class ServeConfig:
-    variant: str = "inductor"  # model_store/<variant>/ holds the archives
-    models: tuple[str, ...] = MODELS
+    # config/variants/<name>.yaml: presets name it, __post_init__ resolves the name once.
+    variant: Variant = "inductor"
+    models: tuple[str, ...] = MODEL_NAMES
     bind: str = "127.0.0.1"  # inference and metrics APIs
     # The management API can load, scale and delete models: loopback unless asked explicitly.
     management_bind: str = "127.0.0.1"
@@ -90,6 +93,8 @@ class ServeConfig:
     itt_ops: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.variant, str):
+            object.__setattr__(self, "variant", Variant.load(self.variant))
         cores = os.cpu_count() or 1
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"workers must be >= 1 or null (TorchServe default), got {self.workers}")
@@ -116,10 +121,28 @@ class ServeConfig:
             raise ConfigError(f"token_auth cannot be off on the non-loopback bind {exposed[0]}")
 
     @property
+    def served_allocator(self) -> Allocator:
+        """The allocator the workers get: the preset's, unless the variant's backend cannot run
+        with a preloaded one (OpenVINO; see handlers/backends), which keeps glibc malloc."""
+        return self.allocator if self.variant.preloaded_allocator else Allocator.DEFAULT
+
+    @property
     def token_auth_enabled(self) -> bool:
         if self.token_auth is not None:
             return self.token_auth
         return not (is_loopback(self.bind) and is_loopback(self.management_bind))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, as a preset would write them: `parse_settings(ServeConfig, d)` is the inverse."""
+
+        def plain(value: Any) -> Any:
+            if isinstance(value, Variant):
+                return value.name
+            if isinstance(value, enum.Enum):
+                return value.value
+            return list(value) if isinstance(value, tuple) else value
+
+        return {field.name: plain(getattr(self, field.name)) for field in dataclasses.fields(self)}
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ServeConfig:
@@ -131,9 +154,29 @@ class ServeConfig:
         return parse_settings(cls, {**raw, **overrides})
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def free_ports_config(config: ServeConfig) -> ServeConfig:
+    """The same layout on ports nobody else is using (tests, benchmarks)."""
+    return dataclasses.replace(
+        config,
+        inference_port=free_port(),
+        management_port=free_port(),
+        metrics_port=free_port(),
+        grpc_inference_port=free_port(),
+        grpc_management_port=free_port(),
+        # Worker sockets count up from here, one per worker; leave room below 65535.
+        worker_port=20000 + (free_port() % 20000),
+    )
+
+
 def launcher_args(config: ServeConfig) -> str:
     # The frontend appends --ninstances/--rank itself when a model has several workers.
-    args = ["--disable_iomp", LAUNCHER_ALLOCATOR_FLAG[config.allocator]]
+    args = ["--disable_iomp", LAUNCHER_ALLOCATOR_FLAG[config.served_allocator]]
     if config.threads is not None:
         args += ["--ncores-per-instance", str(config.threads)]
         if (config.workers or 1) == 1:

@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,19 +24,13 @@ from typing import Any
 
 import psutil
 import requests
-import yaml
 
-from handlers.settings import Backend, parse_settings
-from kit.procinfo import ProcessInfo, inspect_process
-from kit.serve_config import ROOT, Allocator, ServeConfig, render, worker_environment
+from handlers.settings import parse_settings
+from kit.paths import CONFIG, INDUCTOR_CACHE, process_environment
+from kit.procinfo import ProcessInfo, live_process, process_alive
+from kit.serve_config import ServeConfig, render, worker_environment
 
-VENV = ROOT / ".venv"
-IPEX_VENV = ROOT / ".venv-ipex"  # torch 2.8 + IPEX: `make install-ipex`
-# Backends that only run in the IPEX environment; the archive variant says which backend it uses.
-ENVIRONMENT_OF_BACKEND = {Backend.IPEX: IPEX_VENV, Backend.IPEX_COMPILE: IPEX_VENV}
-NO_PRELOADED_ALLOCATOR = {Backend.OPENVINO}  # see compatible()
-INDUCTOR_CACHE = ROOT / ".cache" / "inductor"
-LOG_CONFIG = ROOT / "config" / "log4j2.xml"
+LOG_CONFIG = CONFIG / "log4j2.xml"
 STATE_FILE = "server.json"
 KEY_FILE = "key_file.json"  # written by TorchServe into its working directory when token auth is on
 
@@ -54,81 +47,26 @@ class WorkerStatus:
     process: ProcessInfo | None  # None while the worker has no live process
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def free_ports_config(config: ServeConfig) -> ServeConfig:
-    """The same layout on ports nobody else is using (tests, benchmarks)."""
-    return dataclasses.replace(
-        config,
-        inference_port=free_port(),
-        management_port=free_port(),
-        metrics_port=free_port(),
-        grpc_inference_port=free_port(),
-        grpc_management_port=free_port(),
-        # Worker sockets count up from here, one per worker; leave room below 65535.
-        worker_port=20000 + (free_port() % 20000),
-    )
-
-
-def variant_backend(variant: str) -> Backend:
-    """The backend of config/variants/<variant>.yaml."""
-    overlay = ROOT / "config" / "variants" / f"{variant}.yaml"
-    raw = (yaml.safe_load(overlay.read_text()) or {}) if overlay.is_file() else {}
-    return Backend((raw.get("handler") or {}).get("backend", Backend.INDUCTOR.value))
-
-
-def python_environment(variant: str) -> Path:
-    """The venv that serves archives of `variant`."""
-    return ENVIRONMENT_OF_BACKEND.get(variant_backend(variant), VENV)
-
-
-def compatible(config: ServeConfig) -> ServeConfig:
-    """The config with the allocator the variant's backend can run with.
-
-    OpenVINO's CPU plugin frees, with glibc, memory that an LD_PRELOADed tcmalloc or jemalloc
-    allocated (it crashes in compile_model with "free(): invalid pointer"), so its workers keep
-    glibc malloc whatever the preset says.
-    """
-    if variant_backend(config.variant) in NO_PRELOADED_ALLOCATOR and config.allocator is not Allocator.DEFAULT:
-        return dataclasses.replace(config, allocator=Allocator.DEFAULT)
-    return config
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie still answers kill(0); count it as gone.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-def live_process(pid: int | None) -> ProcessInfo | None:
-    """What /proc says of a worker pid; None if it is gone (also if it dies while being read)."""
-    if not pid or not process_alive(pid):
-        return None
-    try:
-        return inspect_process(pid)
-    except OSError:
-        return None
+def wait_until_unchanged(path: Path, quiet_s: float = 1.0, limit_s: float = 10.0) -> None:
+    """Return once `path` has not grown for quiet_s seconds, or after limit_s at most."""
+    deadline = time.monotonic() + limit_s
+    size, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now_size = path.stat().st_size if path.is_file() else 0
+        if now_size != size:
+            size, since = now_size, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.1)
 
 
 class Server:
     def __init__(self, config: ServeConfig, run_dir: Path, model_store: Path | None = None, pid: int | None = None):
-        self.config = compatible(config)
+        self.config = config
         self.run_dir = Path(run_dir).resolve()
-        self.model_store = (model_store or ROOT / "model_store" / config.variant).resolve()
+        self.model_store = (model_store or config.variant.store).resolve()
         self.pid = pid  # the `torchserve --foreground` process; None until started
-        self.venv = python_environment(config.variant)
+        self.venv = config.variant.environment
         # Logs append across runs: start-up checks read only what this run wrote.
         self.log_offset = 0
 
@@ -170,7 +108,7 @@ class Server:
         return Path(tempfile.gettempdir()) / f"kit-{digest}"
 
     def environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = process_environment(dict(os.environ))
         tmp = self.tmp_dir
         env.update(
             # The frontend's launcher check runs the bare `python`: the venv must come first.
@@ -182,10 +120,6 @@ class Server:
             TEMP=str(tmp),
             LOG_LOCATION=str(self.run_dir),
             METRICS_LOCATION=str(self.run_dir),
-            # Restarts reuse compiled kernels instead of compiling from scratch.
-            TORCHINDUCTOR_CACHE_DIR=str(INDUCTOR_CACHE),
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
         )
         env.update(worker_environment(self.config))
         return env
@@ -197,7 +131,7 @@ class Server:
         if missing:
             raise ServerError(f"{self.model_store} lacks {missing}; run `make archive`")
         if not (self.venv / "bin" / "torchserve").is_file():
-            raise ServerError(f"variant {self.config.variant!r} is served from {self.venv}, which is not built; "
+            raise ServerError(f"variant {self.config.variant.name!r} is served from {self.venv}, which is not built; "
                               "run `make install-ipex`")  # fmt: skip
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
@@ -227,7 +161,7 @@ class Server:
         self.pid = process.pid
         self.state_file.write_text(
             json.dumps(
-                {"pid": process.pid, "config": _jsonable(self.config), "model_store": str(self.model_store)},
+                {"pid": process.pid, "config": self.config.to_dict(), "model_store": str(self.model_store)},
                 indent=2,
             )
         )
@@ -299,15 +233,6 @@ class Server:
                     statuses.append(WorkerStatus(model, str(worker["id"]), worker["status"], process))
         return statuses
 
-    def scale(self, model: str, workers: int, timeout_s: float = 900) -> None:
-        """Set the model's worker count and return once TorchServe has them running (synchronous)."""
-        response = requests.put(
-            self.url("management", f"/models/{model}?min_worker={workers}&max_worker={workers}&synchronous=true"),
-            headers=self.headers("management"),
-            timeout=timeout_s,
-        )
-        response.raise_for_status()
-
     def expected_workers(self) -> int:
         # TorchServe's default is one worker per core (default_workers_per_model unset).
         return self.config.workers or os.cpu_count() or 1
@@ -334,6 +259,9 @@ class Server:
                 raise ServerError(f"TorchServe exited during start-up; see {self.output_file}\n{self.tail()}")
             failures = self._load_failures()
             if failures:
+                # The frontend logs the failure while it is still relaying the worker's
+                # traceback into the model log: quote that log once it has stopped growing.
+                wait_until_unchanged(self.model_log)
                 raise ServerError(
                     f"model load failed: {failures[-1]}\nsee {self.model_log}\n{self.tail(self.model_log)}"
                 )
@@ -365,21 +293,8 @@ class Server:
             lines = log.read().decode(errors="replace").splitlines()
         return [line for line in lines if any(marker in line for marker in self.FAILURE_MARKERS)]
 
-    def worker_errors(self, lines: int = 12) -> str:
-        """The worker's own traceback tail (the reason), from the model log."""
-        if not self.model_log.is_file():
-            return f"({self.model_log} does not exist)"
-        text = self.model_log.read_text(errors="replace").splitlines()
-        errors = [line.split("MODEL_LOG - ", 1)[-1] for line in text if "MODEL_LOG - " in line]
-        return "\n".join(errors[-lines:])
-
     def tail(self, path: Path | None = None, lines: int = 30) -> str:
         path = path or self.output_file
         if not path.is_file():
             return f"({path} does not exist)"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
-def _jsonable(config: ServeConfig) -> dict[str, Any]:
-    raw = dataclasses.asdict(config)
-    return {k: (v.value if hasattr(v, "value") else list(v) if isinstance(v, tuple) else v) for k, v in raw.items()}

@@ -1,8 +1,8 @@
 """Build the model archives: model_store/<variant>/<model>.mar with torch-model-archiver.
 
-    .venv/bin/python model_store/build.py                         # every model x every variant
-    .venv/bin/python model_store/build.py --models resnet50 --variants inductor
-    .venv/bin/python model_store/build.py --custom mine --exported mine.pt2 --task image
+    .venv/bin/python -m model_store.build                         # every model x every variant
+    .venv/bin/python -m model_store.build --models resnet50 --variants inductor
+    .venv/bin/python -m model_store.build --custom mine --exported mine.pt2 --task image
 
 An archive holds the weights, the tokenizer files (text models), the kit's `handlers/`
 package and a model-config.yaml = config/models/<model>.yaml overlaid with
@@ -12,7 +12,6 @@ config/variants/<variant>.yaml. A stamp of those inputs makes re-runs skip uncha
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import os
@@ -21,18 +20,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from kit.models import MODEL_NAMES, MODELS
+from kit.paths import ROOT, process_environment
+from kit.variant import Variant, variant_names
 
-from handlers.settings import PRECOMPILED  # noqa: E402 - needs ROOT on sys.path
-
-STORE = ROOT / "model_store"
-CONFIG = ROOT / "config"
 SEED = 0  # random-init models are the same bytes on every machine
 # The largest archive (bert, aoti-int8) is 1.2 GB and exists three times while it is built: the
 # staged files, torch-model-archiver's copy of them under TMPDIR, and the .mar being written.
@@ -51,8 +47,9 @@ def minilm_dir() -> Path:
 
 def copy_tokenizer(staging: Path) -> None:
     # bert-base-uncased vocabulary, shipped inside the MiniLM package: no hub download.
-    for name in ("vocab.txt", "tokenizer.json"):
-        shutil.copy(minilm_dir() / name, staging / name)
+    from handlers.text import TOKENIZER_FILE
+
+    shutil.copy(minilm_dir() / TOKENIZER_FILE, staging / TOKENIZER_FILE)
 
 
 def save_state_dict(model, staging: Path) -> None:
@@ -112,17 +109,11 @@ def write_exported(staging: Path, options: argparse.Namespace) -> None:
         copy_tokenizer(staging)
 
 
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-    handler: str  # file under handlers/
-    write: Callable[[Path, argparse.Namespace], None]
-    config: str  # file under config/models/
-
-
-RECIPES = {
-    "resnet50": Recipe("image_classification.py", write_resnet50, "resnet50.yaml"),
-    "bert": Recipe("text_classification.py", write_bert, "bert.yaml"),
-    "minilm": Recipe("sentence_embedding.py", write_minilm, "minilm.yaml"),
+# How each model of kit/models.py gets its files (weights, config, tokenizer).
+WRITERS: dict[str, Callable[[Path, argparse.Namespace], None]] = {
+    "resnet50": write_resnet50,
+    "bert": write_bert,
+    "minilm": write_minilm,
 }
 # --custom: the user's ExportedProgram behind one of the kit's handlers.
 CUSTOM_TASKS = {
@@ -130,7 +121,6 @@ CUSTOM_TASKS = {
     "text-classification": ("text_classification.py", {"architecture": "exported-program"}),
     "embedding": ("sentence_embedding.py", {"architecture": "exported-program"}),
 }
-VARIANTS = sorted(p.stem for p in (CONFIG / "variants").glob("*.yaml"))
 
 
 def merged_config(base: dict, overlay: dict) -> dict:
@@ -156,7 +146,7 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     from kit.archive import bare_handler
 
     handler = bare_handler(handler_file, handler_config, staging)
-    if handler.settings.backend not in PRECOMPILED:
+    if not handler.settings.traits.precompiled:
         return
     start = time.perf_counter()
     model = load_model(handler.settings.architecture, staging)
@@ -174,25 +164,25 @@ def require_free_space(paths: list[Path], what: str) -> None:
             )
 
 
-def archive(name: str, handler: str, config: dict, write, options, variant: str) -> Path:
-    out_dir = STORE / variant
-    mar = out_dir / f"{name}.mar"
+def archive(name: str, handler: str, config: dict, write, options, variant: Variant) -> Path:
+    mar = variant.archive(name)
+    out_dir = mar.parent
     stamp = out_dir / f".{name}.digest"
     weights = [options.resnet50_weights, options.resnet50_labels, options.exported]
     mtimes = [os.path.getmtime(p) for p in weights if p]
     digest = inputs_digest(name, config, weights, mtimes)
     if mar.is_file() and stamp.is_file() and stamp.read_text() == digest:
-        log(f"{variant}/{name}.mar is up to date")
+        log(f"{variant.name}/{name}.mar is up to date")
         return mar
     start = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     mar.unlink(missing_ok=True)  # stale; its space is needed for the new one
-    require_free_space([out_dir, Path(tempfile.gettempdir())], f"{variant}/{name}.mar")
+    require_free_space([out_dir, Path(tempfile.gettempdir())], f"{variant.name}/{name}.mar")
     with tempfile.TemporaryDirectory(prefix=f"kit-{name}-") as tmp:
         staging = Path(tmp) / "files"
         staging.mkdir()
         write(staging, options)
-        compile_ahead(handler, config.get("handler") or {}, staging, f"{variant}/{name}")
+        compile_ahead(handler, config.get("handler") or {}, staging, f"{variant.name}/{name}")
         shutil.copytree(ROOT / "handlers", staging / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
         config_file = Path(tmp) / "model-config.yaml"
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -210,23 +200,23 @@ def archive(name: str, handler: str, config: dict, write, options, variant: str)
         ]  # fmt: skip
         subprocess.run(command, check=True)
     stamp.write_text(digest)
-    log(f"{variant}/{name}.mar built in {time.perf_counter() - start:.0f}s ({mar.stat().st_size / 1e6:.0f} MB)")
+    log(f"{variant.name}/{name}.mar built in {time.perf_counter() - start:.0f}s ({mar.stat().st_size / 1e6:.0f} MB)")
     return mar
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(RECIPES), help="comma list of " + ", ".join(RECIPES))
-    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma list of " + ", ".join(VARIANTS))
+    parser.add_argument("--models", default=",".join(MODEL_NAMES), help="comma list of " + ", ".join(MODEL_NAMES))
+    parser.add_argument("--variants", default=",".join(variant_names()), help="comma list of " + ", ".join(variant_names()))
     parser.add_argument("--resnet50-weights", default="", help="torchvision-compatible ResNet-50 state dict (.pth)")
     parser.add_argument("--resnet50-labels", default="", help='JSON class names: ["tench", ...] or {"0": "tench"}')
     parser.add_argument("--custom", default="", help="archive your own model under this name (needs --exported)")
     parser.add_argument("--exported", default="", help="torch.export.save()d ExportedProgram (.pt2)")
     parser.add_argument("--task", default="image", choices=sorted(CUSTOM_TASKS))
     args = parser.parse_args(argv)
-    unknown = set(args.models.split(",")) - set(RECIPES) | set(args.variants.split(",")) - set(VARIANTS)
+    unknown = set(args.models.split(",")) - set(MODEL_NAMES) | set(args.variants.split(",")) - set(variant_names())
     if unknown:
-        parser.error(f"unknown model/variant {sorted(unknown)}; models: {list(RECIPES)}, variants: {VARIANTS}")
+        parser.error(f"unknown model/variant {sorted(unknown)}; models: {list(MODEL_NAMES)}, variants: {variant_names()}")
     if bool(args.custom) != bool(args.exported):
         parser.error("--custom NAME and --exported FILE.pt2 go together")
     return args
@@ -234,18 +224,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     options = parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    for variant in options.variants.split(","):
-        overlay = yaml.safe_load((CONFIG / "variants" / f"{variant}.yaml").read_text())
+    os.environ.update(process_environment({}))
+    for variant in map(Variant.load, options.variants.split(",")):
         if options.custom:
             handler, settings = CUSTOM_TASKS[options.task]
-            config = merged_config({"responseTimeout": 120, "startupTimeout": 900, "handler": settings}, overlay)
+            config = merged_config({"responseTimeout": 120, "startupTimeout": 900, "handler": settings}, variant.overlay)
             archive(options.custom, handler, config, write_exported, options, variant)
             continue
         for name in options.models.split(","):
-            recipe = RECIPES[name]
-            base = yaml.safe_load((CONFIG / "models" / recipe.config).read_text())
-            archive(name, recipe.handler, merged_config(base, overlay), recipe.write, options, variant)
+            model = MODELS[name]
+            base = yaml.safe_load(model.config.read_text())
+            archive(name, model.handler, merged_config(base, variant.overlay), WRITERS[name], options, variant)
 
 
 if __name__ == "__main__":

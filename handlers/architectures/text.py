@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import BertConfig, BertForSequenceClassification, BertModel
+
+from handlers.quiet_imports import torchao_import
+
+with torchao_import():  # transformers imports torchao when it is installed
+    from transformers import BertConfig, BertForSequenceClassification, BertModel
 
 
 class BertClassifier(BertForSequenceClassification):

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from kit.serve_config import ServeConfig
-from kit.server import Server, free_ports_config
+from kit.models import MODEL_NAMES
+from kit.serve_config import ServeConfig, free_ports_config
+from kit.server import Server
+from kit.variant import Variant
 
-ROOT = Path(__file__).resolve().parents[2]
 START_DEADLINE_S = 900  # cold Inductor cache on 2 cores: ~1-2 min; this is the ceiling
 
 
@@ -40,8 +41,8 @@ def extracted_archives(tmp_path_factory) -> dict[str, Path]:
     """The eager archives unpacked, for in-process references built from the same files."""
     root = tmp_path_factory.mktemp("archives")
     out = {}
-    for name in ("resnet50", "bert", "minilm"):
-        with zipfile.ZipFile(ROOT / "model_store" / "eager" / f"{name}.mar") as archive:
+    for name in MODEL_NAMES:
+        with zipfile.ZipFile(Variant.load("eager").archive(name)) as archive:
             archive.extractall(root / name)
         out[name] = root / name
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kit.serve_config import ServeConfig
-from kit.server import IPEX_VENV
+from kit.variant import Variant
 from tests.e2e.conftest import start_server
 from tests.e2e.test_serving import assert_bert_matches_eager, assert_resnet50_matches_eager
 
@@ -15,8 +15,9 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def ipex_server(tmp_path_factory):
-    if not (IPEX_VENV / "bin" / "torchserve").is_file():
-        pytest.fail(f"{IPEX_VENV} is not built: run `make install-ipex` (make test does)")
+    venv = Variant.load("ipex").environment
+    if not (venv / "bin" / "torchserve").is_file():
+        pytest.fail(f"{venv} is not built: run `make install-ipex` (make test does)")
     config = ServeConfig.from_preset("optimized", variant="ipex", models=["resnet50", "bert"])
     server = start_server(tmp_path_factory.mktemp("ipex"), config)
     yield server

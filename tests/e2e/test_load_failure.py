@@ -12,12 +12,12 @@ import pytest
 import torch
 import yaml
 
-from kit.serve_config import ServeConfig
-from kit.server import Server, ServerError, free_ports_config
+from kit.paths import ROOT
+from kit.serve_config import ServeConfig, free_ports_config
+from kit.server import Server, ServerError
 from tests.conftest import TinyCNN
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def build_archive(store: Path, name: str, handler_settings: dict) -> None:

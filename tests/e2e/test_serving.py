@@ -6,6 +6,7 @@ import pytest
 import requests
 import torch
 
+from bench.metrics import parse_prometheus
 from bench.payloads import photo_jpeg
 from handlers.image import image_to_tensor
 from handlers.loaders import load_model
@@ -114,8 +115,17 @@ def test_workers_really_load_tcmalloc_and_are_pinned(optimized_server):
         assert sorted(pinned) == [(0,), (1,)], f"{model} workers pinned to {pinned}"
 
 
-def test_metrics_endpoint_is_prometheus(optimized_server):
-    post(optimized_server, "bert", b"warm the counters", "text/plain")
-    response = requests.get(optimized_server.url("metrics", "/metrics"), timeout=10)
-    assert response.status_code == 200
-    assert "ts_inference_latency_microseconds" in response.text or "ts_inference_requests_total" in response.text
+def test_metrics_endpoint_counts_each_request(optimized_server):
+    def scrape() -> dict:
+        response = requests.get(optimized_server.url("metrics", "/metrics"), timeout=10)
+        assert response.status_code == 200 and response.headers["Content-Type"].startswith("text/plain")
+        return parse_prometheus(response.text)
+
+    post(optimized_server, "bert", b"warm the counters", "text/plain")  # the series exist from here on
+    before = scrape()
+    assert post(optimized_server, "bert", b"one more request", "text/plain").status_code == 200
+    after = scrape()
+    key = ("ts_inference_requests_total", "bert")
+    assert after[key] - before[key] == 1
+    latency = ("ts_inference_latency_microseconds", "bert")
+    assert after[latency] > before[latency]

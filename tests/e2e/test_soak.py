@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.soak import SoakSettings, run_soak
+from bench.soak import run_soak
+from bench.soak_report import SoakSettings
 
 pytestmark = pytest.mark.e2e
 

@@ -14,13 +14,13 @@ import pytest
 from bench.accuracy import agreement
 from handlers.optimize import optimize
 from kit.archive import extract, load_archived
+from kit.variant import Variant
 
-ROOT = Path(__file__).resolve().parents[2]
 INT8_VARIANTS = ["aoti-int8", "openvino-int8"]
 
 
 def int8_model(variant: str, model: str, tmp_path: Path):
-    archive = ROOT / "model_store" / variant / f"{model}.mar"
+    archive = Variant.load(variant).archive(model)
     if not archive.is_file():
         pytest.fail(f"{archive} is missing: run `make archive VARIANTS={variant}` (make test does)")
     archived = load_archived(extract(archive, tmp_path))

@@ -11,11 +11,11 @@ import torch
 pytest.importorskip("intel_extension_for_pytorch", reason="needs .venv-ipex: run `make install-ipex`")
 
 from handlers.architectures.text import BertClassifier  # noqa: E402
-from handlers.optimize import BackendUnavailable, optimize  # noqa: E402
-from handlers.settings import ImageSettings, TextSettings, parse_settings  # noqa: E402
+from handlers.optimize import optimize  # noqa: E402
+from handlers.settings import ImageSettings, SettingsError, TextSettings, parse_settings  # noqa: E402
 from handlers.text_classification import text_example  # noqa: E402
 from kit.archive import extract, load_archived  # noqa: E402
-from kit.serve_config import ROOT  # noqa: E402
+from kit.variant import Variant  # noqa: E402
 
 # ipex.optimize folds BN and prepacks oneDNN weights, like Inductor's freezing: fp32 to ~1e-5.
 FP32_TOL = {"rtol": 1e-4, "atol": 1e-4}
@@ -51,15 +51,14 @@ def test_text_backend_matches_eager_with_padding(tiny_bert_config):
     torch.testing.assert_close(served(optimized, inputs), eager(model, inputs), **FP32_TOL)
 
 
-def test_ipex_keeps_to_float32(tiny_cnn):
-    settings = parse_settings(ImageSettings, {"backend": "ipex", "dtype": "bfloat16", "fallback_to_eager": True})
-    with pytest.raises(BackendUnavailable, match="float32 only"):
-        optimize(tiny_cnn, settings, [(torch.randn(1, 3, 32, 32),)])
+def test_ipex_keeps_to_float32():
+    with pytest.raises(SettingsError, match="backend 'ipex' does not serve dtype 'bfloat16'"):
+        parse_settings(ImageSettings, {"backend": "ipex", "dtype": "bfloat16", "fallback_to_eager": True})
 
 
 @pytest.mark.parametrize("model", ["resnet50", "bert"])
 def test_served_models_match_eager(model, tmp_path):
-    archive = ROOT / "model_store" / "ipex" / f"{model}.mar"
+    archive = Variant.load("ipex").archive(model)
     if not archive.is_file():
         pytest.fail(f"{archive} missing: `make archive VARIANTS=ipex` (make test builds it)")
     archived = load_archived(extract(archive, tmp_path))

@@ -9,10 +9,11 @@ import pytest
 
 from bench.ab import AbParseError, ab_command, parse_ab
 from bench.metrics import parse_prometheus, server_latency, worker_load_seconds
-from bench.peers import Peer, Precision, Runtime
-from bench.plan import PlanError, load_plan, parse_plan
+from bench.plan import Peer, PlanError, Runtime, load_plan, parse_plan
 from bench.report import check_targets, write_report
-from bench.runner import ReferenceResult, RowResult, add_derived
+from bench.results import BenchRun, InProcessResult, Precision, RowResult, RunEnvironment, add_derived
+
+ENVIRONMENT = RunEnvironment("cpu", 2, "2.13.0", "0.12.0", "3.11", "abc", "d")
 
 AB_OUTPUT = """\
 Server Software:
@@ -122,6 +123,16 @@ def test_bundled_plans_are_valid():
             assert sum(r.baseline for r in plan.rows if r.model == model) == 1, f"{name}: one baseline per model"
 
 
+def test_a_plan_names_the_archives_it_needs():
+    plan = load_plan("default")
+    # Row variants for the models that run them; eager for the peers' weights and the baseline.
+    assert plan.archives["aoti-int8"] == ["resnet50", "bert"]
+    assert plan.archives["eager"] == ["resnet50", "bert"]
+    assert set(plan.archives) == {"eager", "inductor", "openvino", "aoti-int8", "openvino-int8", "ipex"}
+    tiny = parse_plan("t", {"models": ["minilm"], "rows": [{"name": "x", "preset": "optimized", "variant": "aoti"}]})
+    assert tiny.archives == {"aoti": ["minilm"]}  # no peers: no eager archive needed
+
+
 def test_matrix_expands_with_named_rows():
     plan = parse_plan("t", {"models": ["resnet50"], "rows": [
         {"name": "layout", "preset": "optimized", "allocator": ["jemalloc", "tcmalloc"], "workers": [1, 2], "threads": 1},
@@ -159,7 +170,7 @@ def test_unknown_plan_lists_choices():
 
 def row_result(**overrides) -> RowResult:
     values = dict(
-        model="resnet50", name="row", kind="served", variant="inductor", backend="inductor", runtime="inductor",
+        model="resnet50", name="row", kind="served", variant="inductor", runtime="inductor", precompiled=False,
         precision="fp32", launcher=True,
         allocator="tcmalloc", omp_wait_policy="passive", workers=2, threads=1, batch_size=1, max_batch_delay_ms=5,
         concurrency=4, baseline=False, requests_per_s=20.0, items_per_s=20.0, mean_ms=200.0, p50_ms=190.0,
@@ -191,12 +202,10 @@ def test_report_files_speedups_and_targets(tmp_path):
     assert "short by 1.00x" in checks["bert: best row >= 2.0x baseline req/s"].measured
 
     out = tmp_path / "results" / "20260101-000000"
-    plan = load_plan("quick")
-    env = {"date": "d", "cpu_model": "cpu", "cores": 2, "torch": "2.13.0", "torchserve": "0.12.0", "git_commit": "abc"}
-    write_report(out, plan, env, results, "python -m bench --plan quick")
+    write_report(out, BenchRun(load_plan("quick"), "python -m bench --plan quick", ENVIRONMENT, results))
     document = json.loads((out / "results.json").read_text())
     assert document["environment"]["cores"] == 2
-    required = {"model", "name", "backend", "launcher", "allocator", "workers", "threads", "batch_size", "concurrency",
+    required = {"model", "name", "runtime", "precompiled", "launcher", "allocator", "workers", "threads", "batch_size", "concurrency",
                 "requests_per_s", "items_per_s", "p50_ms", "p90_ms", "p99_ms", "non_2xx", "speedup_vs_baseline",
                 "in_process_items_per_s", "allocator_loaded", "ab_command"}  # fmt: skip
     assert required <= set(document["rows"][0])
@@ -206,17 +215,19 @@ def test_report_files_speedups_and_targets(tmp_path):
     assert (out.parent / "latest").resolve() == out.resolve()
 
 
-def reference(**overrides) -> ReferenceResult:
+def reference(**overrides) -> InProcessResult:
     values = dict(model="resnet50", name="openvino int8 b1", kind="peer", runtime="openvino", precision="int8",
                   batch_size=1, workers=1, threads=2, items_per_s=100.0, cosine_mean=0.9995, cosine_min=0.999,
                   top1_agreement=1.0)  # fmt: skip
     values.update(overrides)
-    return ReferenceResult(**values)
+    return InProcessResult(**values)
 
 
 def test_served_rows_are_compared_with_peers_per_precision(tmp_path):
     results = [
-        row_result(name="aoti int8", runtime="aoti", precision="int8", items_per_s=90.0, worker_load_s=3.2),
+        row_result(
+            name="aoti int8", runtime="aoti", precompiled=True, precision="int8", items_per_s=90.0, worker_load_s=3.2
+        ),  # fmt: skip
         row_result(name="inductor", items_per_s=30.0, worker_load_s=40.0),
     ]
     references = [
@@ -236,8 +247,7 @@ def test_served_rows_are_compared_with_peers_per_precision(tmp_path):
     assert [c.met for c in cold] == [True]  # only the precompiled (aoti) row is held to 5 s
 
     out = tmp_path / "run"
-    env = {"date": "d", "cpu_model": "cpu", "cores": 2, "torch": "2.13.0", "torchserve": "0.12.0", "git_commit": "abc"}
-    write_report(out, load_plan("quick"), env, results, "python -m bench", references=references)
+    write_report(out, BenchRun(load_plan("quick"), "python -m bench", ENVIRONMENT, results, references))
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [(r["kind"], r["runtime"], r["precision"]) for r in rows] == [
         ("served", "aoti", "int8"), ("served", "inductor", "fp32"), ("peer", "openvino", "int8"),
@@ -257,19 +267,19 @@ def test_plan_peers_are_parsed_and_checked():
 
 
 def test_rows_without_their_environment_are_skipped_and_reported(tmp_path, monkeypatch):
-    from bench.runner import PlanRun, run_plan
+    from bench.runner import run_plan
+    from kit.variant import Variant
 
-    monkeypatch.setattr("bench.runner.python_environment", lambda variant: tmp_path / ".venv-ipex")
+    monkeypatch.setattr(Variant, "environment", property(lambda variant: tmp_path / ".venv-ipex"))
     monkeypatch.setattr("bench.runner.run_row", lambda *args: pytest.fail("a row without its venv was started"))
     plan = load_plan("default")
-    ipex_rows = [row for row in plan.rows if row.serve.variant == "ipex"]
+    ipex_rows = [row for row in plan.rows if row.serve.variant.name == "ipex"]
     assert ipex_rows, "the default plan has IPEX rows"
-    plan = dataclasses.replace(plan, rows=ipex_rows)
-    run = PlanRun()
-    run_plan(plan, tmp_path, run)
+    plan = dataclasses.replace(plan, rows=ipex_rows, peers=())
+    run = BenchRun(plan, "python -m bench", ENVIRONMENT)
+    run_plan(run, tmp_path)
     assert run.results == [] and len(run.skipped) == len(ipex_rows)
     assert ".venv-ipex is not built (`make install-ipex`)" in run.skipped[0]
-    env = {"date": "d", "cpu_model": "cpu", "cores": 2, "torch": "2.13.0", "torchserve": "0.12.0", "git_commit": "abc"}
-    write_report(tmp_path / "out", plan, env, run.results, "python -m bench", run.skipped)
+    write_report(tmp_path / "out", run)
     assert "## Skipped rows" in (tmp_path / "out" / "report.md").read_text()
     assert json.loads((tmp_path / "out" / "results.json").read_text())["skipped"] == run.skipped

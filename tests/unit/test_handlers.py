@@ -15,11 +15,12 @@ from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
 import handlers.itt
 from handlers.architectures.text import BertClassifier, SentenceEmbedder
-from handlers.base import batch_buckets
+from handlers.backends import batch_buckets
 from handlers.image import image_to_tensor
 from handlers.image_classification import ImageClassificationHandler
 from handlers.sentence_embedding import SentenceEmbeddingHandler
-from handlers.text import encode, load_tokenizer
+from handlers.settings import parse_settings
+from handlers.text import TOKENIZER_FILE, encode, load_tokenizer
 from handlers.text_classification import TextClassificationHandler
 from model_store.build import minilm_dir
 from tests.conftest import encode_image
@@ -156,8 +157,7 @@ def test_itt_switch_off_opens_no_range(image_archive, monkeypatch):
 def write_text_archive(model_dir: Path, model) -> Path:
     torch.save(model.state_dict(), model_dir / "model.pt")
     (model_dir / "config.json").write_text(model.config.to_json_string())
-    for name in ("vocab.txt", "tokenizer.json"):
-        shutil.copy(minilm_dir() / name, model_dir / name)
+    shutil.copy(minilm_dir() / TOKENIZER_FILE, model_dir / TOKENIZER_FILE)
     return model_dir
 
 
@@ -196,15 +196,19 @@ def test_batch_buckets(max_batch, buckets):
 
 
 def test_model_config_files_parse_into_settings():
-    from handlers.settings import ImageSettings, TextSettings, parse_settings
-    from model_store.build import CONFIG, RECIPES, merged_config
+    from kit.archive import handler_class
+    from kit.models import MODELS
+    from kit.variant import Variant, variant_names
+    from model_store.build import WRITERS, merged_config
 
-    settings_class = {"resnet50": ImageSettings, "bert": TextSettings, "minilm": TextSettings}
-    for name, recipe in RECIPES.items():
-        base = yaml.safe_load((CONFIG / "models" / recipe.config).read_text())
-        for variant in (CONFIG / "variants").glob("*.yaml"):
-            merged = merged_config(base, yaml.safe_load(variant.read_text()))
-            parse_settings(settings_class[name], merged["handler"])  # raises on any bad key
+    assert WRITERS.keys() == MODELS.keys(), "every model of kit/models.py needs a weights recipe"
+    for model in MODELS.values():
+        base = yaml.safe_load(model.config.read_text())
+        for name in variant_names():
+            variant = Variant.load(name)
+            merged = merged_config(base, variant.overlay)
+            settings = parse_settings(handler_class(model.handler).settings_class, merged["handler"])  # raises
+            assert (settings.backend, settings.dtype) == (variant.backend, variant.dtype)
 
 
 def test_archive_build_stops_early_when_the_disk_is_nearly_full(tmp_path, monkeypatch):

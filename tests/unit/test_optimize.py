@@ -1,13 +1,17 @@
 """Each backend against eager on tiny models, at explicit tolerances; failure and fallback paths."""
 
 import logging
+import time
 
 import pytest
 import torch
 
+from handlers.accuracy import AccuracyError
 from handlers.architectures.text import BertClassifier
-from handlers.optimize import BACKENDS, AccuracyError, BackendUnavailable, CompileError, optimize
-from handlers.settings import Backend, ImageSettings, TextSettings, parse_settings
+from handlers.backends import Backend
+from handlers.backends.common import BackendUnavailable, CompileError
+from handlers.optimize import optimize
+from handlers.settings import ImageSettings, SettingsError, TextSettings, parse_settings
 from handlers.text_classification import text_example
 
 # Inductor reorders float reductions (and folds BN into conv under freezing): fp32 agrees to ~1e-5.
@@ -87,14 +91,32 @@ def test_inductor_really_freezes_the_weights(tiny_cnn):
     assert not any("batch_norm" in name or name == "aten::convolution" for name in names), sorted(names)
 
 
-def test_compile_time_is_reported_apart_from_warmup(tiny_cnn):
-    optimized = optimize(
-        tiny_cnn, parse_settings(ImageSettings, {"backend": "inductor"}), [(torch.randn(1, 3, 32, 32),)]
-    )
-    assert optimized.compile_seconds > 0 and optimized.warmup_seconds > 0
+def use_backend(monkeypatch, build) -> None:
+    """Every backend builds with `build(model, settings, spec)` (the registry's lookup, replaced)."""
+    monkeypatch.setattr("handlers.optimize.builder", lambda backend: build)
 
 
-def broken_backend(model, settings, example):
+def slow_first_call_backend(model, settings, spec):
+    calls = []
+
+    def run(*inputs):
+        calls.append(1)
+        if len(calls) == 1:  # the compiling call of the only warm-up shape
+            time.sleep(0.5)
+        return model(*inputs)
+
+    return run
+
+
+def test_compile_time_is_reported_apart_from_warmup(tiny_cnn, monkeypatch):
+    use_backend(monkeypatch, slow_first_call_backend)
+    settings = parse_settings(ImageSettings, {"backend": "inductor", "warmup_iterations": 3})
+    optimized = optimize(tiny_cnn, settings, [(torch.randn(1, 3, 32, 32),)])
+    assert optimized.compile_seconds >= 0.5  # the first call per shape
+    assert optimized.warmup_seconds < 0.25  # the three steady calls after it
+
+
+def broken_backend(model, settings, spec):
     def run(*inputs):
         raise RuntimeError("lowering failed: aten.fake_op\nlong traceback here")
 
@@ -102,19 +124,19 @@ def broken_backend(model, settings, example):
 
 
 def test_compile_failure_is_loud_by_default(tiny_cnn, monkeypatch):
-    monkeypatch.setitem(BACKENDS, Backend.INDUCTOR, broken_backend)
+    use_backend(monkeypatch, broken_backend)
     with pytest.raises(CompileError, match=r"'inductor' failed during warm-up \(RuntimeError: lowering failed"):
         optimize(tiny_cnn, parse_settings(ImageSettings, {}), [(torch.randn(1, 3, 32, 32),)])
 
 
 def test_fallback_to_eager_only_when_configured(tiny_cnn, monkeypatch, caplog):
-    monkeypatch.setitem(BACKENDS, Backend.INDUCTOR, broken_backend)
+    use_backend(monkeypatch, broken_backend)
     settings = parse_settings(ImageSettings, {"fallback_to_eager": True})
     x = (torch.randn(1, 3, 32, 32),)
     reference = eager_reference(tiny_cnn, x)
     with caplog.at_level(logging.WARNING):
         optimized = optimize(tiny_cnn, settings, [x])
-    assert optimized.backend is Backend.EAGER
+    assert optimized.backend is Backend.EAGER and optimized.accuracy_error is None
     assert "lowering failed: aten.fake_op" in optimized.fallback_reason
     assert "falling back to eager" in caplog.text and "lowering failed" in caplog.text
     torch.testing.assert_close(run(optimized, x), reference, rtol=1e-5, atol=1e-6)
@@ -156,7 +178,32 @@ def test_wrong_compiled_output_falls_back_when_configured(broken_relu_lowering, 
 
 def test_correct_compile_reports_its_small_error(tiny_cnn):
     optimized = optimize(tiny_cnn, parse_settings(ImageSettings, {}), [(torch.randn(2, 3, 32, 32),)])
-    assert 0 <= optimized.accuracy_error < 1e-4
+    assert optimized.accuracy_error is not None and optimized.accuracy_error < 1e-4
+    # Eager is the reference itself: no guard runs.
+    assert (
+        optimize(
+            tiny_cnn, parse_settings(ImageSettings, {"backend": "eager"}), [(torch.randn(1, 3, 8, 8),)]
+        ).accuracy_error
+        is None
+    )
+
+
+def test_the_guard_measures_the_difference_to_eager(tiny_cnn, monkeypatch):
+    def offset_backend(model, settings, spec):
+        return lambda *inputs: model(*inputs) + 1e-4  # every logit off by 1e-4
+
+    use_backend(monkeypatch, offset_backend)
+    x = (torch.randn(2, 3, 32, 32),)
+    with torch.inference_mode():
+        smallest = tiny_cnn(*x).abs().min().item()  # the metric, 1e-4 / (1 + |logit|), peaks there
+    optimized = optimize(tiny_cnn, parse_settings(ImageSettings, {}), [x])
+    assert optimized.accuracy_error == pytest.approx(1e-4 / (1 + smallest), rel=1e-2)
+
+
+@pytest.mark.parametrize("backend", ["ipex", "ipex-compile"])
+def test_ipex_serves_float32_only_and_says_so_when_parsed(backend):
+    with pytest.raises(SettingsError, match=f"backend '{backend}' does not serve dtype 'bfloat16' .it serves float32."):
+        parse_settings(ImageSettings, {"backend": backend, "dtype": "bfloat16"})
 
 
 @pytest.mark.parametrize("backend", ["ipex", "ipex-compile"])

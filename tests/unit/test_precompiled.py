@@ -8,9 +8,10 @@ import logging
 import pytest
 import torch
 
-from handlers.aoti import CPU_SUPPORTS, load_packages, package_name
-from handlers.base import serving_buckets
-from handlers.optimize import AccuracyError, Reference, cosine_distance, relative_error
+from handlers.accuracy import AccuracyError, Reference, cosine_distance, relative_error
+from handlers.backends import aoti
+from handlers.backends.aoti import CPU_SUPPORTS, package_name
+from handlers.backends.common import BuildSpec
 from handlers.precompile import precompile
 from handlers.settings import ImageSettings, SettingsError, parse_settings
 from kit.archive import bare_handler
@@ -19,7 +20,11 @@ from tests.unit.test_handlers import image_handler, serve, statuses
 
 
 def test_int8_needs_a_precompiled_backend():
-    with pytest.raises(SettingsError, match="dtype int8 is quantized at archive time; it needs backend aoti, openvino"):
+    with pytest.raises(
+        SettingsError,
+        match=r"backend 'inductor' does not serve dtype 'int8' \(it serves bfloat16, float32\); "
+        "for int8 choose backend aoti, openvino",
+    ):
         parse_settings(ImageSettings, {"backend": "inductor", "dtype": "int8"})
     with pytest.raises(SettingsError, match="aoti_batch_sizes must be a non-empty list of sizes >= 1"):
         parse_settings(ImageSettings, {"backend": "aoti", "aoti_batch_sizes": [0, 4]})
@@ -31,13 +36,13 @@ def test_int8_needs_a_precompiled_backend():
 )
 def test_aoti_buckets_are_packaged_sizes(max_batch, packaged, buckets):
     settings = parse_settings(ImageSettings, {"backend": "aoti", "aoti_batch_sizes": list(packaged)})
-    assert serving_buckets(max_batch, settings) == buckets
+    assert settings.serving_buckets(max_batch) == buckets
 
 
 def test_a_batch_size_without_package_is_refused_by_name(tmp_path):
     settings = parse_settings(ImageSettings, {"backend": "aoti", "aoti_batch_sizes": [1, 2]})
     with pytest.raises(ValueError, match=r"batch sizes \[1, 2\], but serving needs \[16\]; lower batchSize"):
-        load_packages(tmp_path, settings, [1, 2, 16])
+        aoti.build(None, settings, BuildSpec((), (1, 2, 16), tmp_path))
 
 
 def test_cosine_distance_ignores_scale_not_direction():
@@ -117,7 +122,7 @@ def test_a_package_for_a_newer_cpu_is_refused_by_name(aoti_archive, monkeypatch)
     for isa in CPU_SUPPORTS:  # a CPU older than the one that built the package
         monkeypatch.setitem(CPU_SUPPORTS, isa, lambda: False)
     with pytest.raises(RuntimeError, match=r"model.aoti.b1.pt2 was compiled for (AVX\S+).*, but this CPU lacks \1"):
-        load_packages(aoti_archive, parse_settings(ImageSettings, {"backend": "aoti"}), [1])
+        aoti.build(None, parse_settings(ImageSettings, {"backend": "aoti"}), BuildSpec((), (1,), aoti_archive))
 
 
 def test_aoti_archive_without_packages_names_the_fix(exported_cnn):

@@ -7,7 +7,9 @@ import sys
 import pytest
 
 from kit.procinfo import inspect_process, loaded_allocator
-from kit.server import VENV
+from kit.variant import Variant
+
+VENV = Variant.load("inductor").environment  # the main environment, with its allocator links
 
 SLEEPER = [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"]
 

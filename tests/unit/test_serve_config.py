@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from handlers.settings import parse_settings
 from kit.serve_config import Allocator, ConfigError, ServeConfig, launcher_args, render, worker_environment
 
 
@@ -93,10 +94,22 @@ def test_diagnostics_reach_the_workers_environment():
 
 
 def test_openvino_workers_keep_glibc_malloc():
-    from kit.server import compatible
-
     openvino = ServeConfig.from_preset("optimized", variant="openvino-int8")
     assert openvino.allocator is Allocator.TCMALLOC  # what the preset asks for
-    assert compatible(openvino).allocator is Allocator.DEFAULT  # what the worker gets
+    assert openvino.served_allocator is Allocator.DEFAULT  # what the worker gets
+    assert "--use_default_allocator" in launcher_args(openvino)
     inductor = ServeConfig.from_preset("optimized")
-    assert compatible(inductor) == inductor
+    assert inductor.served_allocator is Allocator.TCMALLOC
+    assert "--enable_tcmalloc" in launcher_args(inductor)
+
+
+def test_a_variant_is_resolved_once_with_its_traits():
+    config = ServeConfig.from_preset("optimized", variant="ipex")
+    assert config.variant.name == "ipex" and config.variant.backend.value == "ipex"
+    assert config.variant.environment.name == ".venv-ipex"
+    assert config.variant.archive("bert").parts[-3:] == ("model_store", "ipex", "bert.mar")
+    assert ServeConfig.from_preset("optimized").variant.environment.name == ".venv"
+    # What the state file stores and reads back: the name, resolved again.
+    assert parse_settings(ServeConfig, config.to_dict()) == config
+    with pytest.raises(ConfigError, match="variant 'openvino-int4' is unknown; choose one of: aoti, aoti-int8, eager"):
+        ServeConfig.from_preset("optimized", variant="openvino-int4")

@@ -1,10 +1,9 @@
 import pytest
 
+from handlers.backends import Backend, DType
 from handlers.settings import (
     Architecture,
-    Backend,
     CompileMode,
-    DType,
     ImageSettings,
     SettingsError,
     TextSettings,

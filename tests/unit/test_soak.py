@@ -7,16 +7,8 @@ import dataclasses
 import pytest
 
 from bench.load import NO_RESPONSE, Sample
-from bench.soak import (
-    KillPhase,
-    RestartPhase,
-    SoakPhase,
-    SoakSettings,
-    WorkerMemory,
-    evaluate,
-    full_rate_after,
-    served_backends,
-)
+from bench.soak import full_rate_after, served_backends
+from bench.soak_report import KillPhase, RestartPhase, SoakPhase, SoakSettings, WorkerMemory, evaluate
 
 
 def steady(start: float, end: float, rate: float) -> list[Sample]:

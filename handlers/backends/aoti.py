@@ -1,7 +1,7 @@
 """AOTInductor: compile (and int8-quantize) at archive time, load in milliseconds in the worker.
 
-    build_packages(model, settings, example_of, calibration, staging)  # make archive
-    run = load_packages(model_dir, settings, buckets)                   # worker initialize()
+    precompile(model, settings, example_of, calibration, staging)   # make archive
+    run = build(None, settings, spec)                                 # worker initialize()
 
 One package per batch size in `aoti_batch_sizes`, each with static shapes: a dynamic batch
 dimension measured ~30 % slower for int8 ResNet-50 at batch 1 on this machine. A package
@@ -23,8 +23,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from handlers.optimize import Inputs, inductor_options
-from handlers.settings import DType, OptimizationSettings
+from handlers.backends import DType
+from handlers.backends.common import BuildSpec, Inputs, prepare, to_layout
+from handlers.backends.inductor import inductor_options
+from handlers.quiet_imports import torchao_import
+from handlers.settings import OptimizationSettings
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +39,9 @@ def package_name(batch_size: int) -> str:
 def quantize_int8(model: nn.Module, example: Inputs, calibration: Sequence[Inputs]) -> nn.Module:
     """PT2E static int8. `example` has batch size 2: the batch dimension is exported dynamic (a
     batch of 1 would be specialised), so the quantized graph can be packaged at any size."""
-    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    with torchao_import():
+        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     quantizer = x86.X86InductorQuantizer()
     quantizer.set_global(x86.get_default_x86_inductor_quantization_config())
@@ -50,7 +54,7 @@ def quantize_int8(model: nn.Module, example: Inputs, calibration: Sequence[Input
     return convert_pt2e(prepared)
 
 
-def build_packages(
+def precompile(
     model: nn.Module,
     settings: OptimizationSettings,
     example_of: Callable[[int], Inputs],
@@ -58,17 +62,23 @@ def build_packages(
     out_dir: Path,
     progress: Callable[[str], None] = log.info,
 ) -> list[Path]:
-    """One AOTInductor package per batch size; `model` is the prepared (layout) eval model."""
+    """One AOTInductor package per batch size of the eval `model`, in the served layout."""
+
+    def served(inputs: Inputs) -> Inputs:
+        return to_layout(inputs, settings.channels_last)
+
+    model = prepare(model, settings)
+    calibration = [served(batch) for batch in calibration]
     if settings.dtype is DType.INT8:
         progress(f"int8: calibrating on {len(calibration)} batches")
-        model = quantize_int8(model, example_of(2), calibration)
+        model = quantize_int8(model, served(example_of(2)), calibration)
     packages = []
     for size in settings.aoti_batch_sizes:
         progress(f"AOTInductor: compiling batch size {size}")
         with torch.no_grad(), warnings.catch_warnings():  # freezing only applies without autograd
             # torch's own int8 lowering copies a tensor the deprecated way, once per layer.
             warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning)
-            program = torch.export.export(model, example_of(size))
+            program = torch.export.export(model, served(example_of(size)))
             packages.append(
                 Path(
                     torch._inductor.aoti_compile_and_package(
@@ -130,7 +140,9 @@ class PackagedModel:
         return self.runners[inputs[0].shape[0]](*inputs)
 
 
-def load_packages(model_dir: Path, settings: OptimizationSettings, buckets: Sequence[int]) -> PackagedModel:
+def build(model: nn.Module | None, settings: OptimizationSettings, spec: BuildSpec) -> PackagedModel:
+    """The archive's packages for every served batch size; `model` (the eager one) is not needed."""
+    model_dir, buckets = spec.archive(), spec.batch_sizes
     missing = sorted(set(buckets) - set(settings.aoti_batch_sizes))
     if missing:
         raise ValueError(

@@ -1,7 +1,7 @@
 """OpenVINO: convert (and int8-quantize with NNCF) at archive time, compile the IR in the worker.
 
-    build_ir(model, settings, example, calibration, staging)   # make archive: model.xml + model.bin
-    run = load_ir(model_dir, settings)                         # worker initialize(), ~1 s
+    precompile(model, settings, example_of, calibration, staging)   # make archive: model.xml + model.bin
+    run = build(None, settings, spec)                               # worker initialize(), ~1 s
 
 The IR keeps a dynamic batch dimension, so every batch size runs without recompiling.
 OpenVINO picks its own inference precision: bf16 on CPUs with AMX or AVX512-BF16, which is
@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from handlers.optimize import Inputs
-from handlers.settings import DType, OptimizationSettings
+from handlers.backends import DType
+from handlers.backends.common import BuildSpec, Inputs
+from handlers.settings import OptimizationSettings
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +49,19 @@ def quantize_int8(converted, calibration: Sequence[Inputs], transformer: bool):
     return nncf.quantize(converted, dataset, subset_size=len(calibration), model_type=model_type)
 
 
-def build_ir(
+def precompile(
     model: nn.Module,
     settings: OptimizationSettings,
-    example: Inputs,
+    example_of: Callable[[int], Inputs],
     calibration: Sequence[Inputs],
     out_dir: Path,
     progress: Callable[[str], None] = log.info,
 ) -> Path:
+    """The IR of the float32 NCHW eval `model`: OpenVINO chooses layouts and precision itself."""
     import openvino as ov
 
     progress("OpenVINO: converting")
-    converted = convert(model, example)
+    converted = convert(model, example_of(2))
     if settings.dtype is DType.INT8:
         progress(f"OpenVINO int8: NNCF calibration on {len(calibration)} batches")
         converted = quantize_int8(converted, calibration, settings.transformer)
@@ -87,10 +89,11 @@ class CompiledIR:
         return torch.from_numpy(self.request.infer(arrays)[0].copy())
 
 
-def load_ir(model_dir: Path, settings: OptimizationSettings) -> CompiledIR:
+def build(model: nn.Module | None, settings: OptimizationSettings, spec: BuildSpec) -> CompiledIR:
+    """The archive's IR compiled for this CPU; `model` (the eager one) is not needed."""
     import openvino as ov
 
-    path = model_dir / IR_FILE
+    path = spec.archive() / IR_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing from the archive; rebuild it with `make archive`")
     core = ov.Core()

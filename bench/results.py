@@ -1,0 +1,173 @@
+"""What a bench run measured, as records: filled by the runner, read by the report and the tuner.
+
+    run = BenchRun(plan, command, RunEnvironment.capture())
+    run.results.append(RowResult(...)); add_derived(run.results)
+
+Every record is a dataclass that `dataclasses.asdict` turns into results.json as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import platform
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from handlers.backends import DType
+from kit.paths import ROOT
+
+if TYPE_CHECKING:  # the plan is what was run; its module reads this one's Precision
+    from bench.plan import Plan
+
+
+class Precision(enum.StrEnum):
+    """How results name a precision (a handler's DType, or a peer runtime's)."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    INT8 = "int8"
+
+
+PRECISION_OF_DTYPE = {DType.FLOAT32: Precision.FP32, DType.BFLOAT16: Precision.BF16, DType.INT8: Precision.INT8}
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """What an in-process or peer child reports: throughput and agreement with float32 eager."""
+
+    items_per_s: float
+    cosine_mean: float
+    cosine_min: float
+    top1_agreement: float
+
+
+@dataclasses.dataclass
+class RowResult:
+    """One served row: a real TorchServe under ab."""
+
+    model: str
+    name: str
+    kind: str  # served
+    variant: str
+    runtime: str  # the backend that runs the model inside TorchServe
+    precompiled: bool  # the backend compiles at archive time: workers only load (cold-start target)
+    precision: str  # fp32 | bf16 | int8
+    launcher: bool
+    allocator: str  # what the workers were given (OpenVINO keeps glibc malloc whatever the preset says)
+    omp_wait_policy: str
+    workers: int | None
+    threads: int | None
+    batch_size: int
+    max_batch_delay_ms: int
+    concurrency: int
+    baseline: bool
+    # AbResult's fields, under the same names:
+    complete: int
+    failed: int
+    non_2xx: int
+    requests_per_s: float
+    mean_ms: float
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    max_ms: float
+    duration_s: float
+    items_per_s: float  # one item per HTTP request: requests_per_s
+    start_to_ready_s: float
+    ts_inference_ms: float | None
+    ts_queue_ms: float | None
+    allocator_loaded: list[str]  # read from each worker's /proc/PID/maps
+    cpu_affinity: list[list[int]]
+    worker_rss_mb: list[float]
+    worker_count: int
+    ab_command: str
+    worker_load_s: float | None = None  # slowest worker's spawn-to-READY (TorchServe's WorkerLoadTime)
+    in_process_items_per_s: float | None = None
+    # Agreement with float32 eager on held-out inputs, from the in-process run of the same archive.
+    cosine_mean: float | None = None
+    cosine_min: float | None = None
+    top1_agreement: float | None = None
+    speedup_vs_baseline: float | None = None
+    served_vs_in_process: float | None = None
+
+
+@dataclasses.dataclass
+class InProcessResult:
+    """A row without a server: the kit's own model in-process, or a peer runtime."""
+
+    model: str
+    name: str
+    kind: str  # in_process | peer
+    runtime: str
+    precision: str
+    batch_size: int
+    workers: int
+    threads: int
+    items_per_s: float
+    cosine_mean: float
+    cosine_min: float
+    top1_agreement: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RunEnvironment:
+    """The machine and software a run measured: never compare numbers across CPUs."""
+
+    cpu_model: str
+    cores: int
+    torch: str
+    torchserve: str
+    python: str
+    git_commit: str
+    date: str
+
+    @classmethod
+    def capture(cls) -> RunEnvironment:
+        def version(package: str) -> str:
+            try:
+                return metadata.version(package)
+            except metadata.PackageNotFoundError:
+                return ""
+
+        cpu = next(
+            (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+             if line.startswith("model name")),
+            platform.processor(),
+        )  # fmt: skip
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        return cls(
+            cpu_model=cpu,
+            cores=os.cpu_count() or 1,
+            torch=version("torch"),
+            torchserve=version("torchserve"),
+            python=platform.python_version(),
+            git_commit=commit.stdout.strip(),
+            date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        )
+
+
+@dataclasses.dataclass
+class BenchRun:
+    """One run of a plan, filled in row by row, so an interrupted run still reports what it measured."""
+
+    plan: Plan
+    command: str
+    environment: RunEnvironment
+    results: list[RowResult] = dataclasses.field(default_factory=list)
+    references: list[InProcessResult] = dataclasses.field(default_factory=list)  # in-process and peers
+    skipped: list[str] = dataclasses.field(default_factory=list)  # "row label: why"
+
+
+def add_derived(results: list[RowResult]) -> None:
+    """Speed-up over the model's baseline row and served/in-process ratio, per row."""
+    baselines = {r.model: r.requests_per_s for r in results if r.baseline}
+    for r in results:
+        if r.model in baselines and baselines[r.model] > 0:
+            r.speedup_vs_baseline = round(r.requests_per_s / baselines[r.model], 2)
+        if r.in_process_items_per_s:
+            r.served_vs_in_process = round(r.items_per_s / r.in_process_items_per_s, 3)

@@ -1,0 +1,94 @@
+"""The accuracy guard: a backend's outputs against float eager's on the same inputs, per dtype.
+
+    reference = Reference.of(prepared, check_inputs, channels_last)   # or Reference.load(model_dir)
+    error = accuracy_error(optimized, reference, settings.dtype)       # AccuracyError above tolerance
+
+Backends compiled in the worker build the Reference there. Precompiled ones ship it in the
+archive (handlers/precompile.py runs the same eager model), so their workers never build that
+model: for BERT that is transformers' import, 440 MB of float weights and the eager runs,
+~3 s of a worker's start on one core.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from handlers.backends import DType
+from handlers.backends.common import CompileError, Inputs, to_layout
+
+REFERENCE_FILE = "reference.pt"  # in precompiled archives
+
+
+class AccuracyError(CompileError):
+    """The backend ran but its outputs differ from eager beyond the configured tolerance."""
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / (1 + |expected|): absolute near zero, relative for large values."""
+    return ((actual.float() - expected.float()).abs() / (1 + expected.float().abs())).max().item()
+
+
+def cosine_distance(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """1 - the lowest cosine similarity between matching output rows: direction, not scale."""
+    cosine = torch.nn.functional.cosine_similarity(actual.float().flatten(1), expected.float().flatten(1), dim=1)
+    return 1.0 - cosine.min().item()
+
+
+# How far a backend may be from eager, per dtype (tolerances in settings.ACCURACY_TOLERANCE).
+# int8 is compared with the float32 model: element-wise error scales with the logits, while
+# the direction of the output row is what ranking, top-k and embeddings depend on.
+ERROR_METRICS: dict[DType, Callable[[torch.Tensor, torch.Tensor], float]] = {
+    DType.FLOAT32: relative_error,
+    DType.BFLOAT16: relative_error,
+    DType.INT8: cosine_distance,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Reference:
+    """The accuracy guard's input batches and what the float eager model returns for them."""
+
+    inputs: list[Inputs]
+    outputs: list[torch.Tensor]
+
+    @classmethod
+    def of(cls, model: nn.Module, inputs: Sequence[Inputs], channels_last: bool) -> Reference:
+        with torch.inference_mode():
+            return cls(list(inputs), [model(*to_layout(batch, channels_last)) for batch in inputs])
+
+    def save(self, model_dir: Path) -> None:
+        torch.save({"inputs": self.inputs, "outputs": self.outputs}, model_dir / REFERENCE_FILE)
+
+    @classmethod
+    def load(cls, model_dir: Path) -> Reference:
+        path = model_dir / REFERENCE_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing from the archive; rebuild it with `make archive`")
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        return cls([tuple(batch) for batch in saved["inputs"]], saved["outputs"])
+
+
+def accuracy_error(run: Callable[..., torch.Tensor], reference: Reference, dtype: DType = DType.FLOAT32) -> float:
+    """Largest difference to eager on the reference inputs, by the dtype's metric."""
+    with torch.inference_mode():
+        pairs = zip(reference.inputs, reference.outputs, strict=True)
+        return max(ERROR_METRICS[dtype](run(*inputs), expected) for inputs, expected in pairs)
+
+
+def require_accuracy(
+    run: Callable[..., torch.Tensor], reference: Reference, backend: str, dtype: DType, tolerance: float
+) -> float:
+    """The error to eager, or AccuracyError when it is above `tolerance` (or NaN)."""
+    error = accuracy_error(run, reference, dtype)
+    if not error <= tolerance:  # also catches NaN
+        raise AccuracyError(
+            f"backend {backend!r} differs from eager by {error:.3g} on the check inputs "
+            f"(tolerance {tolerance:.3g}); run `make doctor` on this model to find the failing "
+            "component, or set `fallback_to_eager: true` in model-config.yaml"
+        )
+    return error

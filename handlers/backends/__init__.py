@@ -1,0 +1,109 @@
+"""Every backend a handler can run, and its traits: the one place they are declared.
+
+    traits = BACKENDS[Backend.AOTI]                       # precompiled? environment? allocator? ...
+    run = builder(settings.backend)(model, settings, spec)   # imports handlers/backends/aoti.py now
+
+Importing this module imports no torch: the serving side (kit/) reads the traits to pick a
+variant's Python environment and allocator without loading a model.
+
+Adding a backend: a module in this package with `build(model, settings, spec) -> runner` (and
+`precompile(...)` if `make archive` compiles it; see aoti.py), a member of `Backend` with its
+entry in `BACKENDS`, and a config/variants/<name>.yaml that selects it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+
+class Backend(enum.StrEnum):
+    EAGER = "eager"
+    INDUCTOR = "inductor"
+    IPEX = "ipex"  # ipex.optimize + TorchScript trace + freeze
+    IPEX_COMPILE = "ipex-compile"  # torch.compile(backend="ipex")
+    AOTI = "aoti"  # AOTInductor packages compiled at archive time
+    OPENVINO = "openvino"  # OpenVINO IR converted at archive time
+
+
+class DType(enum.StrEnum):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    # Static post-training quantization, calibrated at archive time.
+    INT8 = "int8"
+
+
+class BatchSizes(enum.Enum):
+    BUCKETS = "powers of two up to the batch size, each compiled and warmed up in the worker"
+    PACKAGED = "only the sizes packaged at archive time (the aoti_batch_sizes setting)"
+
+
+FLOATS = frozenset({DType.FLOAT32, DType.BFLOAT16})
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendTraits:
+    module: str  # handlers/backends/<module>.py, imported only when the backend is used
+    dtypes: frozenset[DType]
+    builder: str = "build"  # the module's function that returns the runner
+    # Compiled (and quantized) by `make archive`: a worker only loads the artifact, in seconds.
+    precompiled: bool = False
+    environment: str = ".venv"  # the Python environment (repository-relative) its workers run in
+    preloaded_allocator: bool = True  # runs with tcmalloc/jemalloc LD_PRELOADed by the launcher
+    batch_sizes: BatchSizes = BatchSizes.BUCKETS
+
+
+BACKENDS: dict[Backend, BackendTraits] = {
+    Backend.EAGER: BackendTraits("eager", FLOATS),
+    Backend.INDUCTOR: BackendTraits("inductor", FLOATS),
+    # IPEX 2.8 imports only with torch 2.8, hence its own environment. Without AMX its bf16 and
+    # int8 paths bring nothing here: the kit keeps it to float32.
+    Backend.IPEX: BackendTraits("ipex", frozenset({DType.FLOAT32}), "build_traced", environment=".venv-ipex"),
+    Backend.IPEX_COMPILE: BackendTraits("ipex", frozenset({DType.FLOAT32}), "build_compiled", environment=".venv-ipex"),
+    Backend.AOTI: BackendTraits("aoti", FLOATS | {DType.INT8}, precompiled=True, batch_sizes=BatchSizes.PACKAGED),
+    # OpenVINO's CPU plugin frees with glibc what a preloaded tcmalloc/jemalloc allocated
+    # ("free(): invalid pointer" in compile_model): its workers keep glibc malloc.
+    Backend.OPENVINO: BackendTraits("openvino", FLOATS | {DType.INT8}, precompiled=True, preloaded_allocator=False),
+}
+
+
+def _module(backend: Backend):
+    return importlib.import_module(f"{__name__}.{BACKENDS[backend].module}")
+
+
+def builder(backend: Backend) -> Callable[..., Any]:
+    """`build(model, settings, spec) -> runner` of the backend (imports its module)."""
+    return getattr(_module(backend), BACKENDS[backend].builder)
+
+
+def precompiler(backend: Backend) -> Callable[..., Any]:
+    """`precompile(model, settings, example_of, calibration, out_dir, progress)` of a precompiled backend."""
+    return _module(backend).precompile
+
+
+def backends_serving(dtype: DType) -> list[str]:
+    return sorted(b.value for b, traits in BACKENDS.items() if dtype in traits.dtypes)
+
+
+def batch_buckets(max_batch: int) -> list[int]:
+    """Powers of two up to max_batch, plus max_batch: the shapes compiled at start-up."""
+    sizes = {max_batch}
+    size = 1
+    while size < max_batch:
+        sizes.add(size)
+        size *= 2
+    return sorted(sizes)
+
+
+def serving_buckets(max_batch: int, backend: Backend, packaged: Sequence[int]) -> list[int]:
+    """The batch sizes to warm up and pad to, for a TorchServe batchSize of max_batch."""
+    if BACKENDS[backend].batch_sizes is BatchSizes.BUCKETS:
+        return batch_buckets(max_batch)
+    sizes = sorted(packaged)
+    # Up to the first packaged size that holds a full batch; none -> max_batch, which the
+    # loader then reports as missing from the archive.
+    cover = next((size for size in sizes if size >= max_batch), max_batch)
+    return [size for size in sizes if size < cover] + [cover]

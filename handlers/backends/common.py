@@ -1,0 +1,80 @@
+"""What every backend module shares: input and runner types, the build spec, layout and precision.
+
+prepared = prepare(model, settings)            # channels-last, autocast: before any backend
+run = backend.build(prepared, settings, BuildSpec(example, (1, 4), model_dir))
+logits = run(*to_layout(inputs, settings.channels_last))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from handlers.backends import DType
+from handlers.settings import OptimizationSettings
+
+Inputs = tuple[torch.Tensor, ...]
+Runner = Callable[..., torch.Tensor]
+
+# dtypes reached by autocast at run time; int8 is quantized at archive time, float32 is as is.
+AUTOCAST_DTYPES = {DType.BFLOAT16: torch.bfloat16}
+
+
+class BackendUnavailable(RuntimeError):
+    """The configured backend cannot run here (its environment or its artifact is missing)."""
+
+
+class CompileError(RuntimeError):
+    """The configured backend failed on the warm-up inputs and no fallback was allowed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildSpec:
+    """What a backend builder may need besides the model: the served shapes and the archive."""
+
+    example: Inputs  # the first warm-up example, in the served layout
+    batch_sizes: tuple[int, ...]  # every batch size that will be served
+    model_dir: Path | None = None  # the extracted archive: precompiled backends load from it
+
+    def archive(self) -> Path:
+        if self.model_dir is None:
+            raise BackendUnavailable("a precompiled backend (aoti, openvino) runs from a built archive only")
+        return self.model_dir
+
+
+class Autocast(nn.Module):
+    """Runs `inner` under CPU autocast and hands float32 back, so postprocessing is dtype-agnostic."""
+
+    def __init__(self, inner: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.inner = inner
+        self.dtype = dtype
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=self.dtype):
+            return self.inner(*inputs).float()
+
+
+def to_layout(inputs: Inputs, channels_last: bool) -> Inputs:
+    """Inputs in the memory format the model was prepared for (4-D tensors only)."""
+    if not channels_last:
+        return inputs
+    return tuple(t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in inputs)
+
+
+def prepare(model: nn.Module, settings: OptimizationSettings) -> nn.Module:
+    if settings.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if settings.dtype in AUTOCAST_DTYPES:
+        model = Autocast(model, AUTOCAST_DTYPES[settings.dtype])
+    return model
+
+
+def short_reason(error: BaseException) -> str:
+    """`Type: first line of the message`, for logs and error messages."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"

@@ -1,0 +1,35 @@
+"""Imports of third-party modules that log harmless warnings at import time, made quiet.
+
+    with torchao_import():                     # around an import that brings torchao in
+        from transformers import BertModel
+
+torchao 0.18 under the CPU build of torch logs two warnings that mean nothing here, which
+every `make archive` and every text worker printed:
+- "Failed to load .../torchao/_C_cutlass_90a.abi3.so" (and _C_mxfp8): kernel libraries for CUDA
+  (sm_90a) and another Python; the kit's int8 path (PT2E + Inductor) uses none of them.
+- torch/utils/_pytree.py "<enum 'KernelPreference'> is an Enum subclass ... register_constant()
+  is deprecated": torchao registers two enums the old way; torch still accepts it.
+transformers imports torchao whenever it is installed (its torchao quantizer), so BERT and
+MiniLM workers import it too. Only those loggers, only during the import: later warnings show.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+NOISY_AT_IMPORT = ("torchao", "torch.utils._pytree")
+
+
+@contextlib.contextmanager
+def torchao_import() -> Iterator[None]:
+    loggers = [logging.getLogger(name) for name in NOISY_AT_IMPORT]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)

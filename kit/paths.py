@@ -1,0 +1,23 @@
+"""Where the kit's files live, and what every process it starts gets in its environment.
+
+from kit.paths import ROOT, STORE
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "config"
+STORE = ROOT / "model_store"  # model_store/<variant>/<model>.mar
+LOGS = ROOT / "logs"
+# Compiled kernels, shared by every server, bench child and test: restarts reuse them.
+INDUCTOR_CACHE = ROOT / ".cache" / "inductor"
+
+# Nothing the kit starts may reach a model hub: weights ship in archives and pip packages.
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def process_environment(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` plus what a server, worker, archive build or bench child of the kit needs."""
+    return {**environ, **OFFLINE, "TORCHINDUCTOR_CACHE_DIR": str(INDUCTOR_CACHE)}

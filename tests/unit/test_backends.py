@@ -1,0 +1,38 @@
+"""The backend registry: every backend declared once, with a module that builds it and a variant that selects it."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+from handlers.backends import BACKENDS, Backend, BatchSizes, builder, precompiler
+from kit.paths import ROOT
+from kit.variant import Variant, variant_names
+
+
+@pytest.mark.parametrize("backend", list(Backend))
+def test_every_backend_has_traits_and_a_builder(backend):
+    traits = BACKENDS[backend]
+    build = builder(backend)
+    assert list(inspect.signature(build).parameters) == ["model", "settings", "spec"], build
+    if traits.precompiled:
+        params = list(inspect.signature(precompiler(backend)).parameters)
+        assert params[:5] == ["model", "settings", "example_of", "calibration", "out_dir"]
+    else:
+        assert traits.batch_sizes is BatchSizes.BUCKETS  # packaged sizes exist only at archive time
+
+
+def test_every_backend_is_selected_by_a_variant():
+    selected = {Variant.load(name).backend for name in variant_names()}
+    assert selected == set(Backend), f"backends without a config/variants/*.yaml: {set(Backend) - selected}"
+
+
+def test_the_serving_side_reads_the_registry_without_torch():
+    code = (
+        "import sys, handlers.backends, handlers.settings, kit.variant, kit.serve_config, kit.server; "
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
