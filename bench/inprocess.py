@@ -3,7 +3,7 @@
     measure_in_process(ServeConfig(...).variant.archive("resnet50"), ServeConfig(...), seconds=10)
 
 One child process per worker, each with the worker's thread count, allocator (LD_PRELOAD)
-and, when the launcher would pin, the same cores. Children load + optimize + warm up, report
+and the cores the server would pin it to (the plan's, or the launcher's). Children load + optimize + warm up, report
 ready, then all run for the same window on pre-built inputs; items/s are summed. The model
 alone is timed: the gap to the served row is the serving cost (HTTP, decode, queueing).
 
@@ -24,43 +24,53 @@ from pathlib import Path
 from bench.results import Measured
 from kit.archive import extract
 from kit.paths import ROOT, process_environment
-from kit.serve_config import Allocator, ServeConfig, worker_environment
+from kit.serve_config import Allocator, Placement, ServeConfig, worker_environment
+from kit.topology import read_topology
 
 
-def child_environment(config: ServeConfig) -> dict[str, str]:
+def child_environment(config: ServeConfig, threads: int) -> dict[str, str]:
     env = {**process_environment(dict(os.environ)), **worker_environment(config)}
-    env["OMP_NUM_THREADS"] = str(config.threads or os.cpu_count())
+    env["OMP_NUM_THREADS"] = str(threads)
     env.pop("LD_PRELOAD", None)
     allocator = config.served_allocator
-    if config.launcher and allocator is not Allocator.DEFAULT:
+    if config.placement is not Placement.NONE and allocator is not Allocator.DEFAULT:
         env["LD_PRELOAD"] = str(config.variant.environment / "lib" / f"lib{allocator.value}.so")
     return env
 
 
-def measure_in_process(archive: Path, config: ServeConfig, seconds: int, work_dir: Path) -> Measured:
-    """Summed items/s of `workers` concurrent model processes laid out like the server's, and
+def worker_cpus(config: ServeConfig, model: str) -> list[tuple[set[int], int]]:
+    """(CPUs, threads) of each worker the server would start for `model`."""
+    allowed = config.allowed_cpus
+    if config.placement is Placement.PLAN:
+        plan = config.layout(read_topology()).models[model]
+        return [(set(w.cpus), w.threads) for w in plan.workers]
+    if config.placement is Placement.LAUNCHER:  # worker i on cores i*threads.. of the host, as run_cpu does
+        threads = config.threads or 1
+        return [(set(range(rank * threads, (rank + 1) * threads)), threads) for rank in range(config.workers or 1)]
+    return [(allowed, config.threads or len(allowed))] * (config.workers or len(allowed))
+
+
+def measure_in_process(archive: Path, model: str, config: ServeConfig, seconds: int, work_dir: Path) -> Measured:
+    """Summed items/s of concurrent model processes laid out like the server's workers, and
     the first one's agreement with float32 eager."""
     model_dir = extract(archive, work_dir)
-    workers = config.workers or os.cpu_count() or 1
-    threads = config.threads or os.cpu_count() or 1
     children = []
     log_path = work_dir / f"in-process-{model_dir.name}.log"
     log_file = open(log_path, "a")  # noqa: SIM115 - closed in finally, after the children
-    for rank in range(workers):
+    for cpus, threads in worker_cpus(config, model):
         # The variant's own environment: torch 2.8 for the ipex backends.
         python = config.variant.environment / "bin" / "python"
         command = [str(python), "-m", "bench.inprocess", str(model_dir), "--batch", str(config.batch_size),
-                   "--seconds", str(seconds)]  # fmt: skip
-        if config.launcher and config.threads:
-            command += ["--cpus", ",".join(str(rank * threads + i) for i in range(threads))]
+                   "--seconds", str(seconds), "--cpus", ",".join(map(str, sorted(cpus)))]  # fmt: skip
         children.append(
             subprocess.Popen(
                 command,
                 cwd=ROOT,
-                env=child_environment(config),
+                env=child_environment(config, threads),
                 text=True,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
+                stderr=log_file,
             )  # fmt: skip
         )
     try:

@@ -52,7 +52,7 @@ def _onnxruntime(model, settings, example, calibration, precision: Precision, wo
     torch.onnx.export(model, example, str(path), input_names=names, output_names=["output"],
                       dynamic_shapes=tuple({0: batch} for _ in example), dynamo=True)  # fmt: skip
     options = ort.SessionOptions()
-    options.intra_op_num_threads = os.cpu_count()
+    options.intra_op_num_threads = len(os.sched_getaffinity(0))
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     def run(arrays: list):

@@ -163,17 +163,20 @@ def markdown(run: BenchRun) -> str:
         "one item per request. In-process = the same model and layout without a server; peers = the same "
         "weights in another runtime, one process using every core. Cosine and top-1 agreement are against "
         "float32 eager on held-out inputs (random weights: near-tied logits make top-1 pessimistic). "
-        "load s = the slowest worker's spawn-to-READY (TorchServe's WorkerLoadTime).",
+        "load s = the slowest worker's spawn-to-READY (TorchServe's WorkerLoadTime). CPU busy % = each CPU's "
+        "busy share during the ab window, CPU 0 first.",
+        "",
+        *(f"Machine: {line}" for line in env.topology),
         "",
     ]
     for model in dict.fromkeys([r.model for r in results] + [r.model for r in references]):
         lines += [
             f"## {model}",
             "",
-            "| row | variant | precision | launcher | allocator (loaded) | W×T | batch | c | req/s | speedup | p50 ms | "
+            "| row | variant | precision | placement | allocator (loaded) | W×T | batch | c | req/s | speedup | p50 ms | "
             "p90 ms | p99 ms | non-2xx | TS total/queue ms | in-process items/s | served/in-process | ready s | "
-            "load s | RSS MB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "load s | RSS MB | CPU busy % |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in (r for r in results if r.model == model):
             layout = f"{r.workers or 'def'}×{r.threads or 'def'}"
@@ -183,10 +186,12 @@ def markdown(run: BenchRun) -> str:
             ratio = f"{r.served_vs_in_process:.0%}" if r.served_vs_in_process else "–"
             name = f"**{r.name}**" if r.baseline else r.name
             lines.append(
-                f"| {name} | {r.variant} | {r.precision} | {'on' if r.launcher else 'off'} | {r.allocator} ({loaded}) | {layout} | "
+                f"| {name} | {r.variant} | {r.precision} | {r.placement}{f' cpus {r.cpus}' if r.cpus else ''} | "
+                f"{r.allocator} ({loaded}) | {layout} | "
                 f"{r.batch_size} | {r.concurrency} | {r.requests_per_s:.1f} | {speedup} | {r.p50_ms:.0f} | "
                 f"{r.p90_ms:.0f} | {r.p99_ms:.0f} | {r.non_2xx} | {ts} | {_fmt(r.in_process_items_per_s)} | {ratio} | "
-                f"{r.start_to_ready_s:.0f} | {_fmt(r.worker_load_s)} | {_fmt(sum(r.worker_rss_mb), 0)} |"
+                f"{r.start_to_ready_s:.0f} | {_fmt(r.worker_load_s)} | {_fmt(sum(r.worker_rss_mb), 0)} | "
+                f"{'/'.join(f'{100 * busy:.0f}' for busy in r.cpu_busy.values()) or '–'} |"
             )
         lines.append("")
         others = [r for r in references if r.model == model]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from handlers.backends import DType
 from kit.paths import ROOT
+from kit.topology import read_topology
 
 if TYPE_CHECKING:  # the plan is what was run; its module reads this one's Precision
     from bench.plan import Plan
@@ -57,11 +58,13 @@ class RowResult:
     runtime: str  # the backend that runs the model inside TorchServe
     precompiled: bool  # the backend compiles at archive time: workers only load (cold-start target)
     precision: str  # fp32 | bf16 | int8
-    launcher: bool
+    placement: str  # plan | launcher | none
+    objective: str  # placement plan: throughput | latency
     allocator: str  # what the workers were given (OpenVINO keeps glibc malloc whatever the preset says)
     omp_wait_policy: str
-    workers: int | None
-    threads: int | None
+    workers: int | None  # per model (placement plan: as planned)
+    threads: int | None  # per worker (the plan's widest)
+    cpus: str  # the row's CPU set ("" = all this process may use)
     batch_size: int
     max_batch_delay_ms: int
     concurrency: int
@@ -94,6 +97,8 @@ class RowResult:
     top1_agreement: float | None = None
     speedup_vs_baseline: float | None = None
     served_vs_in_process: float | None = None
+    # Per CPU, the share of the ab window it was busy (/proc/stat): an idle core shows as ~0.
+    cpu_busy: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -125,6 +130,7 @@ class RunEnvironment:
     python: str
     git_commit: str
     date: str
+    topology: list[str] = dataclasses.field(default_factory=list)  # `python -m kit topology`
 
     @classmethod
     def capture(cls) -> RunEnvironment:
@@ -142,12 +148,13 @@ class RunEnvironment:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         return cls(
             cpu_model=cpu,
-            cores=os.cpu_count() or 1,
+            cores=len(os.sched_getaffinity(0)),
             torch=version("torch"),
             torchserve=version("torchserve"),
             python=platform.python_version(),
             git_commit=commit.stdout.strip(),
             date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            topology=read_topology().summary(),
         )
 
 

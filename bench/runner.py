@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.ab import MAX_REQUESTS, AbResult, ab_command, parse_ab
-from bench.inprocess import measure_in_process
+from bench.inprocess import measure_in_process, worker_cpus
 from bench.metrics import scrape, scrape_text, server_latency, worker_load_seconds
 from bench.payloads import Payload, payload_for
 from bench.peers import measure_peer
 from bench.plan import EAGER_VARIANT, Peer, Plan, Row
 from bench.results import PRECISION_OF_DTYPE, BenchRun, InProcessResult, Measured, RowResult, add_derived
-from kit.serve_config import free_ports_config
+from kit.procinfo import busy_fractions, cpu_times
+from kit.serve_config import ConfigError, free_ports_config
 from kit.server import Server
 from kit.variant import Variant
 
@@ -67,13 +68,15 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
             run_ab(server, row, payload, seconds=120, requests=max(plan.run.warmup_requests, row.concurrency))
         metrics_url = server.url("metrics", "/metrics")
         load_s = worker_load_seconds(scrape_text(metrics_url), row.model)
-        before = scrape(metrics_url)
+        before, cpu_before = scrape(metrics_url), cpu_times()
         result, argv = run_ab(server, row, payload, plan.run.seconds)
         latency = server_latency(before, scrape(metrics_url), row.model)
+        busy = busy_fractions(cpu_before, cpu_times())
         workers = [w for w in server.workers() if w.process]
     finally:
         server.stop()
     config = server.config
+    planned = server.layout.models[row.model].workers if server.layout else None
     return RowResult(
         model=row.model,
         name=row.name,
@@ -82,11 +85,13 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         runtime=config.variant.backend.value,
         precompiled=config.variant.traits.precompiled,
         precision=PRECISION_OF_DTYPE[config.variant.dtype].value,
-        launcher=config.launcher,
+        placement=config.placement.value,
+        objective=config.objective.value,
         allocator=config.served_allocator.value,
         omp_wait_policy=config.omp_wait_policy.value,
-        workers=config.workers,
-        threads=config.threads,
+        workers=len(planned) if planned else config.workers,
+        threads=max(w.threads for w in planned) if planned else config.threads,
+        cpus=config.cpus,
         batch_size=config.batch_size,
         max_batch_delay_ms=config.max_batch_delay_ms,
         concurrency=row.concurrency,
@@ -102,12 +107,14 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         worker_count=len(workers),
         ab_command=" ".join(argv),
         worker_load_s=load_s,
+        cpu_busy={str(cpu): round(fraction, 3) for cpu, fraction in sorted(busy.items())},
     )
 
 
 def in_process_key(row: Row) -> tuple[Any, ...]:
     c = row.serve
-    return (row.model, c.variant, c.workers, c.threads, c.launcher, c.allocator, c.omp_wait_policy, c.batch_size)
+    return (row.model, c.variant, c.placement, c.objective, c.cpus, c.workers, c.threads, c.allocator,
+            c.omp_wait_policy, c.batch_size)  # fmt: skip
 
 
 def _raise_interrupt(signum, frame):
@@ -115,30 +122,36 @@ def _raise_interrupt(signum, frame):
 
 
 def missing_environment(row: Row) -> str:
-    """Why this row cannot run here ("" if it can): its variant's venv is not built."""
+    """Why this row cannot run here ("" if it can): its variant's venv is not built, or its CPUs
+    are not among those this process may use."""
     venv = row.serve.variant.environment
-    if (venv / "bin" / "torchserve").is_file():
-        return ""
-    return f"{venv.name} is not built (`make install-ipex`)"
+    if not (venv / "bin" / "torchserve").is_file():
+        return f"{venv.name} is not built (`make install-ipex`)"
+    try:
+        row.serve.allowed_cpus  # noqa: B018 - raises when the row's cpus are not usable here
+    except ConfigError as error:
+        return str(error)
+    return ""
 
 
 def in_process_row(row: Row, measured: Measured) -> InProcessResult:
     config = row.serve
+    workers = worker_cpus(config, row.model)
     return InProcessResult(
         model=row.model,
-        name=f"{config.variant.name} {config.workers or 'def'}x{config.threads or 'def'} b{config.batch_size}",
+        name=f"{config.variant.name} {len(workers)}x{max(t for _, t in workers)} b{config.batch_size}",
         kind="in_process",
         runtime=config.variant.backend.value,
         precision=PRECISION_OF_DTYPE[config.variant.dtype].value,
         batch_size=config.batch_size,
-        workers=config.workers or os.cpu_count() or 1,
-        threads=config.threads or os.cpu_count() or 1,
+        workers=len(workers),
+        threads=max(threads for _, threads in workers),
         **dataclasses.asdict(measured),
     )
 
 
 def peer_row(model: str, peer: Peer, measured: Measured) -> InProcessResult:
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0))  # the peer runs on every CPU the bench may use
     return InProcessResult(
         model=model,
         name=peer.name,
@@ -184,6 +197,7 @@ def run_plan(run: BenchRun, out_dir: Path) -> None:
                     log(f"  in-process: same model and layout without a server, {plan.run.in_process_seconds}s")
                     in_process[key] = measure_in_process(
                         row.serve.variant.archive(row.model),
+                        row.model,
                         row.serve,
                         plan.run.in_process_seconds,
                         out_dir / "extracted",

@@ -3,7 +3,8 @@
     path = write_tuned_preset("tuned", results)   # -> config/presets/tuned.yaml (+ config/tuned.properties)
 
 A preset applies to every model, so the winner is the layout with the best geometric mean,
-over the models measured, of its req/s relative to that model's best row.
+over the models measured, of its req/s relative to that model's best row. Its header states
+the gain over the automatic plan (the rows that ran the optimized preset as it is).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import yaml
 
 from bench.results import RowResult
 from kit.paths import CONFIG
-from kit.serve_config import PRESETS, ServeConfig, render
+from kit.serve_config import PRESETS, Placement, ServeConfig, render
+from kit.topology import read_topology
 
-LAYOUT_FIELDS = ("variant", "launcher", "allocator", "omp_wait_policy", "workers", "threads", "batch_size",
-                 "max_batch_delay_ms")  # fmt: skip
+LAYOUT_FIELDS = ("variant", "placement", "objective", "allocator", "omp_wait_policy", "workers", "threads",
+                 "batch_size", "max_batch_delay_ms")  # fmt: skip
 
 
 def layout_of(row: RowResult) -> tuple:
@@ -45,17 +47,40 @@ def fastest_layout(results: list[RowResult]) -> tuple[dict, dict[str, float]]:
     return dict(zip(LAYOUT_FIELDS, layout, strict=True)), rps
 
 
+def automatic_rows(results: list[RowResult]) -> dict[str, float]:
+    """Per model, req/s of the rows that served the optimized preset unchanged."""
+    preset = ServeConfig.from_preset("optimized")
+    planned = preset.layout(read_topology())
+    same = {
+        "variant": preset.variant.name, "placement": preset.placement.value, "objective": preset.objective.value,
+        "allocator": preset.served_allocator.value, "batch_size": preset.batch_size,
+        "threads": max(w.threads for model in planned.models.values() for w in model.workers),
+    }  # fmt: skip
+    return {
+        r.model: r.requests_per_s
+        for r in results
+        if all(getattr(r, field) == value for field, value in same.items()) and not r.cpus
+    }
+
+
 def write_tuned_preset(name: str, results: list[RowResult]) -> Path:
     layout, rps = fastest_layout(results)
+    if layout["placement"] == Placement.PLAN:
+        del layout["workers"]  # the plan decides them; threads, as measured, is its cores per worker
     baselines = {r.model: r.requests_per_s for r in results if r.baseline}
-    gains = ", ".join(
-        f"{m} {v:.1f} req/s" + (f" ({v / baselines[m]:.2f}x baseline)" if baselines.get(m) else "")
-        for m, v in sorted(rps.items())
-    )
+    automatic = automatic_rows(results)
+
+    def gain(model: str, value: float) -> str:
+        parts = [f"{value / baselines[model]:.2f}x baseline"] if baselines.get(model) else []
+        parts += [f"{value / automatic[model] - 1:+.0%} over the automatic plan"] if automatic.get(model) else []
+        return f"{model} {value:.1f} req/s" + (f" ({', '.join(parts)})" if parts else "")
+
+    gains = ", ".join(gain(m, v) for m, v in sorted(rps.items()))
     path = PRESETS / f"{name}.yaml"
     header = f"# Written by `make tune` from a measured run: {gains}\n"
     path.write_text(header + yaml.safe_dump(layout, sort_keys=False))
     config = ServeConfig.from_preset(name)  # validates what was written
-    (CONFIG / f"{name}.properties").write_text(render(config, config.variant.store))
+    # For TorchServe started by hand; placement plan pins only through `make serve CONFIG=<name>`.
+    (CONFIG / f"{name}.properties").write_text(render(config, config.variant.store, config.layout(read_topology())))
     print(f"[tune] winner: {layout} -> {gains}")
     return path

@@ -35,6 +35,14 @@ class CompileMode(enum.StrEnum):
     MAX_AUTOTUNE = "max-autotune"
 
 
+class LinearKernel(enum.StrEnum):
+    """Which library runs Inductor's frozen float32 linear layers (handlers/backends/inductor.py)."""
+
+    AUTO = "auto"  # mkl on Intel CPUs, onednn on others
+    MKL = "mkl"  # torch's default: MKL's packed GEMM
+    ONEDNN = "onednn"  # oneDNN's linear, as AOTInductor and bfloat16 use
+
+
 # Compiled vs eager in the same dtype differ by summation order and fused kernels: ~1e-5 in
 # float32; bfloat16 keeps 8 mantissa bits, so one rounding step is ~4e-3. int8 is compared with
 # float32 eager by cosine distance per output row (accuracy.ERROR_METRICS): 0.02 = cosine >= 0.98.
@@ -53,6 +61,9 @@ class OptimizationSettings:
     backend: Backend = Backend.INDUCTOR
     mode: CompileMode = CompileMode.DEFAULT
     dtype: DType = DType.FLOAT32
+    # backend inductor: MKL's GEMM picks its code path by CPU vendor, not by ISA; on an AMD EPYC
+    # with AVX-512 oneDNN's is faster (docs/backends.md).
+    linear_kernel: LinearKernel = LinearKernel.AUTO
     # NHWC lets oneDNN pick its blocked convolution kernels without reorders (CNNs only).
     channels_last: bool = False
     # A failed compile stops the worker unless this asks for eager instead.

@@ -3,16 +3,24 @@
 .venv/bin/python -m kit serve --config optimized
 .venv/bin/python -m kit status
 .venv/bin/python -m kit stop
+.venv/bin/python -m kit topology [--json]                  # what this process may use
+.venv/bin/python -m kit plan [--models resnet50,bert=2] [--objective latency] [--json]
+.venv/bin/python -m kit plan --lscpu host.txt --cpus 8-15 --quota 4.5 --json   # another machine
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
+from kit.models import MODEL_NAMES
 from kit.paths import LOGS
-from kit.serve_config import ConfigError, ServeConfig
+from kit.plan import Demand, Objective, PlanError, plan_layout
+from kit.serve_config import ConfigError, Placement, ServeConfig
 from kit.server import Server, ServerError
+from kit.topology import Topology, TopologyError, format_cpus, parse_cpus, parse_topology, read_topology
 
 RUN_DIR = LOGS
 
@@ -34,6 +42,9 @@ def serve(args: argparse.Namespace) -> int:
         overrides["itt_ops"] = True
     config = ServeConfig.from_preset(args.config, **overrides)
     server = Server(config, RUN_DIR)
+    if config.cpus and config.placement is Placement.LAUNCHER:
+        print(f"[serve] placement launcher pins workers from the host's lscpu: cpus {config.cpus!r} binds the "
+              "frontend only; placement plan keeps the workers there too")  # fmt: skip
     if config.served_allocator is not config.allocator:
         print(f"[serve] variant {config.variant.name!r} ({config.variant.backend.value}) runs on the default allocator, "
               f"not {config.allocator.value}: a preloaded allocator crashes it")  # fmt: skip
@@ -86,19 +97,57 @@ def status(args: argparse.Namespace) -> int:
         print("[status] not running; start it with `make serve`")
         return 1
     c = server.config
+    layout = f"{c.objective.value} plan" if server.layout else f"{c.workers or 'default'} x {c.threads or 'default'}"
     print(
-        f"[status] TorchServe pid {server.pid}, variant {c.variant.name}, launcher {c.launcher}, "
-        f"allocator {c.served_allocator.value}, workers {c.workers or 'default'} x threads {c.threads or 'default'}"
+        f"[status] TorchServe pid {server.pid}, variant {c.variant.name}, placement {c.placement.value} ({layout}), "
+        f"allocator {c.served_allocator.value}"
     )
-    print(f"{'model':10} {'worker':8} {'status':10} {'pid':>7} {'allocator':10} {'cpus':8} {'omp':4} {'rss MB':>8}")
-    for w in server.workers():
+    print(
+        f"{'model':10} {'worker':7} {'status':9} {'pid':>7} {'allocator':9} {'cpus':10} {'memory':10} {'omp':>3} {'rss MB':>7}"
+    )
+    workers = server.workers()
+    for w in workers:
         p = w.process
-        cpus = ",".join(map(str, p.cpus)) if p else "-"
         print(
-            f"{w.model:10} {w.worker_id:8} {w.status:10} {p.pid if p else '-':>7} {p.allocator if p else '-':10} "
-            f"{cpus:8} {p.omp_threads if p else '-':4} {p.rss_mb if p else 0:8.0f}"
+            f"{w.model:10} {w.worker_id:7} {w.status:9} {p.pid if p else '-':>7} {p.allocator if p else '-':9} "
+            f"{format_cpus(p.cpus) if p else '-':10} {p.memory_policy if p else '-':10} "
+            f"{p.omp_threads if p else '-':>3} {p.rss_mb if p else 0:7.0f}"
         )
+    pinned = {cpu for w in workers if w.process for cpu in w.process.cpus}
+    idle = c.allowed_cpus - pinned
+    frontend = server.launch.frontend_cpus()
+    print(f"[status] frontend CPUs: {format_cpus(frontend) if frontend else 'all'}; "
+          f"CPUs no worker runs on: {format_cpus(idle) if idle else 'none'}")  # fmt: skip
     return 0
+
+
+def topology_of(args: argparse.Namespace) -> Topology:
+    """This process's topology, or the one described by --lscpu/--cpus/--quota."""
+    if not args.lscpu:
+        if args.cpus or args.quota:
+            raise TopologyError("--cpus and --quota describe another machine: give its --lscpu file too")
+        return read_topology()
+    text = Path(args.lscpu).read_text()
+    return parse_topology(text, parse_cpus(args.cpus) if args.cpus else None, args.quota)
+
+
+def topology(args: argparse.Namespace) -> int:
+    machine = topology_of(args)
+    print(json.dumps(machine.to_dict(), indent=2) if args.json else "\n".join(machine.summary()))
+    return 0
+
+
+def plan(args: argparse.Namespace) -> int:
+    layout = plan_layout(topology_of(args), [Demand.parse(m) for m in args.models.split(",")], args.objective)
+    print(json.dumps(layout.to_dict(), indent=2) if args.json else "\n".join(layout.summary()))
+    return 0
+
+
+def add_machine_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lscpu", default="", help="`lscpu -p=CPU,CORE,SOCKET,NODE,CACHE` of another machine")
+    parser.add_argument("--cpus", default="", help="with --lscpu: the allowed CPUs (a cpuset, e.g. 8-15)")
+    parser.add_argument("--quota", type=float, default=None, help="with --lscpu: the CPU quota in CPUs (e.g. 4.5)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,10 +173,22 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("status", help="workers, the allocator each really loaded, CPU affinity").set_defaults(
         func=status
     )
+    topology_parser = commands.add_parser("topology", help="CPUs, cores, NUMA nodes, L3 domains, quota, ISA")
+    add_machine_options(topology_parser)
+    topology_parser.set_defaults(func=topology)
+    plan_parser = commands.add_parser("plan", help="the serving layout planned for this (or another) machine")
+    add_machine_options(plan_parser)
+    plan_parser.add_argument(
+        "--models",
+        default=",".join(MODEL_NAMES),
+        help="comma list, each with an optional traffic share: resnet50,bert=2",
+    )
+    plan_parser.add_argument("--objective", type=Objective, default=Objective.THROUGHPUT, choices=list(Objective))
+    plan_parser.set_defaults(func=plan)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, ServerError) as error:
+    except (ConfigError, ServerError, TopologyError, PlanError) as error:
         print(f"[{args.command}] ERROR: {error}", file=sys.stderr)
         return 1
 

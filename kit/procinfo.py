@@ -24,6 +24,7 @@ class ProcessInfo:
     rss_mb: float
     peak_rss_mb: float  # VmHWM: the most the process ever held, so a past spike still shows
     omp_threads: str  # OMP_NUM_THREADS in the process environment, "" if unset
+    memory_policy: str  # NUMA memory policy of its first mapping: "bind:0" when bound to node 0, else "default"
 
 
 def loaded_allocator(pid: int) -> str:
@@ -48,6 +49,16 @@ def memory_mb(pid: int, field: str = "VmRSS") -> float:
     return 0.0
 
 
+def memory_policy(pid: int) -> str:
+    """The policy field of /proc/PID/numa_maps' first line ("default", "bind:0", "interleave:0-1")."""
+    try:
+        with open(f"/proc/{pid}/numa_maps") as maps:
+            first = maps.readline().split()
+    except OSError:  # a kernel without NUMA support has no numa_maps
+        return "n/a"
+    return first[1] if len(first) > 1 else "n/a"
+
+
 def inspect_process(pid: int) -> ProcessInfo:
     return ProcessInfo(
         pid=pid,
@@ -56,6 +67,7 @@ def inspect_process(pid: int) -> ProcessInfo:
         rss_mb=memory_mb(pid),
         peak_rss_mb=memory_mb(pid, "VmHWM"),
         omp_threads=process_environment(pid).get("OMP_NUM_THREADS", ""),
+        memory_policy=memory_policy(pid),
     )
 
 
@@ -88,3 +100,25 @@ def live_process(pid: int | None) -> ProcessInfo | None:
         return inspect_process(pid)
     except OSError:
         return None
+
+
+def cpu_times(stat: str | None = None) -> dict[int, tuple[int, int]]:
+    """Per CPU (busy, total) jiffies from /proc/stat."""
+    text = stat if stat is not None else Path("/proc/stat").read_text()
+    times = {}
+    for line in text.splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            values = [int(v) for v in fields]
+            idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+            times[int(name[3:])] = (sum(values[:8]) - idle, sum(values[:8]))
+    return times
+
+
+def busy_fractions(before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]]) -> dict[int, float]:
+    """Per CPU, the share of the interval between two cpu_times() it was busy."""
+    fractions = {}
+    for cpu, (busy, total) in after.items():
+        busy0, total0 = before.get(cpu, (0, 0))
+        fractions[cpu] = (busy - busy0) / (total - total0) if total > total0 else 0.0
+    return fractions

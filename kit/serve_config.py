@@ -1,7 +1,8 @@
-"""A serving layout as typed data, rendered into TorchServe's config.properties.
+"""A serving configuration as typed data, rendered into TorchServe's config.properties.
 
-    layout = ServeConfig.from_preset("optimized")
-    text = render(layout, model_store=Path("model_store/inductor"))
+    config = ServeConfig.from_preset("optimized")
+    layout = config.layout(read_topology())          # placement plan: every worker's cores
+    text = render(config, model_store=config.variant.store, layout=layout)
 
 Presets live in config/presets/*.yaml; the template in config/config.properties.template.
 """
@@ -23,6 +24,8 @@ import yaml
 from handlers.settings import ITT_OPS_VAR, PROFILE_REQUESTS_VAR, SettingsError, parse_settings
 from kit.models import MODEL_NAMES
 from kit.paths import CONFIG
+from kit.plan import Demand, Layout, Objective, plan_layout
+from kit.topology import Topology, TopologyError, format_cpus, parse_cpus
 from kit.variant import Variant
 
 PRESETS = CONFIG / "presets"
@@ -36,6 +39,18 @@ class Allocator(enum.StrEnum):
     DEFAULT = "default"
     JEMALLOC = "jemalloc"
     TCMALLOC = "tcmalloc"
+
+
+class Placement(enum.StrEnum):
+    """Who decides which cores each worker runs on."""
+
+    # The kit: a layout planned from this machine's topology, CPU set and quota (kit/plan.py),
+    # each worker pinned to its planned cores and NUMA node by kit/pin_worker.py.
+    PLAN = "plan"
+    # TorchServe's cpu_launcher with a fixed workers x threads: worker i of *every* model on
+    # cores i*threads.., read from the host's lscpu (not the CPU set).
+    LAUNCHER = "launcher"
+    NONE = "none"  # no pinning: TorchServe's defaults
 
 
 class OmpWaitPolicy(enum.StrEnum):
@@ -75,9 +90,16 @@ class ServeConfig:
     grpc_inference_port: int = 7070
     grpc_management_port: int = 7071
     worker_port: int = 9000  # first of the frontend<->worker socket ports
-    workers: int | None = 2  # per model; None = TorchServe's default (one per core)
-    threads: int | None = 1  # per worker; None = torch's default (all cores)
-    launcher: bool = True
+    placement: Placement = Placement.PLAN
+    objective: Objective = Objective.THROUGHPUT  # placement plan: many 1-thread workers, or 1 per L3 domain
+    # Serve on these CPUs only ("8-15"), like a cpuset; "" = every CPU this process may use.
+    cpus: str = ""
+    # Per model. placement plan: decided by the plan (leave null); launcher: fixed;
+    # none: null = TorchServe's default (one per core).
+    workers: int | None = None
+    # Per worker. plan: cores per worker (null: the objective decides); launcher: cores per
+    # worker; none: OMP_NUM_THREADS (null: torch's default, all cores).
+    threads: int | None = None
     allocator: Allocator = Allocator.TCMALLOC
     omp_wait_policy: OmpWaitPolicy = OmpWaitPolicy.PASSIVE
     batch_size: int = 1
@@ -95,19 +117,32 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if isinstance(self.variant, str):
             object.__setattr__(self, "variant", Variant.load(self.variant))
-        cores = os.cpu_count() or 1
+        if self.cpus:
+            try:  # the syntax now; whether this process may use them, when the server starts
+                parse_cpus(self.cpus)
+            except TopologyError as error:
+                raise ConfigError(f"cpus: {error}") from None
         if self.workers is not None and self.workers < 1:
-            raise ConfigError(f"workers must be >= 1 or null (TorchServe default), got {self.workers}")
+            raise ConfigError(f"workers must be >= 1 or null, got {self.workers}")
         if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"threads must be >= 1 or null (torch default), got {self.threads}")
-        if self.launcher and (self.workers or 1) * (self.threads or 1) > cores:
-            # The launcher pins each worker to its own cores; it cannot hand out more than exist.
+            raise ConfigError(f"threads must be >= 1 or null, got {self.threads}")
+        if self.placement is Placement.PLAN and self.workers is not None:
             raise ConfigError(
-                f"workers x threads = {self.workers} x {self.threads} exceeds the {cores} cores the launcher "
-                "can pin; lower one of them"
+                f"workers: {self.workers} with placement plan: the plan gives each model its workers from the "
+                "machine (`python -m kit plan` shows them); leave workers null, or set placement: launcher"
             )
-        if self.allocator is not Allocator.DEFAULT and not self.launcher:
-            raise ConfigError(f"allocator {self.allocator.value!r} is preloaded by the launcher; set launcher: true")
+        usable = len(os.sched_getaffinity(0))
+        if self.placement is Placement.LAUNCHER and (self.workers or 1) * (self.threads or 1) > usable:
+            # The launcher pins each worker to its own cores; it cannot hand out more than exist.
+            # (It reads the host's lscpu, so a narrower `cpus` binds only the frontend.)
+            raise ConfigError(
+                f"workers x threads = {self.workers} x {self.threads} exceeds the {usable} CPUs "
+                "this process may use; lower one of them"
+            )
+        if self.allocator is not Allocator.DEFAULT and self.placement is Placement.NONE:
+            raise ConfigError(
+                f"allocator {self.allocator.value!r} is preloaded for pinned workers; set placement: plan or launcher"
+            )
         if self.profile_requests < 0:
             raise ConfigError(f"profile_requests must be >= 0, got {self.profile_requests}")
         if self.max_request_mb < 1:
@@ -119,6 +154,29 @@ class ServeConfig:
         exposed = [address for address in (self.bind, self.management_bind) if not is_loopback(address)]
         if self.token_auth is False and exposed:
             raise ConfigError(f"token_auth cannot be off on the non-loopback bind {exposed[0]}")
+
+    @property
+    def allowed_cpus(self) -> set[int]:
+        """The CPUs the server may use: this process's affinity, narrowed by `cpus`."""
+        allowed = os.sched_getaffinity(0)
+        if not self.cpus:
+            return allowed
+        wanted = parse_cpus(self.cpus)
+        if not wanted <= allowed:
+            raise ConfigError(
+                f"cpus {self.cpus!r} includes CPUs {format_cpus(wanted - allowed)} this process may not use "
+                f"(allowed: {format_cpus(allowed)})"
+            )
+        return wanted
+
+    def layout(self, topology: Topology) -> Layout | None:
+        """The planned layout of placement plan on `topology` (narrowed to `cpus`); None otherwise."""
+        if self.placement is not Placement.PLAN:
+            return None
+        if self.cpus:
+            topology = topology.restricted(self.allowed_cpus)
+        demands = [Demand(model) for model in self.models]
+        return plan_layout(topology, demands, self.objective, self.threads, self.served_allocator.value)
 
     @property
     def served_allocator(self) -> Allocator:
@@ -175,6 +233,7 @@ def free_ports_config(config: ServeConfig) -> ServeConfig:
 
 
 def launcher_args(config: ServeConfig) -> str:
+    """TorchServe's cpu_launcher arguments (placement launcher)."""
     # The frontend appends --ninstances/--rank itself when a model has several workers.
     args = ["--disable_iomp", LAUNCHER_ALLOCATOR_FLAG[config.served_allocator]]
     if config.threads is not None:
@@ -185,7 +244,7 @@ def launcher_args(config: ServeConfig) -> str:
     return " ".join(args)
 
 
-def models_json(config: ServeConfig) -> str:
+def models_json(config: ServeConfig, layout: Layout | None = None) -> str:
     models = {}
     for name in config.models:
         entry: dict[str, Any] = {
@@ -194,13 +253,14 @@ def models_json(config: ServeConfig) -> str:
             "batchSize": config.batch_size,
             "maxBatchDelay": config.max_batch_delay_ms,
         }
-        if config.workers is not None:
-            entry.update(minWorkers=config.workers, maxWorkers=config.workers)
+        workers = len(layout.models[name].workers) if layout else config.workers
+        if workers is not None:
+            entry.update(minWorkers=workers, maxWorkers=workers)
         models[name] = {"1.0": entry}
     return json.dumps(models, separators=(",", ":"))
 
 
-def render(config: ServeConfig, model_store: Path) -> str:
+def render(config: ServeConfig, model_store: Path, layout: Layout | None = None) -> str:
     values = {
         "bind": config.bind,
         "management_bind": config.management_bind,
@@ -212,11 +272,11 @@ def render(config: ServeConfig, model_store: Path) -> str:
         "worker_port": config.worker_port,
         "model_store": model_store,
         "load_models": ",".join(f"{name}.mar" for name in config.models),
-        "models_json": models_json(config),
+        "models_json": models_json(config, layout),
         "default_workers": "" if config.workers is None else config.workers,
         "disable_token_auth": str(not config.token_auth_enabled).lower(),
-        "launcher": str(config.launcher).lower(),
-        "launcher_args": launcher_args(config) if config.launcher else "",
+        "launcher": str(config.placement is Placement.LAUNCHER).lower(),
+        "launcher_args": launcher_args(config) if config.placement is Placement.LAUNCHER else "",
         "max_request_bytes": config.max_request_mb * 1024 * 1024,
         # A Java regex quoting the store path literally; .properties files unescape `\\` to `\`.
         "allowed_urls": rf"file://\\Q{model_store}\\E/.*",
@@ -229,8 +289,8 @@ def render(config: ServeConfig, model_store: Path) -> str:
 def worker_environment(config: ServeConfig) -> dict[str, str]:
     """Environment for the server; the frontend passes it on to every worker."""
     env = {}
-    if not config.launcher and config.threads is not None:
-        env["OMP_NUM_THREADS"] = str(config.threads)  # the launcher sets it itself
+    if config.placement is Placement.NONE and config.threads is not None:
+        env["OMP_NUM_THREADS"] = str(config.threads)  # the launcher and kit/pin_worker.py set it per worker
     if config.omp_wait_policy is not OmpWaitPolicy.DEFAULT:
         env["OMP_WAIT_POLICY"] = config.omp_wait_policy.value.upper()
     if config.profile_requests:

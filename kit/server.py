@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -26,11 +25,13 @@ import psutil
 import requests
 
 from handlers.settings import parse_settings
-from kit.paths import CONFIG, INDUCTOR_CACHE, process_environment
+from kit.launch import LAYOUT_FILE, Launch
+from kit.paths import INDUCTOR_CACHE
+from kit.plan import Layout
 from kit.procinfo import ProcessInfo, live_process, process_alive
-from kit.serve_config import ServeConfig, render, worker_environment
+from kit.serve_config import Placement, ServeConfig, render
+from kit.topology import read_topology
 
-LOG_CONFIG = CONFIG / "log4j2.xml"
 STATE_FILE = "server.json"
 KEY_FILE = "key_file.json"  # written by TorchServe into its working directory when token auth is on
 
@@ -61,12 +62,20 @@ def wait_until_unchanged(path: Path, quiet_s: float = 1.0, limit_s: float = 10.0
 
 
 class Server:
-    def __init__(self, config: ServeConfig, run_dir: Path, model_store: Path | None = None, pid: int | None = None):
+    def __init__(
+        self,
+        config: ServeConfig,
+        run_dir: Path,
+        model_store: Path | None = None,
+        pid: int | None = None,
+        layout: Layout | None = None,
+    ):
         self.config = config
         self.run_dir = Path(run_dir).resolve()
         self.model_store = (model_store or config.variant.store).resolve()
         self.pid = pid  # the `torchserve --foreground` process; None until started
         self.venv = config.variant.environment
+        self.layout = layout  # placement plan: planned at start from the machine as this process sees it
         # Logs append across runs: start-up checks read only what this run wrote.
         self.log_offset = 0
 
@@ -94,7 +103,9 @@ class Server:
         if not state_file.is_file():
             return None
         state = json.loads(state_file.read_text())
-        return cls(parse_settings(ServeConfig, state["config"]), run_dir, Path(state["model_store"]), state["pid"])
+        layout = Layout.from_dict(state["layout"]) if state.get("layout") else None
+        config = parse_settings(ServeConfig, state["config"])
+        return cls(config, run_dir, Path(state["model_store"]), state["pid"], layout)
 
     def is_running(self) -> bool:
         return self.pid is not None and process_alive(self.pid)
@@ -107,22 +118,9 @@ class Server:
         digest = hashlib.sha1(str(self.run_dir).encode()).hexdigest()[:12]
         return Path(tempfile.gettempdir()) / f"kit-{digest}"
 
-    def environment(self) -> dict[str, str]:
-        env = process_environment(dict(os.environ))
-        tmp = self.tmp_dir
-        env.update(
-            # The frontend's launcher check runs the bare `python`: the venv must come first.
-            PATH=f"{self.venv / 'bin'}:{env.get('PATH', '')}",
-            # run_cpu looks for libjemalloc.so / libtcmalloc.so in $VIRTUAL_ENV/lib.
-            VIRTUAL_ENV=str(self.venv),
-            # TorchServe's pid file, extracted archives and worker sockets go under TMPDIR/TEMP.
-            TMPDIR=str(tmp),
-            TEMP=str(tmp),
-            LOG_LOCATION=str(self.run_dir),
-            METRICS_LOCATION=str(self.run_dir),
-        )
-        env.update(worker_environment(self.config))
-        return env
+    @property
+    def launch(self) -> Launch:
+        return Launch(self.config, self.venv, self.run_dir, self.tmp_dir, self.layout)
 
     def start(self) -> int:
         if self.is_running():
@@ -136,23 +134,18 @@ class Server:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         INDUCTOR_CACHE.mkdir(parents=True, exist_ok=True)
+        self.layout = self.config.layout(read_topology()) if self.config.placement is Placement.PLAN else None
+        if self.layout:
+            (self.run_dir / LAYOUT_FILE).write_text(json.dumps(self.layout.to_dict(), indent=2))
+            shutil.rmtree(self.run_dir / "slots", ignore_errors=True)  # a previous run's worker slots
         config_file = self.run_dir / "config.properties"
-        config_file.write_text(render(self.config, self.model_store))
+        config_file.write_text(render(self.config, self.model_store, self.layout))
         self.log_offset = self.frontend_log.stat().st_size if self.frontend_log.is_file() else 0
-        command = [
-            str(self.venv / "bin" / "torchserve"),
-            "--start",
-            "--foreground",  # we own the process: its group is ours to stop
-            "--ncs",  # no config snapshots: every start is exactly the rendered config
-            "--ts-config", str(config_file),
-            "--model-store", str(self.model_store),
-            "--log-config", str(LOG_CONFIG),
-        ]  # fmt: skip
         with open(self.output_file, "ab") as output:
             process = subprocess.Popen(
-                command,
+                self.launch.command(config_file, self.model_store),
                 cwd=self.run_dir,
-                env=self.environment(),
+                env=self.launch.environment(),
                 stdin=subprocess.DEVNULL,
                 stdout=output,
                 stderr=subprocess.STDOUT,
@@ -161,7 +154,12 @@ class Server:
         self.pid = process.pid
         self.state_file.write_text(
             json.dumps(
-                {"pid": process.pid, "config": self.config.to_dict(), "model_store": str(self.model_store)},
+                {
+                    "pid": process.pid,
+                    "config": self.config.to_dict(),
+                    "model_store": str(self.model_store),
+                    "layout": self.layout.to_dict() if self.layout else None,
+                },
                 indent=2,
             )
         )
@@ -233,9 +231,11 @@ class Server:
                     statuses.append(WorkerStatus(model, str(worker["id"]), worker["status"], process))
         return statuses
 
-    def expected_workers(self) -> int:
-        # TorchServe's default is one worker per core (default_workers_per_model unset).
-        return self.config.workers or os.cpu_count() or 1
+    def expected_workers(self, model: str) -> int:
+        if self.layout:
+            return len(self.layout.models[model].workers)
+        # TorchServe's default is one worker per CPU it may use (default_workers_per_model unset).
+        return self.config.workers or len(self.config.allowed_cpus)
 
     def ready_models(self) -> set[str]:
         """Models whose every expected worker reports READY (a loading worker shows UNLOADING)."""
@@ -246,7 +246,7 @@ class Server:
             except requests.RequestException:
                 continue
             statuses = [w.get("status") for v in versions for w in v.get("workers", [])]
-            if statuses.count("READY") >= self.expected_workers() and set(statuses) == {"READY"}:
+            if statuses.count("READY") >= self.expected_workers(model) and set(statuses) == {"READY"}:
                 ready.add(model)
         return ready
 

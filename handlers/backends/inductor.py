@@ -5,11 +5,60 @@ run = build(prepared, settings, spec)   # compiles lazily: the first call per sh
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 import torch
 from torch import nn
 
 from handlers.backends.common import BuildSpec, Runner
-from handlers.settings import OptimizationSettings
+from handlers.settings import LinearKernel, OptimizationSettings
+
+
+def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """ "GenuineIntel", "AuthenticAMD", ... ("" where /proc/cpuinfo has no vendor_id)."""
+    for line in cpuinfo.read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "vendor_id":
+            return value.strip()
+    return ""
+
+
+def linear_kernel(setting: LinearKernel, vendor: str) -> LinearKernel:
+    if setting is not LinearKernel.AUTO:
+        return setting
+    return LinearKernel.MKL if vendor == "GenuineIntel" else LinearKernel.ONEDNN
+
+
+@functools.cache
+def _patch_linear_packing() -> type:
+    """Let Inductor pack frozen float32 linears for oneDNN (mkldnn._linear_pointwise), not MKL.
+
+    Its weight-packing pass (torch 2.13, fx_passes/mkldnn_fusion.py) packs float32 linears for
+    MKL unless the weight is low-precision or it compiles ahead of time (AOTInductor), where it
+    takes oneDNN's op. Its two methods use the low-precision flag only for that choice, so the
+    patched ones pass True while the class's `onednn_linear` is set. tests/unit/test_optimize.py
+    checks the op that runs: a torch upgrade that moves this fails there.
+    """
+    from torch._inductor.fx_passes import mkldnn_fusion
+
+    device_op = mkldnn_fusion.CpuMkldnnDeviceOp
+    pack_weight, pack = device_op.pack_linear_weight, device_op.pack_linear
+
+    def pack_linear_weight(self, graph, is_lp_weight, transpose_weight_node, batch_size):
+        return pack_weight(self, graph, is_lp_weight or self.onednn_linear, transpose_weight_node, batch_size)
+
+    def pack_linear(self, graph, is_lp_weight, batch_size, input, packed_weight_node, bias):
+        return pack(self, graph, is_lp_weight or self.onednn_linear, batch_size, input, packed_weight_node, bias)
+
+    device_op.pack_linear_weight, device_op.pack_linear = pack_linear_weight, pack_linear
+    device_op.onednn_linear = False
+    return device_op
+
+
+def select_linear_kernel(kernel: LinearKernel) -> None:
+    """For every later compile in this process (a worker serves one model)."""
+    _patch_linear_packing().onednn_linear = kernel is LinearKernel.ONEDNN
 
 
 def inductor_options(settings: OptimizationSettings) -> dict:
@@ -26,5 +75,6 @@ def build(model: nn.Module, settings: OptimizationSettings, spec: BuildSpec) -> 
     # so it is set process-wide: recompiles get it too, serving calls pay nothing for it, and the
     # minifier's repro scripts (which record the global config) reproduce it.
     torch._inductor.config.freezing = True
+    select_linear_kernel(linear_kernel(settings.linear_kernel, cpu_vendor()))  # process-wide too
     # dynamic=False: every served shape is warmed up, so static kernels are safe and fastest.
     return torch.compile(model, backend="inductor", options=inductor_options(settings), dynamic=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import zipfile
 from pathlib import Path
 
@@ -13,6 +14,11 @@ from kit.server import Server
 from kit.variant import Variant
 
 START_DEADLINE_S = 900  # cold Inductor cache on 2 cores: ~1-2 min; this is the ceiling
+
+
+def one_cpu() -> str:
+    """A CPU set of one usable CPU: the plan then gives each model exactly one worker."""
+    return str(max(os.sched_getaffinity(0)))
 
 
 def start_server(run_dir: Path, config: ServeConfig) -> Server:

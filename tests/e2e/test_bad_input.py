@@ -17,7 +17,7 @@ from bench.payloads import photo_jpeg
 from kit.serve_config import ServeConfig
 from kit.server import Server
 from tests.conftest import encode_image
-from tests.e2e.conftest import start_server
+from tests.e2e.conftest import one_cpu, start_server
 from tests.e2e.test_serving import EMBEDDING_ATOL, post, worker_pids
 
 pytestmark = pytest.mark.e2e
@@ -122,9 +122,9 @@ BATCH_DELAY_S = 5
 
 @pytest.fixture(scope="module")
 def batching_server(tmp_path_factory):
-    # One worker that waits up to BATCH_DELAY_S to fill a batch of 4.
+    # One worker (one CPU) that waits up to BATCH_DELAY_S to fill a batch of 4.
     config = ServeConfig.from_preset(
-        "optimized", models=["minilm"], workers=1, batch_size=4, max_batch_delay_ms=BATCH_DELAY_S * 1000
+        "optimized", models=["minilm"], cpus=one_cpu(), batch_size=4, max_batch_delay_ms=BATCH_DELAY_S * 1000
     )
     server = start_server(tmp_path_factory.mktemp("batching"), config)
     yield server

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
@@ -49,7 +50,9 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
     assert baseline["speedup_vs_baseline"] == 1.0
     assert optimized["runtime"] == "inductor" and set(optimized["allocator_loaded"]) == {"tcmalloc"}
     assert ipex["runtime"] == "ipex" and set(ipex["allocator_loaded"]) == {"tcmalloc"}
-    assert baseline["launcher"] is False and set(baseline["allocator_loaded"]) == {"default"}
+    assert baseline["placement"] == "none" and set(baseline["allocator_loaded"]) == {"default"}
+    assert optimized["placement"] == "plan" and optimized["workers"] == len(optimized["cpu_affinity"])
+    assert set(optimized["cpu_busy"]) == {str(c) for c in sorted(os.sched_getaffinity(0))}
     assert (int8["runtime"], int8["precision"]) == ("openvino", "int8") and int8["worker_load_s"] > 0
     assert int8["precompiled"] and not optimized["precompiled"]
     # OpenVINO keeps glibc malloc whatever the preset asks for, and the workers show it.

@@ -16,6 +16,7 @@ from kit.paths import ROOT
 from kit.serve_config import ServeConfig, free_ports_config
 from kit.server import Server, ServerError
 from tests.conftest import TinyCNN
+from tests.e2e.conftest import one_cpu
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +41,7 @@ def test_bad_handler_setting_stops_start_up_with_the_reason(tmp_path):
     store = tmp_path / "store"
     store.mkdir()
     build_archive(store, "broken", {"bakend": "inductor"})
-    config = ServeConfig.from_preset("optimized", models=["broken"], workers=1, threads=1)
+    config = ServeConfig.from_preset("optimized", models=["broken"], cpus=one_cpu())
     server = Server(free_ports_config(config), tmp_path / "run", model_store=store)
     server.start()
     started = time.monotonic()

@@ -59,8 +59,17 @@ def test_doctor_passes_the_served_models(model, monkeypatch, tmp_path):
     assert all(s["passed"] for s in stages)
 
 
+def linear_op() -> str:
+    """The op frozen float32 linears run on this CPU (linear_kernel: auto)."""
+    from handlers.backends.inductor import cpu_vendor, linear_kernel
+    from handlers.settings import LinearKernel
+
+    kernel = linear_kernel(LinearKernel.AUTO, cpu_vendor())
+    return {LinearKernel.MKL: "mkl::_mkl_linear", LinearKernel.ONEDNN: "mkldnn::_linear_pointwise"}[kernel]
+
+
 @pytest.mark.parametrize(("model", "compiled_op"), [("resnet50", "mkldnn::_convolution_pointwise"),
-                                                    ("bert", "mkl::_mkl_linear")])  # fmt: skip
+                                                    ("bert", linear_op())])  # fmt: skip
 def test_profile_writes_tables_traces_and_summary(model, compiled_op, monkeypatch, tmp_path):
     monkeypatch.setattr("diagnose.__main__.LOGS", tmp_path)
     assert diagnose_main(["profile", "--model", model]) == 0

@@ -128,14 +128,15 @@ def test_a_plan_names_the_archives_it_needs():
     # Row variants for the models that run them; eager for the peers' weights and the baseline.
     assert plan.archives["aoti-int8"] == ["resnet50", "bert"]
     assert plan.archives["eager"] == ["resnet50", "bert"]
-    assert set(plan.archives) == {"eager", "inductor", "openvino", "aoti-int8", "openvino-int8", "ipex"}
+    assert set(plan.archives) == {"eager", "inductor", "inductor-mkl", "openvino", "aoti-int8", "openvino-int8", "ipex"}
+    assert plan.archives["inductor-mkl"] == ["bert"]
     tiny = parse_plan("t", {"models": ["minilm"], "rows": [{"name": "x", "preset": "optimized", "variant": "aoti"}]})
     assert tiny.archives == {"aoti": ["minilm"]}  # no peers: no eager archive needed
 
 
 def test_matrix_expands_with_named_rows():
     plan = parse_plan("t", {"models": ["resnet50"], "rows": [
-        {"name": "layout", "preset": "optimized", "allocator": ["jemalloc", "tcmalloc"], "workers": [1, 2], "threads": 1},
+        {"name": "layout", "preset": "fixed-2x1", "allocator": ["jemalloc", "tcmalloc"], "workers": [1, 2], "threads": 1},
     ]})  # fmt: skip
     assert [r.name for r in plan.rows] == [
         "layout allocator=jemalloc workers=1",
@@ -171,7 +172,7 @@ def test_unknown_plan_lists_choices():
 def row_result(**overrides) -> RowResult:
     values = dict(
         model="resnet50", name="row", kind="served", variant="inductor", runtime="inductor", precompiled=False,
-        precision="fp32", launcher=True,
+        precision="fp32", placement="plan", objective="throughput", cpus="",
         allocator="tcmalloc", omp_wait_policy="passive", workers=2, threads=1, batch_size=1, max_batch_delay_ms=5,
         concurrency=4, baseline=False, requests_per_s=20.0, items_per_s=20.0, mean_ms=200.0, p50_ms=190.0,
         p90_ms=220.0, p99_ms=250.0, max_ms=260.0, duration_s=20.0, failed=0, non_2xx=0, complete=400,
@@ -205,7 +206,7 @@ def test_report_files_speedups_and_targets(tmp_path):
     write_report(out, BenchRun(load_plan("quick"), "python -m bench --plan quick", ENVIRONMENT, results))
     document = json.loads((out / "results.json").read_text())
     assert document["environment"]["cores"] == 2
-    required = {"model", "name", "runtime", "precompiled", "launcher", "allocator", "workers", "threads", "batch_size", "concurrency",
+    required = {"model", "name", "runtime", "precompiled", "placement", "cpu_busy", "allocator", "workers", "threads", "batch_size", "concurrency",
                 "requests_per_s", "items_per_s", "p50_ms", "p90_ms", "p99_ms", "non_2xx", "speedup_vs_baseline",
                 "in_process_items_per_s", "allocator_loaded", "ab_command"}  # fmt: skip
     assert required <= set(document["rows"][0])

@@ -212,3 +212,37 @@ def test_ipex_in_main_env_says_how_to_get_it(tiny_cnn, backend):
     # Never silently eager: a missing environment is a configuration error even with fallback on.
     with pytest.raises(BackendUnavailable, match="make install-ipex"):
         optimize(tiny_cnn, settings, [(torch.randn(1, 3, 32, 32),)])
+
+
+class TwoLinears(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = torch.nn.Linear(64, 128), torch.nn.Linear(128, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(torch.relu(self.first(x)))
+
+
+@pytest.mark.parametrize(("kernel", "op"), [("mkl", "mkl::_mkl_linear"), ("onednn", "mkldnn::_linear_pointwise")])
+def test_frozen_linears_run_the_chosen_library(kernel, op):
+    torch.manual_seed(0)
+    model, x = TwoLinears().eval(), (torch.randn(8, 64),)
+    torch._dynamo.reset()
+    optimized = optimize(model, parse_settings(TextSettings, {"linear_kernel": kernel}), [x])
+    with torch.profiler.profile() as profile, torch.inference_mode():
+        output = optimized(*x)
+    names = {event.key for event in profile.key_averages()}
+    assert op in names, sorted(names)
+    assert not {"mkl::_mkl_linear", "mkldnn::_linear_pointwise"} - {op} & names, sorted(names)
+    torch.testing.assert_close(output, eager_reference(model, x), **FP32_TOL)
+
+
+@pytest.mark.parametrize(("vendor", "kernel"), [("GenuineIntel", "mkl"), ("AuthenticAMD", "onednn"), ("", "onednn")])
+def test_auto_linear_kernel_follows_the_cpu_vendor(tmp_path, vendor, kernel):
+    from handlers.backends.inductor import cpu_vendor, linear_kernel
+    from handlers.settings import LinearKernel
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nmodel name\t: x\n" if vendor else "processor\t: 0\n")
+    assert linear_kernel(LinearKernel.AUTO, cpu_vendor(cpuinfo)) == kernel
+    assert linear_kernel(LinearKernel.MKL, cpu_vendor(cpuinfo)) == "mkl"  # an explicit choice wins

@@ -1,10 +1,12 @@
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from handlers.settings import parse_settings
-from kit.serve_config import Allocator, ConfigError, ServeConfig, launcher_args, render, worker_environment
+from kit.serve_config import Allocator, ConfigError, Placement, ServeConfig, launcher_args, render, worker_environment
+from kit.topology import parse_topology
 
 
 def properties(text: str) -> dict[str, str]:
@@ -12,11 +14,20 @@ def properties(text: str) -> dict[str, str]:
     return {key: value for key, value in pairs}
 
 
-def test_optimized_preset_renders_launcher_and_allocator():
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "lscpu"
+
+
+def test_optimized_preset_renders_the_planned_workers():
     config = ServeConfig.from_preset("optimized")
-    props = properties(render(config, Path("/store")))
-    assert props["cpu_launcher_enable"] == "true"
-    assert "--enable_tcmalloc" in props["cpu_launcher_args"]
+    xeon = parse_topology((FIXTURES / "xeon-2s-28c-smt.txt").read_text())
+    layout = config.layout(xeon)
+    props = properties(render(config, Path("/store"), layout))
+    # The kit pins the workers itself (kit/pin_worker.py), not TorchServe's launcher.
+    assert props["cpu_launcher_enable"] == "false" and "cpu_launcher_args" not in props
+    models = json.loads(props["models"])
+    # 56 cores, 7 for the frontend: 49 single-threaded workers split between three models.
+    assert [models[m]["1.0"]["minWorkers"] for m in ("resnet50", "bert", "minilm")] == [17, 16, 16]
+    assert all(w.threads == 1 for m in layout.models.values() for w in m.workers)
     assert props["inference_address"] == "http://127.0.0.1:8080"
     assert props["management_address"] == "http://127.0.0.1:8081"
     assert props["metrics_address"] == "http://127.0.0.1:8082"
@@ -26,7 +37,32 @@ def test_optimized_preset_renders_launcher_and_allocator():
     assert props["allowed_urls"] == r"file://\\Q/store\\E/.*"  # only the local model store (Java-escaped)
     assert props["max_request_size"] == str(16 * 1024 * 1024)
     assert props["load_models"] == "resnet50.mar,bert.mar,minilm.mar"
+
+
+def test_fixed_launcher_preset_renders_torchserve_launcher():
+    config = ServeConfig.from_preset("fixed-2x1")
+    assert config.layout(parse_topology((FIXTURES / "this-vm-2c.txt").read_text())) is None
+    props = properties(render(config, Path("/store")))
+    assert props["cpu_launcher_enable"] == "true"
+    assert props["cpu_launcher_args"] == "--disable_iomp --enable_tcmalloc --ncores-per-instance 1"
     assert '"minWorkers":2' in props["models"]
+
+
+def test_a_cpu_set_narrows_the_plan():
+    config = ServeConfig.from_preset("optimized", cpus="1")
+    assert config.allowed_cpus == {1}
+    layout = config.layout(parse_topology((FIXTURES / "this-vm-2c.txt").read_text(), {0, 1}))
+    assert {name: [w.cpus for w in m.workers] for name, m in layout.models.items()} == {
+        "resnet50": [(1,)],
+        "bert": [(1,)],
+        "minilm": [(1,)],
+    }
+    assert layout.frontend_cpus == (1,)
+    busy = {cpu for cpu in range(4096) if cpu not in os.sched_getaffinity(0)}
+    if busy:  # a CPU this process may not use is refused by name when the server starts
+        outside = min(busy)
+        with pytest.raises(ConfigError, match=f"cpus '{outside}' includes CPUs {outside} this process may not use"):
+            ServeConfig.from_preset("optimized", cpus=str(outside)).allowed_cpus  # noqa: B018
 
 
 def test_baseline_leaves_torchserve_defaults_alone():
@@ -56,8 +92,10 @@ def test_non_loopback_bind_forces_token_auth_and_keeps_management_local():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"workers": 2, "threads": os.cpu_count(), "launcher": True}, "exceeds the"),
-        ({"launcher": False, "allocator": "tcmalloc"}, "preloaded by the launcher; set launcher: true"),
+        ({"placement": "launcher", "workers": 2, "threads": len(os.sched_getaffinity(0))}, "exceeds the"),
+        ({"placement": "none", "allocator": "tcmalloc"}, "preloaded for pinned workers; set placement: plan or"),
+        ({"workers": 4}, "workers: 4 with placement plan: the plan gives each model its workers"),
+        ({"cpus": "1-x"}, "not like 0-3,8"),
         ({"allocator": "mimalloc"}, "allocator 'mimalloc' is unknown; choose one of: default, jemalloc, tcmalloc"),
         ({"workers": 0}, "workers must be >= 1"),
         ({"wrokers": 1}, r"unknown setting\(s\) \['wrokers'\]"),
@@ -69,20 +107,20 @@ def test_bad_layouts_are_rejected(overrides, message):
 
 
 def test_unknown_preset_lists_choices():
-    with pytest.raises(ConfigError, match="preset 'fastest' not found; choose one of: baseline, optimized"):
+    with pytest.raises(ConfigError, match="preset 'fastest' not found; choose one of: baseline, fixed-2x1, optimized"):
         ServeConfig.from_preset("fastest")
 
 
 def test_launcher_args_per_layout():
-    one = ServeConfig(workers=1, threads=2, allocator=Allocator.JEMALLOC)
+    one = ServeConfig(placement=Placement.LAUNCHER, workers=1, threads=2, allocator=Allocator.JEMALLOC)
     assert launcher_args(one) == "--disable_iomp --enable_jemalloc --ncores-per-instance 2 --ninstances 1 --rank 0"
     # With several workers the frontend appends --ninstances/--rank per worker itself.
-    two = ServeConfig(workers=2, threads=1, allocator=Allocator.TCMALLOC)
+    two = ServeConfig(placement=Placement.LAUNCHER, workers=2, threads=1, allocator=Allocator.TCMALLOC)
     assert launcher_args(two) == "--disable_iomp --enable_tcmalloc --ncores-per-instance 1"
 
 
 def test_thread_environment_without_launcher():
-    config = ServeConfig(launcher=False, allocator=Allocator.DEFAULT, threads=1)
+    config = ServeConfig(placement=Placement.NONE, allocator=Allocator.DEFAULT, threads=1)
     assert worker_environment(config) == {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
@@ -94,11 +132,11 @@ def test_diagnostics_reach_the_workers_environment():
 
 
 def test_openvino_workers_keep_glibc_malloc():
-    openvino = ServeConfig.from_preset("optimized", variant="openvino-int8")
+    openvino = ServeConfig.from_preset("fixed-2x1", variant="openvino-int8")
     assert openvino.allocator is Allocator.TCMALLOC  # what the preset asks for
     assert openvino.served_allocator is Allocator.DEFAULT  # what the worker gets
     assert "--use_default_allocator" in launcher_args(openvino)
-    inductor = ServeConfig.from_preset("optimized")
+    inductor = ServeConfig.from_preset("fixed-2x1")
     assert inductor.served_allocator is Allocator.TCMALLOC
     assert "--enable_tcmalloc" in launcher_args(inductor)
 

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Start one TorchServe worker on the cores the layout plan gave it, then become that worker.
+
+TorchServe runs `$PYTHON_EXECUTABLE ts/model_service_worker.py ...` for every worker, in the
+model's extracted archive directory. The kit points PYTHON_EXECUTABLE here (kit/server.py):
+
+1. the model is the one of the archive in the working directory (MAR-INF/MANIFEST.json);
+2. its workers' slots are in the plan ($KIT_LAYOUT, written by the server at start); the worker
+   takes the first free one by locking <run dir>/slots/<model>.<i>. The lock belongs to the open
+   file, which exec keeps: it lasts exactly as long as the worker, so a worker that dies frees its
+   slot and TorchServe's replacement lands on the same cores;
+3. it execs `numactl --physcpubind=CPUS --membind=NODE $KIT_WORKER_PYTHON ...` with
+   OMP_NUM_THREADS and the allocator preloaded: no process stays behind (TorchServe's own
+   launcher, torch.backends.xeon.run_cpu, stays as a parent of every worker, ~225 MB each).
+
+Standard library only: it runs before every worker, so it must start fast.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+LAYOUT_VAR = "KIT_LAYOUT"  # the plan: run_dir/layout.json
+PYTHON_VAR = "KIT_WORKER_PYTHON"  # the environment's python that runs the worker
+ALLOCATOR_VAR = "KIT_ALLOCATOR_LIB"  # the allocator library to preload, "" for glibc malloc
+
+
+def claim_slot(slots_dir: Path, model: str, count: int) -> tuple[int, int]:
+    """(slot index, locked fd) of the first free slot; all taken (more workers than the plan
+    has, e.g. while a dying worker still holds its lock) -> a shared one, by pid."""
+    slots_dir.mkdir(parents=True, exist_ok=True)
+    for index in range(count):
+        fd = os.open(slots_dir / f"{model}.{index}", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        os.set_inheritable(fd, True)  # kept across exec: the worker holds it until it exits
+        return index, fd
+    return os.getpid() % count, -1
+
+
+def command(worker: dict, python: str, args: list[str]) -> list[str]:
+    cpus = ",".join(map(str, worker["cpus"]))
+    numactl = shutil.which("numactl")
+    if numactl:
+        return [numactl, f"--physcpubind={cpus}", f"--membind={worker['numa_node']}", python, *args]
+    os.sched_setaffinity(0, set(worker["cpus"]))  # inherited across exec; memory left unbound
+    return [python, *args]
+
+
+def main(args: list[str]) -> None:
+    python = os.environ[PYTHON_VAR]
+    layout_file = Path(os.environ[LAYOUT_VAR])
+    model = json.loads(Path("MAR-INF/MANIFEST.json").read_text())["model"]["modelName"]
+    plan = json.loads(layout_file.read_text())["models"].get(model)
+    if plan is None:  # a model the plan does not know (registered later): unpinned, as TorchServe would
+        os.execv(python, [python, *args])
+    index, _ = claim_slot(layout_file.parent / "slots", model, len(plan["workers"]))
+    worker = plan["workers"][index]
+    env = dict(os.environ, OMP_NUM_THREADS=str(worker["threads"]), KIT_WORKER_SLOT=str(index))
+    if env.get(ALLOCATOR_VAR):
+        env["LD_PRELOAD"] = " ".join(filter(None, [env[ALLOCATOR_VAR], env.get("LD_PRELOAD", "")]))
+    argv = command(worker, python, args)
+    os.execve(argv[0], argv, env)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

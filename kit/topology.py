@@ -1,0 +1,289 @@
+"""The machine as this process may use it: allowed CPUs, CPU quota, cores, SMT siblings, NUMA
+nodes, last-level-cache (L3) domains and the vector ISA.
+
+    topology = read_topology()                                        # this process, this machine
+    topology = parse_topology(lscpu_text, allowed={2, 3}, quota=1.5)  # injected: tests, `kit plan --lscpu`
+
+`lscpu -p` describes the whole host, also inside a container: what a process may really use is
+its affinity mask (`sched_getaffinity`, the container's cpuset) and its cgroup CPU quota
+(`cpu.max`, or `cpu.cfs_quota_us` / `cpu.cfs_period_us` on cgroup v1), read here apart.
+Never `os.cpu_count()`: it counts the host's CPUs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+LSCPU_COLUMNS = "CPU,CORE,SOCKET,NODE,CACHE"
+# The ISA flags that decide which kernels run fast (/proc/cpuinfo names).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+CGROUP = Path("/sys/fs/cgroup")
+
+
+class TopologyError(ValueError):
+    """The machine description cannot be read; the message says which input and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cpu:
+    id: int  # the logical CPU id, as lscpu and taskset name it
+    core: int
+    socket: int
+    node: int  # NUMA node (0 when the machine reports none)
+    l3: int  # last-level-cache id: a domain of cores that share it (an AMD CCX, an Intel socket)
+
+
+@dataclasses.dataclass(frozen=True)
+class Core:
+    """A physical core: its logical CPUs (SMT siblings); the kit pins to the first."""
+
+    cpus: tuple[int, ...]
+    socket: int
+    node: int
+    l3: int
+
+    @property
+    def cpu(self) -> int:
+        return self.cpus[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    cpus: tuple[Cpu, ...]  # the logical CPUs this process may run on
+    quota: float | None = None  # cgroup CPU limit in CPUs (1.5 = 150 ms per 100 ms); None = none
+    flags: frozenset[str] = frozenset()  # ISA_FLAGS this CPU has
+    model_name: str = ""
+
+    @property
+    def cores(self) -> tuple[Core, ...]:
+        """Physical cores with at least one allowed CPU, in (node, L3, core) order."""
+        groups: dict[tuple[int, int], list[Cpu]] = {}
+        for cpu in self.cpus:
+            groups.setdefault((cpu.socket, cpu.core), []).append(cpu)
+        cores = [
+            Core(tuple(sorted(c.id for c in cpus)), cpus[0].socket, cpus[0].node, cpus[0].l3)
+            for cpus in groups.values()
+        ]
+        return tuple(sorted(cores, key=lambda core: (core.node, core.l3, core.cpu)))
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return tuple(sorted({cpu.node for cpu in self.cpus}))
+
+    @property
+    def l3_domains(self) -> tuple[int, ...]:
+        return tuple(sorted({cpu.l3 for cpu in self.cpus}))
+
+    @property
+    def sockets(self) -> tuple[int, ...]:
+        return tuple(sorted({cpu.socket for cpu in self.cpus}))
+
+    @property
+    def capacity(self) -> int:
+        """Whole cores' worth of CPU time the process may use: cores, capped by the quota."""
+        cores = len(self.cores)
+        if self.quota is None:
+            return cores
+        return max(1, min(cores, math.floor(self.quota + 1e-9)))
+
+    def restricted(self, cpus: set[int]) -> Topology:
+        """The same machine narrowed to `cpus` (a subset of the allowed ones), as a cpuset would."""
+        outside = cpus - {cpu.id for cpu in self.cpus}
+        if outside:
+            raise TopologyError(
+                f"CPUs {format_cpus(outside)} are not among the usable ones ({format_cpus(c.id for c in self.cpus)})"
+            )
+        return dataclasses.replace(self, cpus=tuple(cpu for cpu in self.cpus if cpu.id in cpus))
+
+    def summary(self) -> list[str]:
+        """A few human lines: what `python -m kit topology` prints."""
+        cores = self.cores
+        smt = max((len(core.cpus) for core in cores), default=1)
+        quota = "no CPU quota" if self.quota is None else f"CPU quota {self.quota:g} CPUs"
+        return [
+            f"CPU: {self.model_name or 'unknown'}; ISA: {' '.join(f for f in ISA_FLAGS if f in self.flags) or 'none known'}",
+            f"usable: {len(self.cpus)} logical CPUs ({format_cpus(c.id for c in self.cpus)}) on {len(cores)} physical "
+            f"cores, {smt} thread(s) per core; {quota}: {self.capacity} core(s) of capacity",
+            f"{len(self.sockets)} socket(s), {len(self.nodes)} NUMA node(s), {len(self.l3_domains)} L3 domain(s): "
+            + "; ".join(self._node_summary(node, cores) for node in self.nodes),
+        ]
+
+    @staticmethod
+    def _node_summary(node: int, cores: tuple[Core, ...]) -> str:
+        mine = [c for c in cores if c.node == node]
+        sizes = sorted({sum(1 for c in mine if c.l3 == l3) for l3 in {c.l3 for c in mine}})
+        domains = len({c.l3 for c in mine})
+        return (
+            f"node {node}: cores on CPUs {format_cpus(c.cpu for c in mine)}, {domains} L3 domain(s) of "
+            f"{'/'.join(map(str, sizes))} core(s)"
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "model_name": self.model_name,
+            "flags": sorted(self.flags),
+            "quota": self.quota,
+            "capacity": self.capacity,
+            "cpus": [dataclasses.asdict(cpu) for cpu in self.cpus],
+            "cores": [list(core.cpus) for core in self.cores],
+            "nodes": list(self.nodes),
+            "l3_domains": list(self.l3_domains),
+        }
+
+
+def format_cpus(ids: Iterable[int]) -> str:
+    """0,1,2,3,8 -> "0-3,8" (taskset's list syntax)."""
+    ordered = sorted(set(ids))
+    runs: list[list[int]] = []
+    for cpu in ordered:
+        if runs and cpu == runs[-1][-1] + 1:
+            runs[-1].append(cpu)
+        else:
+            runs.append([cpu])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
+def parse_cpus(text: str) -> set[int]:
+    """ "0-3,8" -> {0, 1, 2, 3, 8}; the inverse of format_cpus."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        try:
+            low, _, high = part.partition("-")
+            cpus.update(range(int(low), int(high or low) + 1))
+        except ValueError:
+            raise TopologyError(f"CPU list {text!r} is not like 0-3,8") from None
+    return cpus
+
+
+def _field(fields: list[str], header: list[str], name: str) -> str:
+    index = header.index(name) if name in header else len(fields)
+    return fields[index].strip() if index < len(fields) else ""
+
+
+def _number(text: str) -> int:
+    return int(text) if text.isdigit() else 0  # a machine without NUMA or cache ids reports ""
+
+
+def parse_lscpu(text: str) -> list[Cpu]:
+    """`lscpu -p=CPU,CORE,SOCKET,NODE,CACHE` output. Its cache field is "L1d:L1i:L2:L3" in most
+    versions and separate L1d,L1i,L2,L3 columns in others: the header line says which."""
+    header: list[str] = []
+    cpus = []
+    for line in text.splitlines():
+        if line.startswith(("# CPU,", "#CPU,")):
+            header = [name.strip().upper() for name in line.lstrip("# ").split(",")]
+        if not line.strip() or line.startswith("#"):
+            continue
+        if not header:
+            raise TopologyError(
+                f"no '# CPU,Core,Socket,Node,...' header before the data; run `lscpu -p={LSCPU_COLUMNS}`"
+            )
+        fields = line.split(",")
+        if "L3" in header:
+            l3 = _number(_field(fields, header, "L3"))
+        else:  # one field "L1d:L1i:L2:L3"
+            l3 = _number(_field(fields, header, "CACHE").split(":")[-1])
+        cpu = _field(fields, header, "CPU")
+        if not cpu.isdigit():
+            raise TopologyError(f"lscpu line {line!r} has no CPU number")
+        core, socket, node = (_number(_field(fields, header, name)) for name in ("CORE", "SOCKET", "NODE"))
+        cpus.append(Cpu(int(cpu), core, socket, node, l3))
+    if not cpus:
+        raise TopologyError("lscpu output has no CPU lines")
+    return cpus
+
+
+def parse_topology(
+    lscpu_text: str,
+    allowed: set[int] | None = None,
+    quota: float | None = None,
+    flags: Iterable[str] = (),
+    model_name: str = "",
+) -> Topology:
+    cpus = parse_lscpu(lscpu_text)
+    if allowed is not None:
+        unknown = sorted(allowed - {c.id for c in cpus})
+        if unknown:
+            raise TopologyError(f"allowed CPUs {format_cpus(unknown)} are not in the lscpu description")
+        cpus = [c for c in cpus if c.id in allowed]
+    if quota is not None and not quota > 0:
+        raise TopologyError(f"quota must be > 0 CPUs, got {quota}")
+    return Topology(tuple(cpus), quota, frozenset(flags) & frozenset(ISA_FLAGS), model_name)
+
+
+# -- this machine ---------------------------------------------------------------------------
+def cpuinfo() -> tuple[str, frozenset[str]]:
+    """The CPU's model name and flags from /proc/cpuinfo."""
+    name, flags = "", frozenset()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and not name:
+            name = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = frozenset(value.split())
+    return name, flags
+
+
+def cgroup_quota(proc_cgroup: str | None = None, root: Path = CGROUP) -> float | None:
+    """The tightest CPU limit on this process's cgroup and its ancestors, in CPUs; None if none.
+
+    cgroup v2: `cpu.max` is "QUOTA PERIOD" or "max PERIOD". v1: `cpu.cfs_quota_us` (-1 = none)
+    over `cpu.cfs_period_us`. Inside a container the cgroup path may be "/" with the container's
+    own cgroup mounted at the root: both places are read.
+    """
+    text = proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text()
+    limits = []
+    for line in text.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2
+            limits += _v2_limits(root, path)
+        elif "cpu" in controllers.split(","):
+            mount = next(
+                (root / name for name in ("cpu,cpuacct", "cpu", "cpuacct,cpu") if (root / name).is_dir()), None
+            )
+            if mount:
+                limits += _v1_limits(mount, path)
+    return min(limits) if limits else None
+
+
+def _ancestors(mount: Path, path: str) -> list[Path]:
+    parts = [p for p in path.strip("/").split("/") if p]
+    return [mount.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]
+
+
+def _v2_limits(root: Path, path: str) -> list[float]:
+    limits = []
+    for directory in _ancestors(root, path):
+        cpu_max = directory / "cpu.max"
+        if cpu_max.is_file():
+            quota, _, period = cpu_max.read_text().split()[:2] + [""]
+            if quota != "max":
+                limits.append(int(quota) / int(period or 100000))
+    return limits
+
+
+def _v1_limits(mount: Path, path: str) -> list[float]:
+    limits = []
+    for directory in _ancestors(mount, path):
+        quota_file, period_file = directory / "cpu.cfs_quota_us", directory / "cpu.cfs_period_us"
+        if quota_file.is_file() and period_file.is_file():
+            quota = int(quota_file.read_text())
+            if quota > 0:
+                limits.append(quota / int(period_file.read_text()))
+    return limits
+
+
+def read_topology() -> Topology:
+    """This process's view: lscpu for the shape, affinity and cgroup for what it may use."""
+    completed = subprocess.run(["lscpu", f"-p={LSCPU_COLUMNS}"], capture_output=True, text=True)
+    if completed.returncode != 0:
+        raise TopologyError(f"`lscpu -p={LSCPU_COLUMNS}` failed: {completed.stderr.strip()}; install util-linux")
+    name, flags = cpuinfo()
+    return parse_topology(completed.stdout, os.sched_getaffinity(0), cgroup_quota(), flags, name)
