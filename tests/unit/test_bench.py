@@ -116,7 +116,7 @@ def test_server_latency_from_counter_deltas():
 
 
 def test_bundled_plans_are_valid():
-    for name in ("quick", "default", "full", "tune"):
+    for name in ("quick", "default", "full", "tune", "placement", "backends"):
         plan = load_plan(name)
         assert plan.rows
         for model in {r.model for r in plan.rows}:
@@ -165,7 +165,7 @@ def test_plan_errors_name_the_problem(raw, message):
 
 
 def test_unknown_plan_lists_choices():
-    with pytest.raises(PlanError, match="plan 'fast' not found; choose one of: backends, default, full, quick, tune"):
+    with pytest.raises(PlanError, match="plan 'fast' not found; choose one of: backends, default, full, placement, quick, tune"):
         load_plan("fast")
 
 
