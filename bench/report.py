@@ -164,7 +164,8 @@ def markdown(run: BenchRun) -> str:
         "weights in another runtime, one process using every core. Cosine and top-1 agreement are against "
         "float32 eager on held-out inputs (random weights: near-tied logits make top-1 pessimistic). "
         "load s = the slowest worker's spawn-to-READY (TorchServe's WorkerLoadTime). CPU busy % = each CPU's "
-        "busy share during the ab window, CPU 0 first.",
+        "busy share during the ab window, CPU 0 first. RSS MB: the workers' (+ the launcher processes TorchServe's "
+        "CPU launcher leaves as their parents).",
         "",
         *(f"Machine: {line}" for line in env.topology),
         "",
@@ -190,7 +191,7 @@ def markdown(run: BenchRun) -> str:
                 f"{r.allocator} ({loaded}) | {layout} | "
                 f"{r.batch_size} | {r.concurrency} | {r.requests_per_s:.1f} | {speedup} | {r.p50_ms:.0f} | "
                 f"{r.p90_ms:.0f} | {r.p99_ms:.0f} | {r.non_2xx} | {ts} | {_fmt(r.in_process_items_per_s)} | {ratio} | "
-                f"{r.start_to_ready_s:.0f} | {_fmt(r.worker_load_s)} | {_fmt(sum(r.worker_rss_mb), 0)} | "
+                f"{r.start_to_ready_s:.0f} | {_fmt(r.worker_load_s)} | {_fmt(sum(r.worker_rss_mb), 0)}{f' +{r.launcher_rss_mb:.0f}' if r.launcher_rss_mb else ''} | "
                 f"{'/'.join(f'{100 * busy:.0f}' for busy in r.cpu_busy.values()) or '–'} |"
             )
         lines.append("")

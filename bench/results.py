@@ -87,6 +87,8 @@ class RowResult:
     allocator_loaded: list[str]  # read from each worker's /proc/PID/maps
     cpu_affinity: list[list[int]]
     worker_rss_mb: list[float]
+    # RSS of the processes TorchServe's launcher leaves as every worker's parent (placement launcher).
+    launcher_rss_mb: float
     worker_count: int
     ab_command: str
     worker_load_s: float | None = None  # slowest worker's spawn-to-READY (TorchServe's WorkerLoadTime)

@@ -24,7 +24,7 @@ from bench.payloads import Payload, payload_for
 from bench.peers import measure_peer
 from bench.plan import EAGER_VARIANT, Peer, Plan, Row
 from bench.results import PRECISION_OF_DTYPE, BenchRun, InProcessResult, Measured, RowResult, add_derived
-from kit.procinfo import busy_fractions, cpu_times
+from kit.procinfo import busy_fractions, cpu_times, live_process
 from kit.serve_config import ConfigError, free_ports_config
 from kit.server import Server
 from kit.variant import Variant
@@ -73,6 +73,7 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         latency = server_latency(before, scrape(metrics_url), row.model)
         busy = busy_fractions(cpu_before, cpu_times())
         workers = [w for w in server.workers() if w.process]
+        launcher_rss_mb = sum(info.rss_mb for info in map(live_process, server.launcher_pids()) if info)
     finally:
         server.stop()
     config = server.config
@@ -104,6 +105,7 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         allocator_loaded=[w.process.allocator for w in workers],
         cpu_affinity=[list(w.process.cpus) for w in workers],
         worker_rss_mb=[round(w.process.rss_mb, 1) for w in workers],
+        launcher_rss_mb=round(launcher_rss_mb, 1),
         worker_count=len(workers),
         ab_command=" ".join(argv),
         worker_load_s=load_s,

@@ -24,7 +24,7 @@ from handlers.diagnostics import RequestProfiler, op_ranges
 from handlers.itt import inference_range
 from handlers.loaders import load_model
 from handlers.optimize import graphs_compiled, optimize
-from handlers.payload import HTTP_BAD_REQUEST, InvalidInput, error_body
+from handlers.payload import HTTP_BAD_REQUEST, JSON, InvalidInput, error_body, status_phrase
 from handlers.settings import Diagnostics, OptimizationSettings, parse_settings
 
 log = logging.getLogger(__name__)
@@ -178,8 +178,10 @@ class OptimizedHandler(abc.ABC):
     def postprocess(self, batch: Batch) -> list[Any]:
         responses: list[Any] = [None] * batch.size
         for index, message in batch.errors.items():
-            self.context.set_response_status(HTTP_BAD_REQUEST, message, index)
+            self.context.set_response_status(HTTP_BAD_REQUEST, status_phrase(message), index)
             responses[index] = error_body(message)
         for row, index in enumerate(batch.valid):
             responses[index] = self.format(batch.outputs[row])
+        for index in range(batch.size):
+            self.context.set_response_content_type(index, JSON)
         return responses

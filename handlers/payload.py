@@ -12,6 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 HTTP_BAD_REQUEST = 400
+JSON = "application/json"  # every answer of the kit's handlers, results and errors alike
+# TorchServe 0.12's worker frames the status phrase by its length in characters but writes it as
+# UTF-8 (ts/protocol/otf_message_handler.py): one non-ASCII character misaligns the frame, and the
+# frontend restarts the worker or waits for it until the response timeout. Phrases are therefore
+# ASCII and short; the full message goes in the JSON body, which TorchServe frames by bytes.
+PHRASE_LIMIT = 160
 
 
 class InvalidInput(ValueError):
@@ -59,6 +65,13 @@ def request_text(request: Mapping[str, Any], field: str = "text") -> str:
     if not body.strip():
         raise InvalidInput("text is empty or whitespace only")
     return body
+
+
+def status_phrase(message: str) -> str:
+    """`message` as a safe HTTP reason phrase: printable ASCII (others as escapes), bounded."""
+    escaped = message.encode("ascii", "backslashreplace").decode("ascii")
+    printable = "".join(c if " " <= c <= "~" else " " for c in escaped)
+    return printable if len(printable) <= PHRASE_LIMIT else printable[: PHRASE_LIMIT - 3] + "..."
 
 
 def error_body(message: str, code: int = HTTP_BAD_REQUEST) -> dict[str, Any]:

@@ -184,6 +184,15 @@ class Server:
         self.state_file.unlink(missing_ok=True)
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
+    def launcher_pids(self) -> list[int]:
+        """TorchServe's launcher processes (torch.backends.xeon.run_cpu), each a worker's parent."""
+        pids = []
+        for process in self.process_tree():
+            with contextlib.suppress(psutil.Error):
+                if "torch.backends.xeon.run_cpu" in process.cmdline():
+                    pids.append(process.pid)
+        return pids
+
     def process_tree(self) -> list[psutil.Process]:
         """The server process and all its descendants (frontend, launchers, workers)."""
         try:

@@ -55,6 +55,9 @@ REFUSED = {
     "text-invalid-utf8": ("bert", b"\xff\xfe\xfd invalid", "text/plain", "not valid UTF-8"),
     "json-wrong-field": ("minilm", b'{"sentence": "x"}', "application/json", 'needs a string field \\"text\\"'),
     "json-empty-text": ("minilm", b'{"text": ""}', "application/json", "empty or whitespace only"),
+    # Keys echoed in the 400: non-ASCII text in TorchServe's status frame cost a worker (issue 15).
+    "json-non-ascii-keys": ("bert", '{"tëxt": "x", "ключ": 1}'.encode(), "application/json", "t\\u00ebxt"),
+    "json-emoji-key": ("minilm", '{"😀": "x"}'.encode(), "application/json", "\\ud83d\\ude00"),
 }
 
 
@@ -63,8 +66,11 @@ def test_bad_input_gets_400_naming_the_problem(optimized_server, case):
     model, body, content_type, message = REFUSED[case]
     body = {"image-truncated-jpeg": photo_jpeg()[:20_000], "image-bomb": bomb_png()}.get(case, body)
     pids = worker_pids(optimized_server, model)
+    started = time.monotonic()
     response = post(optimized_server, model, body, content_type)
     assert response.status_code == 400, response.text
+    assert time.monotonic() - started < 10, "a bad request waited for a worker"
+    assert response.headers["Content-Type"].startswith("application/json")
     assert message in response.text
     assert_still_served_by(optimized_server, model, pids)
 

@@ -52,6 +52,7 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
     assert ipex["runtime"] == "ipex" and set(ipex["allocator_loaded"]) == {"tcmalloc"}
     assert baseline["placement"] == "none" and set(baseline["allocator_loaded"]) == {"default"}
     assert optimized["placement"] == "plan" and optimized["workers"] == len(optimized["cpu_affinity"])
+    assert optimized["launcher_rss_mb"] == 0  # no launcher process stays behind a planned worker
     assert set(optimized["cpu_busy"]) == {str(c) for c in sorted(os.sched_getaffinity(0))}
     assert (int8["runtime"], int8["precision"]) == ("openvino", "int8") and int8["worker_load_s"] > 0
     assert int8["precompiled"] and not optimized["precompiled"]

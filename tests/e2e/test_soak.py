@@ -18,6 +18,9 @@ def test_soak_kill_and_restart_lose_nothing(tmp_path):
     assert report.soak.requests > 0 and report.soak.non_2xx == 0
     assert report.kill.replacement_pid != report.kill.killed_pid
     assert report.kill.no_response == 0  # every request during the gap got an answer
-    assert all(f.split()[1] in ("500", "503") for f in report.kill.failures), report.kill.failures
+    # The request in flight gets an error: 500/503, or 507 when TorchServe sees its worker's exit
+    # code 137 (killed by signal 9, which it takes for the OOM killer). It sees it since the
+    # worker is its direct child (kit/pin_worker.py execs; the launcher stayed in between).
+    assert all(f.split()[1] in ("500", "503", "507") for f in report.kill.failures), report.kill.failures
     assert report.restart.compiled and report.restart.restart_new_kernels == 0
     assert report.restart.cached_kernels_mapped and all(report.restart.cached_kernels_mapped.values())

@@ -165,7 +165,9 @@ def test_plan_errors_name_the_problem(raw, message):
 
 
 def test_unknown_plan_lists_choices():
-    with pytest.raises(PlanError, match="plan 'fast' not found; choose one of: backends, default, full, placement, quick, tune"):
+    with pytest.raises(
+        PlanError, match="plan 'fast' not found; choose one of: backends, default, full, placement, quick, tune"
+    ):
         load_plan("fast")
 
 
@@ -178,7 +180,7 @@ def row_result(**overrides) -> RowResult:
         p90_ms=220.0, p99_ms=250.0, max_ms=260.0, duration_s=20.0, failed=0, non_2xx=0, complete=400,
         start_to_ready_s=30.0,
         ts_inference_ms=80.0, ts_queue_ms=90.0, allocator_loaded=["tcmalloc", "tcmalloc"],
-        cpu_affinity=[[0], [1]], worker_rss_mb=[600.0, 600.0], worker_count=2, ab_command="ab -k ...",
+        cpu_affinity=[[0], [1]], worker_rss_mb=[600.0, 600.0], launcher_rss_mb=0.0, worker_count=2, ab_command="ab -k ...",
     )  # fmt: skip
     values.update(overrides)
     return RowResult(**values)

@@ -262,3 +262,32 @@ def test_diagnostics_switch_must_be_a_number(monkeypatch):
 
     with pytest.raises(ValueError, match="KIT_PROFILE_REQUESTS must be a whole number of requests, got 'ten'"):
         Diagnostics.from_environment({"KIT_PROFILE_REQUESTS": "ten"})
+
+
+def test_non_ascii_input_never_reaches_the_status_phrase(tmp_path, tiny_bert_config):
+    from ts.protocol.otf_message_handler import create_predict_response
+
+    from handlers.payload import PHRASE_LIMIT
+
+    write_text_archive(tmp_path, SentenceEmbedder(tiny_bert_config).eval())
+    context = make_context(tmp_path, {"architecture": "sentence-embedder", "backend": "eager", "max_length": 32})
+    handler = SentenceEmbeddingHandler()
+    handler.initialize(context)
+    key = "tëxt-😀-" + "ж" * 400  # the handler's 400 names the keys it got
+    (response,) = serve(handler, context, [{"body": {key: "x"}}])
+    code, phrase = context.get_response_status(0)
+    assert code == 400 and phrase.isascii() and len(phrase) <= PHRASE_LIMIT, phrase
+    assert phrase.startswith('JSON body needs a string field "text", got keys')
+    assert key in response["message"]  # the detail stays in the JSON body, framed by bytes
+    assert context.get_response_content_type(0) == "application/json"
+    # TorchServe frames the phrase by characters and writes UTF-8: ASCII keeps the frame aligned.
+    frame = create_predict_response([response], {0: "req-0"}, "", 200, context)
+    assert len(phrase).to_bytes(4, "big") + phrase.encode() in frame
+
+
+def test_status_phrase_escapes_and_bounds_text():
+    from handlers.payload import PHRASE_LIMIT, status_phrase
+
+    assert status_phrase("got keys ['tëxt']") == "got keys ['t\\xebxt']"
+    assert status_phrase("line\nbreak\x00") == "line break "
+    assert len(status_phrase("é" * 1000)) == PHRASE_LIMIT
