@@ -17,12 +17,18 @@ MODELS ?=
 RESNET50_WEIGHTS ?=
 RESNET50_LABELS ?=
 PYTEST_ARGS ?=
+# The container image: its tag, and the variants whose archives it carries.
+IMAGE ?= localhost/kit-serve:latest
+IMAGE_VARIANTS ?= inductor
+export IMAGE
 
-.PHONY: help install install-ipex archive archive-custom serve stop status test test-archives test-unit test-e2e lint format clean
+.PHONY: help install install-ipex archive archive-custom serve stop status image image-context image-start test test-archives test-unit test-e2e lint format clean
 
 help:
 	@echo "make serve [CONFIG=optimized|baseline|path.yaml] [VARIANT=name] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1]"
 	@echo "make stop | status | test | test-unit | test-e2e | archive | lint | format | clean | install-ipex"
+	@echo "make image [IMAGE=tag] [IMAGE_VARIANTS=inductor,aoti-int8] [BASE=image] | image-context (for docker build)"
+	@echo "make image-start [MODELS=...] [ROUNDS=N]   (container start to ready, per cold-start option)"
 	@echo "make bench [PLAN=quick|default|full] | tune | soak [SOAK_SECONDS=300]"
 	@echo "make doctor | profile [MODEL=resnet50|bert|minilm] [VARIANT=inductor]"
 	@echo "(BACKEND= is the old spelling of VARIANT=, still understood)"
@@ -56,19 +62,35 @@ stop:
 status:
 	@$(PY) -m kit status
 
+# The serving image (Containerfile, docs/deployment.md#container-image); BASE empty = a Debian base
+# bootstrapped here, BUILDER=docker to build with Docker.
+image: VARIANTS = $(IMAGE_VARIANTS)
+image: archive
+	@VARIANTS=$(IMAGE_VARIANTS) bash scripts/image.sh
+
+# build/image/: what `docker build -t kit-serve build/image` builds.
+image-context: VARIANTS = $(IMAGE_VARIANTS)
+image-context: archive
+	@VARIANTS=$(IMAGE_VARIANTS) bash scripts/image.sh --context-only
+
+# Container start to ready: compile at start, a warm Inductor cache volume, precompiled aoti-int8.
+image-start: IMAGE_VARIANTS := inductor,aoti-int8
+image-start: image
+	@$(PY) -m bench.container_start $(if $(MODELS),--models $(MODELS)) $(if $(ROUNDS),--rounds $(ROUNDS))
+
 # The archives the tests serve and check.
 test-archives: VARIANTS := eager,inductor,ipex,aoti-int8,openvino-int8
 test-archives: archive
 
 # Everything, IPEX included: its backend tests run in .venv-ipex, its serving test from the main env.
-test: test-archives install-ipex
+test: test-archives install-ipex image
 	@$(PY) -m pytest tests --ignore=tests/ipex $(PYTEST_ARGS)
 	@$(IPEX_PY) -m pytest tests/ipex -p no:cacheprovider $(PYTEST_ARGS)
 
 test-unit: install
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-e2e: test-archives install-ipex
+test-e2e: test-archives install-ipex image
 	@$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 lint: install

@@ -6,6 +6,8 @@
 .venv/bin/python -m kit topology [--json]                  # what this process may use
 .venv/bin/python -m kit plan [--models resnet50,bert=2] [--objective latency] [--json]
 .venv/bin/python -m kit plan --lscpu host.txt --cpus 8-15 --quota 4.5 --json   # another machine
+python -m kit run --config container --key-file KEYFILE    # the container's PID 1 (kit/supervise.py)
+python -m kit probe ready|live                             # its Kubernetes probes (kit/probe.py)
 """
 
 from __future__ import annotations
@@ -15,14 +17,33 @@ import json
 import sys
 from pathlib import Path
 
+from kit import probe, supervise
 from kit.models import MODEL_NAMES
 from kit.paths import LOGS
 from kit.plan import Demand, Objective, PlanError, plan_layout
+from kit.proxy import AuthProxy
 from kit.serve_config import ConfigError, Placement, ServeConfig
-from kit.server import Server, ServerError
+from kit.server import START_DEADLINE_S, Server, ServerError
 from kit.topology import Topology, TopologyError, format_cpus, parse_cpus, parse_topology, read_topology
 
 RUN_DIR = LOGS
+
+
+def config_of(args: argparse.Namespace) -> ServeConfig:
+    """The preset named by --config, with the command line's overrides."""
+    if args.backend:
+        print("[serve] --backend/BACKEND= is deprecated: it names a variant; use --variant/VARIANT=", file=sys.stderr)
+    variant = args.variant or args.backend
+    overrides = {"variant": variant} if variant else {}
+    if args.models:
+        overrides["models"] = tuple(args.models.split(","))
+    if args.bind:
+        overrides["bind"] = args.bind
+    if args.profile_requests:
+        overrides["profile_requests"] = args.profile_requests
+    if args.itt_ops:
+        overrides["itt_ops"] = True
+    return ServeConfig.from_preset(args.config, **overrides)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -30,17 +51,7 @@ def serve(args: argparse.Namespace) -> int:
     if running and running.is_running():
         print(f"[serve] TorchServe is already running (pid {running.pid}); `make stop` first to change it")
         return 0
-    if args.backend:
-        print("[serve] --backend/BACKEND= is deprecated: it names a variant; use --variant/VARIANT=", file=sys.stderr)
-    variant = args.variant or args.backend
-    overrides = {"variant": variant} if variant else {}
-    if args.bind:
-        overrides["bind"] = args.bind
-    if args.profile_requests:
-        overrides["profile_requests"] = args.profile_requests
-    if args.itt_ops:
-        overrides["itt_ops"] = True
-    config = ServeConfig.from_preset(args.config, **overrides)
+    config = config_of(args)
     server = Server(config, RUN_DIR)
     if config.cpus and config.placement is Placement.LAUNCHER:
         print(f"[serve] placement launcher pins workers from the host's lscpu: cpus {config.cpus!r} binds the "
@@ -76,6 +87,17 @@ def print_endpoints(server: Server) -> None:
         f"  curl{auth} -H 'Content-Type: text/plain' --data 'a great movie' {server.url('inference', '/predictions/bert')}"
     )
     print("  .venv/bin/python -m client predict minilm 'a sentence to embed'")
+
+
+def run(args: argparse.Namespace) -> int:
+    proxy = AuthProxy(Path(args.key_file), *args.proxy_ports) if args.key_file else None
+    return supervise.run(Server(config_of(args), RUN_DIR), proxy, args.drain, args.deadline)
+
+
+def probe_server(args: argparse.Namespace) -> int:
+    reason = probe.PROBES[args.probe](RUN_DIR)
+    print(reason or f"{args.probe}: ok")
+    return 1 if reason else 0
 
 
 def stop(args: argparse.Namespace) -> int:
@@ -143,6 +165,21 @@ def plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_server_options(parser: argparse.ArgumentParser, preset: str) -> None:
+    parser.add_argument("--config", default=preset, help="preset name in config/presets or a .yaml path")
+    parser.add_argument("--variant", default="", help="override the preset's variant (config/variants/NAME.yaml)")
+    parser.add_argument("--backend", default="", help=argparse.SUPPRESS)  # deprecated spelling of --variant
+    parser.add_argument("--models", default="", help="serve only these models (comma list)")
+    parser.add_argument(
+        "--profile-requests",
+        type=int,
+        default=0,
+        help="each worker records a profiler trace of its first N requests into logs/profile/",
+    )
+    parser.add_argument("--itt-ops", action="store_true", help="op-level ITT ranges for VTune (emit_itt)")
+    parser.add_argument("--deadline", type=float, default=START_DEADLINE_S, help="seconds to wait for READY workers")
+
+
 def add_machine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lscpu", default="", help="`lscpu -p=CPU,CORE,SOCKET,NODE,CACHE` of another machine")
     parser.add_argument("--cpus", default="", help="with --lscpu: the allowed CPUs (a cpuset, e.g. 8-15)")
@@ -156,19 +193,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="start TorchServe and wait until every model is READY")
-    serve_parser.add_argument("--config", default="optimized", help="preset name in config/presets or a .yaml path")
-    serve_parser.add_argument("--variant", default="", help="override the preset's variant (config/variants/NAME.yaml)")
-    serve_parser.add_argument("--backend", default="", help=argparse.SUPPRESS)  # deprecated spelling of --variant
+    add_server_options(serve_parser, "optimized")
     serve_parser.add_argument("--bind", default="", help="address to bind (non-loopback turns token auth on)")
-    serve_parser.add_argument(
-        "--profile-requests",
-        type=int,
-        default=0,
-        help="each worker records a profiler trace of its first N requests into logs/profile/",
-    )
-    serve_parser.add_argument("--itt-ops", action="store_true", help="op-level ITT ranges for VTune (emit_itt)")
-    serve_parser.add_argument("--deadline", type=float, default=900, help="seconds to wait for READY workers")
     serve_parser.set_defaults(func=serve)
+    run_parser = commands.add_parser("run", help="the container's PID 1: serve in the foreground, drain on SIGTERM")
+    add_server_options(run_parser, "container")
+    run_parser.set_defaults(bind="")
+    run_parser.add_argument(
+        "--key-file", default="", help="API key file (a mounted Secret): publish through the auth proxy"
+    )
+    run_parser.add_argument(
+        "--proxy-ports", type=int, nargs=2, default=(8080, 8082), metavar=("INFERENCE", "METRICS"),
+        help="ports the auth proxy publishes",
+    )  # fmt: skip
+    run_parser.add_argument(
+        "--drain", type=float, default=supervise.DRAIN_S, help="seconds served after SIGTERM before stopping"
+    )
+    run_parser.set_defaults(func=run)
+    probe_parser = commands.add_parser("probe", help="Kubernetes exec probes: exit 0 when ready / live")
+    probe_parser.add_argument("probe", choices=sorted(probe.PROBES))
+    probe_parser.set_defaults(func=probe_server)
     commands.add_parser("stop", help="stop the kit's TorchServe and wait for its processes").set_defaults(func=stop)
     commands.add_parser("status", help="workers, the allocator each really loaded, CPU affinity").set_defaults(
         func=status

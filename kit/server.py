@@ -33,6 +33,8 @@ from kit.serve_config import Placement, ServeConfig, render
 from kit.topology import read_topology
 
 STATE_FILE = "server.json"
+# Cold Inductor compiles of every worker on a few cores; a Kubernetes startupProbe allows as long.
+START_DEADLINE_S = 900
 KEY_FILE = "key_file.json"  # written by TorchServe into its working directory when token auth is on
 
 
@@ -59,6 +61,18 @@ def wait_until_unchanged(path: Path, quiet_s: float = 1.0, limit_s: float = 10.0
         elif time.monotonic() - since >= quiet_s:
             return
         time.sleep(0.1)
+
+
+def terminate(processes: list[psutil.Process], timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL at the deadline; returns when all are gone."""
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=10)
 
 
 class Server:
@@ -168,21 +182,25 @@ class Server:
     def stop(self, timeout_s: float = 60) -> None:
         """SIGTERM the server and every descendant, SIGKILL what is left at the deadline.
 
-        Workers call setsid(), so the process group alone would miss them: walk the tree.
+        Workers call setsid(), so the process group alone would miss them: walk the tree. A
+        worker the frontend restarted while it was stopping is in no tree: find it by its socket
+        directory, once the frontend is gone.
         """
         if self.pid is None:
             return
-        processes = self.process_tree()
-        for process in processes:
-            with contextlib.suppress(psutil.Error):
-                process.terminate()
-        _, alive = psutil.wait_procs(processes, timeout=timeout_s)
-        for process in alive:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
-        psutil.wait_procs(alive, timeout=10)
+        terminate(self.process_tree(), timeout_s)
+        terminate(self.stray_workers(), timeout_s)
         self.state_file.unlink(missing_ok=True)
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+    def stray_workers(self) -> list[psutil.Process]:
+        """Live processes of this server outside its tree (their command names its tmp_dir)."""
+        marker = str(self.tmp_dir)
+        strays = []
+        for process in psutil.process_iter(["cmdline"]):
+            if any(marker in arg for arg in process.info["cmdline"] or ()):
+                strays.append(process)
+        return strays
 
     def launcher_pids(self) -> list[int]:
         """TorchServe's launcher processes (torch.backends.xeon.run_cpu), each a worker's parent."""
@@ -259,7 +277,7 @@ class Server:
                 ready.add(model)
         return ready
 
-    def wait_ready(self, deadline_s: float = 900, progress=print) -> None:
+    def wait_ready(self, deadline_s: float = START_DEADLINE_S, progress=print) -> None:
         """Poll the management API until every worker of every model is READY (/ping is not enough)."""
         start = time.monotonic()
         last_report = ready = None

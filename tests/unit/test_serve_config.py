@@ -107,7 +107,9 @@ def test_bad_layouts_are_rejected(overrides, message):
 
 
 def test_unknown_preset_lists_choices():
-    with pytest.raises(ConfigError, match="preset 'fastest' not found; choose one of: baseline, fixed-2x1, optimized"):
+    with pytest.raises(
+        ConfigError, match="preset 'fastest' not found; choose one of: baseline, container, fixed-2x1, optimized"
+    ):
         ServeConfig.from_preset("fastest")
 
 

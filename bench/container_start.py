@@ -1,0 +1,149 @@
+"""Container start to ready, for each way the image handles Inductor's compile (what
+`make image-start` runs; the image from `make image IMAGE_VARIANTS=inductor,aoti-int8`).
+
+    .venv/bin/python -m bench.container_start [--models resnet50,bert,minilm] [--rounds 1]
+
+- `inductor, compile at start`: an empty Inductor cache, as a new pod with an emptyDir has.
+- `inductor, warm cache volume`: the cache the first start filled, mounted again, as a pod
+  with a persistent volume at /opt/kit/.cache has after the first start on that CPU type.
+- `aoti-int8, precompiled`: AOTInductor packages built with the image (`make archive`) for the
+  build machine's CPU: nothing is compiled at start.
+
+Each start runs the image's entrypoint (buildah run, the host's network) and counts from the
+launch to the supervisor's "serving" line (every worker READY, the auth proxy up); then SIGTERM.
+Results: bench/results/container-start-<time>/results.json and report.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from bench.results import RunEnvironment
+from kit.models import MODEL_NAMES
+
+RESULTS = Path(__file__).resolve().parent / "results"
+READY_LINE = "[run] serving"
+DEADLINE_S = 1800
+
+
+@dataclasses.dataclass(frozen=True)
+class StartOption:
+    name: str
+    variant: str
+    warm_cache: bool  # mount the cache volume a previous start of this variant filled
+
+
+OPTIONS = (
+    StartOption("inductor, compile at start", "inductor", warm_cache=False),
+    StartOption("inductor, warm cache volume", "inductor", warm_cache=True),
+    StartOption("aoti-int8, precompiled", "aoti-int8", warm_cache=False),
+)
+
+
+def image_variants(image: str) -> set[str]:
+    container = subprocess.run(["buildah", "from", image], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        root = Path(subprocess.run(["buildah", "mount", container], capture_output=True, text=True,
+                                   check=True).stdout.strip())  # fmt: skip
+        return {p.name for p in (root / "opt/kit/model_store").iterdir() if p.is_dir()}
+    finally:
+        subprocess.run(["buildah", "rm", container], capture_output=True)
+
+
+def start_to_ready(image: str, option: StartOption, models: str, cache: Path, key_dir: Path, log: Path) -> float:
+    container = subprocess.run(["buildah", "from", image], capture_output=True, text=True, check=True).stdout.strip()
+    volumes = ["-v", f"{key_dir}:/run/secrets/kit:ro"]
+    if option.warm_cache or option.variant == "inductor":
+        volumes += ["-v", f"{cache}:/opt/kit/.cache"]  # the cold start fills what the warm one reads
+    argv = ["buildah", "run", "--isolation=chroot", *volumes, container, "--",
+            "python", "-m", "kit", "run", "--key-file", "/run/secrets/kit/api-key",
+            "--variant", option.variant, "--models", models, "--drain", "0"]  # fmt: skip
+    try:
+        with open(log, "w") as out:
+            launched = time.monotonic()
+            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+            while READY_LINE not in log.read_text():
+                if process.poll() is not None or time.monotonic() - launched > DEADLINE_S:
+                    raise RuntimeError(f"{option.name}: not ready; see {log}\n{log.read_text()[-3000:]}")
+                time.sleep(0.2)
+            seconds = time.monotonic() - launched
+            supervisor = next(p for p in psutil.Process(process.pid).children(recursive=True)
+                              if p.cmdline()[1:4] == ["-m", "kit", "run"])  # fmt: skip
+            supervisor.send_signal(signal.SIGTERM)
+            process.wait(120)
+        return seconds
+    finally:
+        subprocess.run(["buildah", "rm", container], capture_output=True)
+
+
+def markdown(env: RunEnvironment, image: str, models: str, rows: list[dict]) -> str:
+    lines = [
+        f"# Container start to ready: {image}",
+        "",
+        f"CPU: {env.cpu_model} ({env.cores} CPUs usable); commit {env.git_commit}; {env.date}",
+        f"Models: {models}. Command: `make image-start` (python -m bench.container_start).",
+        "",
+        "| option | start to ready, s (median) | each round, s |",
+        "|---|---|---|",
+    ]
+    for row in rows:
+        rounds = ", ".join(f"{s:.1f}" for s in row["seconds"])
+        lines.append(f"| {row['option']} | {statistics.median(row['seconds']):.1f} | {rounds} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--image", default=os.environ.get("IMAGE", ""), help="image tag (make passes IMAGE)")
+    parser.add_argument("--models", default=",".join(MODEL_NAMES))
+    parser.add_argument("--rounds", type=int, default=1, help="starts per option (each cold one with a new cache)")
+    args = parser.parse_args(argv)
+    if not args.image:
+        parser.error("--image (or IMAGE) is required: run `make image-start`")
+    present = image_variants(args.image)
+    options = [o for o in OPTIONS if o.variant in present]
+    skipped = [o.name for o in OPTIONS if o.variant not in present]
+    if skipped:
+        print(f"[start] {args.image} lacks the archives of {skipped}: make image IMAGE_VARIANTS=inductor,aoti-int8")
+    env = RunEnvironment.capture()
+    out = RESULTS / f"container-start-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True)
+    key_dir = out / "secret"
+    key_dir.mkdir()
+    (key_dir / "api-key").write_text(secrets.token_urlsafe(32))
+    rows = {o.name: [] for o in options}
+    for round_index in range(args.rounds):
+        with tempfile.TemporaryDirectory(prefix="kit-cache-", dir=out) as cache:
+            os.chmod(cache, 0o777)  # the image's user writes it
+            for option in options:
+                log = out / f"{option.variant}-{'warm' if option.warm_cache else 'cold'}-{round_index}.log"
+                print(f"[start] round {round_index + 1}/{args.rounds}: {option.name} ...", flush=True)
+                seconds = start_to_ready(args.image, option, args.models, Path(cache), key_dir, log)
+                rows[option.name].append(seconds)
+                print(f"[start] {option.name}: ready after {seconds:.1f} s", flush=True)
+    table = [{"option": name, "seconds": seconds} for name, seconds in rows.items()]
+    record = {"image": args.image, "models": args.models, "environment": dataclasses.asdict(env), "rows": table}
+    (out / "results.json").write_text(json.dumps(record, indent=2))
+    report = markdown(env, args.image, args.models, table)
+    (out / "report.md").write_text(report)
+    (key_dir / "api-key").unlink()
+    print(report)
+    print(f"[start] results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

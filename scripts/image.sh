@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Build the kit's container image (what `make image` runs):
+#   bash scripts/image.sh [--context-only]
+# Environment: IMAGE (tag), VARIANTS (archives inside, comma list), BASE (base image; empty =
+# a Debian bookworm base bootstrapped here from Debian's packages), BUILDER (podman | docker).
+# Stages build/image/ (the kit's sources, a wheelhouse of the pinned packages, the archives),
+# then builds Containerfile on it, and prints the build time and the image's size.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+IMAGE="${IMAGE:?set IMAGE, or run make image}"
+VARIANTS="${VARIANTS:?set VARIANTS (comma list), or run make image}"
+BASE="${BASE:-}"
+BUILDER="${BUILDER:-podman}"
+# The locally bootstrapped base, for machines that reach Debian's mirror but no image registry.
+LOCAL_BASE="localhost/kit-base:bookworm"
+CONTEXT="$ROOT/build/image"
+WHEELS="$ROOT/build/wheels"
+SOURCES=(kit handlers client config requirements scripts/common.sh)
+
+TAG=image
+# shellcheck source=scripts/common.sh
+source "$ROOT/scripts/common.sh"
+
+as_root() { if [[ $EUID -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
+
+install_tools() {
+    local missing=() tool
+    for tool in podman buildah mmdebstrap; do
+        command -v "$tool" >/dev/null || missing+=("$tool")
+    done
+    if [[ "$BUILDER" == podman && ${#missing[@]} -gt 0 ]]; then
+        step "apt: installing ${missing[*]}"
+        as_root apt-get update -qq || die "apt-get update failed; check the package mirror"
+        DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" uidmap >/dev/null \
+            || die "apt-get install ${missing[*]} failed"
+    fi
+}
+
+wheelhouse() {
+    local stamp="$WHEELS/.inputs" hash
+    hash="$(cat "$ROOT/requirements/image.txt" "$ROOT/requirements/constraints.txt" | sha256sum | cut -d' ' -f1)"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$hash" ]]; then
+        step "wheelhouse up to date ($WHEELS)"
+        return
+    fi
+    step "wheelhouse: downloading the pinned packages of requirements/image.txt into $WHEELS"
+    rm -rf "$WHEELS"
+    "$ROOT/.venv/bin/pip" download --quiet --progress-bar off -d "$WHEELS" \
+        -c "$ROOT/requirements/constraints.txt" -r "$ROOT/requirements/image.txt" 2>&1 \
+        | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+    echo "$hash" >"$stamp"
+}
+
+stage_context() {
+    local variant
+    rm -rf "$CONTEXT"
+    mkdir -p "$CONTEXT/model_store"
+    # Hard links: staging costs no copy. Untracked files count too (a change not yet committed).
+    (cd "$ROOT" && git ls-files --cached --others --exclude-standard -z -- "${SOURCES[@]}" \
+        | xargs -0 cp --parents --link -t "$CONTEXT")
+    cp "$ROOT/Containerfile" "$CONTEXT/"
+    cp -r --link "$WHEELS" "$CONTEXT/wheels"
+    for variant in ${VARIANTS//,/ }; do
+        [[ -d "$ROOT/model_store/$variant" ]] || die "model_store/$variant is not built; run make archive VARIANTS=$variant"
+        cp -r --link "$ROOT/model_store/$variant" "$CONTEXT/model_store/"
+    done
+    step "context $CONTEXT: $(du -sh --apparent-size "$CONTEXT" | cut -f1) (variants: $VARIANTS)"
+}
+
+local_base() {
+    if podman image exists "$LOCAL_BASE"; then
+        step "base $LOCAL_BASE present"
+        return
+    fi
+    step "bootstrapping $LOCAL_BASE from Debian's packages (mmdebstrap, ~20 s)"
+    local tar="$ROOT/build/rootfs.tar"
+    mmdebstrap --quiet --variant=minbase bookworm "$tar" || die "mmdebstrap failed; check the Debian mirror"
+    podman import --quiet "$tar" "$LOCAL_BASE" >/dev/null
+    rm -f "$tar"
+}
+
+build() {
+    local base="${BASE:-$LOCAL_BASE}" start=$SECONDS
+    [[ -n "$BASE" ]] || local_base
+    step "building $IMAGE from $base with $BUILDER"
+    if [[ "$BUILDER" == podman ]]; then
+        # --isolation=chroot: this sandbox cannot create the namespaces of podman's default
+        # (OCI) isolation; where they exist, ISOLATION=oci builds the same image.
+        podman build --quiet --isolation="${ISOLATION:-chroot}" --build-arg BASE="$base" -t "$IMAGE" \
+            -f "$CONTEXT/Containerfile" "$CONTEXT" >/dev/null || die "podman build failed; see the output above"
+    else
+        docker build --build-arg BASE="$base" -t "$IMAGE" "$CONTEXT" || die "docker build failed"
+    fi
+    local bytes
+    bytes="$("$BUILDER" image inspect --format '{{.Size}}' "$IMAGE")"
+    step "built $IMAGE in $((SECONDS - start)) s: $((bytes / 1000 / 1000)) MB"
+}
+
+need_space "$ROOT" 8 "the image build (wheelhouse, context and image layers)"
+wheelhouse
+stage_context
+[[ "${1:-}" == --context-only ]] && exit 0
+install_tools
+build
