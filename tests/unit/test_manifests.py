@@ -1,9 +1,13 @@
 """deploy/k8s, validated offline: every built-in resource against Kubernetes' own schemas
-(kubernetes-validate, strict: unknown fields are errors), and the manifests against the kit
+(kubernetes-validate, strict: unknown fields are errors), the ServiceMonitor against a schema of
+the fields it uses, and the manifests against the kit
 (probe commands, ports, preset, drain time, metric names) so neither drifts from the other."""
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -17,7 +21,8 @@ from kit.server import START_DEADLINE_S
 K8S = ROOT / "deploy" / "k8s"
 # The oldest Kubernetes release still in wide use and the newest kubernetes-validate knows.
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
-CRDS = {"monitoring.coreos.com/v1"}  # no schema bundled: checked against the Service below
+# No schema of these is bundled: each is checked against one of the fields deploy/k8s uses.
+CRD_SCHEMAS = {"monitoring.coreos.com/v1": ROOT / "tests" / "fixtures" / "k8s" / "servicemonitor-v1.schema.json"}
 KUSTOMIZATION = yaml.safe_load((K8S / "kustomization.yaml").read_text())
 
 
@@ -34,9 +39,19 @@ RESOURCES = [d for n in [*KUSTOMIZATION["resources"], "prometheus-adapter-rules.
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-@pytest.mark.parametrize("document", [d for d in RESOURCES if d["apiVersion"] not in CRDS], ids=lambda d: d["kind"])
+@pytest.mark.parametrize(
+    "document", [d for d in RESOURCES if d["apiVersion"] not in CRD_SCHEMAS], ids=lambda d: d["kind"]
+)
 def test_resource_is_valid_for_kubernetes(document, version):
     kubernetes_validate.validate(document, version, strict=True)
+
+
+@pytest.mark.parametrize("document", [d for d in RESOURCES if d["apiVersion"] in CRD_SCHEMAS], ids=lambda d: d["kind"])
+def test_custom_resource_matches_its_schema(document):
+    schema = json.loads(CRD_SCHEMAS[document["apiVersion"]].read_text())
+    jsonschema.validate(document, schema)
+    with pytest.raises(jsonschema.ValidationError):  # the schema refuses what it does not know
+        jsonschema.validate({**document, "spec": {**document["spec"], "endpoint": []}}, schema)
 
 
 def test_every_file_is_applied_or_generated():
