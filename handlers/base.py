@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from ts.utils.util import PredictionException
 
 from handlers.backends.common import Inputs
 from handlers.calibration import CALIBRATION_COUNT
@@ -24,7 +25,15 @@ from handlers.diagnostics import RequestProfiler, op_ranges
 from handlers.itt import inference_range
 from handlers.loaders import load_model
 from handlers.optimize import graphs_compiled, optimize
-from handlers.payload import HTTP_BAD_REQUEST, JSON, InvalidInput, error_body, status_phrase
+from handlers.payload import (
+    HTTP_BAD_REQUEST,
+    JSON,
+    STREAM_NEXT,
+    InvalidInput,
+    error_body,
+    over_grpc,
+    status_phrase,
+)
 from handlers.settings import Diagnostics, OptimizationSettings, parse_settings
 
 log = logging.getLogger(__name__)
@@ -176,6 +185,14 @@ class OptimizedHandler(abc.ABC):
             self.graphs = graphs
 
     def postprocess(self, batch: Batch) -> list[Any]:
+        grpc = [over_grpc(self.context.get_all_request_header(index) or {}) for index in range(batch.size)]
+        if len(batch.errors) == batch.size and all(grpc):
+            # TorchServe's gRPC path ignores per-request status codes (GRPCJob.response answers
+            # OK with the body): only a batch-level error reaches a gRPC client as a status,
+            # 400 -> INVALID_ARGUMENT with this message. REST requests keep their own 400s.
+            first = batch.errors[0]
+            more = f" (and {batch.size - 1} more bad requests in this batch)" if batch.size > 1 else ""
+            raise PredictionException(status_phrase(first + more), HTTP_BAD_REQUEST)
         responses: list[Any] = [None] * batch.size
         for index, message in batch.errors.items():
             self.context.set_response_status(HTTP_BAD_REQUEST, status_phrase(message), index)
@@ -184,4 +201,6 @@ class OptimizedHandler(abc.ABC):
             responses[index] = self.format(batch.outputs[row])
         for index in range(batch.size):
             self.context.set_response_content_type(index, JSON)
+            if grpc[index]:  # a StreamPredictions answer is this one message
+                self.context.set_response_header(index, STREAM_NEXT, "false")
         return responses

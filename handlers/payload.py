@@ -20,6 +20,21 @@ JSON = "application/json"  # every answer of the kit's handlers, results and err
 PHRASE_LIMIT = 160
 
 
+# A response header TorchServe's frontend reads on gRPC answers: "false" ends a StreamPredictions
+# stream. Without it the frontend dereferences null and drops the worker (GRPCJob.response).
+STREAM_NEXT = "ts_stream_next"
+
+
+def over_grpc(headers: Mapping[str, Any]) -> bool:
+    """Whether a request came over gRPC, from the headers TorchServe 0.12 hands the handler.
+
+    They hold an entry per input field ({"data": {"content-type": ...}}) and, for REST only, the
+    HTTP headers as strings: a REST request with a body always has Content-Length or
+    Transfer-Encoding; gRPC requests carry none (grpcimpl/InferenceImpl passes the input map only).
+    """
+    return not any(isinstance(value, str) for value in headers.values())
+
+
 class InvalidInput(ValueError):
     """The request body cannot be served; the message names the problem for the client."""
 

@@ -96,6 +96,12 @@ http {{
     # TorchServe refuses bigger bodies itself (413); nginx refuses them before buffering.
     client_max_body_size {config.max_request_mb}m;
     client_body_buffer_size 1m;
+    # TorchServe's frontend decodes a form body itself and answers 500 when it is not one (a
+    # JPEG, or curl's default for --data): the handlers read raw bodies, so forms go on as bytes.
+    map $content_type $kit_content_type {{
+        ~*^application/x-www-form-urlencoded application/octet-stream;
+        default $content_type;
+    }}
     upstream torchserve {{ server 127.0.0.1:{config.inference_port}; keepalive 64; }}
     upstream torchserve_metrics {{ server 127.0.0.1:{config.metrics_port}; }}
     server {{
@@ -110,6 +116,7 @@ http {{
                 add_header WWW-Authenticate Bearer always;
                 return 401 '{UNAUTHORIZED}';
             }}
+            proxy_set_header Content-Type $kit_content_type;
             proxy_pass http://torchserve;
         }}
         location @unavailable {{ return 503 '{UNAVAILABLE}'; }}

@@ -19,7 +19,7 @@ inputs_hash() {
         | sha256sum | cut -d' ' -f1
 }
 
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(inputs_hash)" ]]; then
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(inputs_hash)" && -f "$ROOT/client/grpc_stubs/inference_pb2.py" ]]; then
     step "up to date ($VENV); delete $STAMP to force a reinstall"
     exit 0
 fi
@@ -59,8 +59,34 @@ assert not torch.version.cuda, f"CUDA build installed: {torch.version.cuda}"
 EOF
 }
 
+# Python stubs of TorchServe's gRPC APIs, from the protos its frontend jar carries (the exact
+# 0.12.0 API), for `python -m client --grpc` and the tests: client/grpc_stubs/ (not committed).
+generate_grpc_stubs() {
+    local jar protos out="$ROOT/client/grpc_stubs"
+    jar="$("$VENV/bin/python" -c 'import ts, pathlib; print(pathlib.Path(ts.__file__).parent / "frontend/model-server.jar")')"
+    protos="$(mktemp -d)"
+    mkdir -p "$protos/client/grpc_stubs"
+    "$VENV/bin/python" - "$jar" "$protos/client/grpc_stubs" <<'PY' || die "cannot read the protos in $jar"
+import sys, zipfile
+jar, out = sys.argv[1:]
+with zipfile.ZipFile(jar) as archive:
+    for name in ("inference.proto", "management.proto"):
+        open(f"{out}/{name}", "wb").write(archive.read(f"proto/{name}"))
+PY
+    # Under client/grpc_stubs/ in protoc's path: the generated imports are then package-relative.
+    "$VENV/bin/python" -m grpc_tools.protoc -I "$protos" -I "$("$VENV/bin/python" -c \
+        'import google.rpc, pathlib; print(pathlib.Path(list(google.rpc.__path__)[0]).parent.parent)')" \
+        --python_out="$ROOT" --grpc_python_out="$ROOT" \
+        "$protos/client/grpc_stubs/inference.proto" "$protos/client/grpc_stubs/management.proto" \
+        || die "grpc_tools.protoc failed on TorchServe's protos"
+    touch "$out/__init__.py"
+    rm -rf "$protos"
+    step "gRPC stubs generated in $out"
+}
+
 install_system_packages
 create_venv
 link_allocators "$VENV"
+generate_grpc_stubs
 inputs_hash >"$STAMP"
 step "done: $VENV"

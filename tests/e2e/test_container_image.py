@@ -177,6 +177,14 @@ def test_the_served_embedding_equals_the_eager_reference(pod, extracted_archives
     torch.testing.assert_close(served, reference, rtol=0, atol=EMBEDDING_ATOL)
 
 
+def test_a_form_encoded_body_reaches_the_model_as_bytes(pod):
+    # curl --data's default Content-Type: TorchServe alone would try to decode a form (500).
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "Authorization": f"Bearer {pod.key}"}
+    response = requests.post(pod.url(8080, "/predictions/minilm"), data=TEXT, headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
+    assert len(response.json()) == 384
+
+
 def test_metrics_are_published_and_management_is_not(pod):
     predict(pod, pod.key)
     metrics = requests.get(pod.url(8082, "/metrics"), timeout=10)

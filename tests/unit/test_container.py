@@ -52,6 +52,9 @@ def test_the_proxy_config_requires_the_key_and_forwards_to_torchserve(container_
     assert "listen 8080;" in text and "listen 8082;" in text
     assert f"client_max_body_size {container_config.max_request_mb}m;" in text
     assert str(container_config.management_port) not in text, "the management API is never published"
+    # Form bodies go on as bytes: TorchServe would decode them itself and answer 500.
+    assert "~*^application/x-www-form-urlencoded application/octet-stream;" in text
+    assert "proxy_set_header Content-Type $kit_content_type;" in text
 
 
 def test_the_proxy_refuses_a_torchserve_it_would_not_hide(container_config, key_file, tmp_path):

@@ -12,6 +12,7 @@ import yaml
 from torch._dynamo.utils import counters
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+from ts.utils.util import PredictionException
 
 import handlers.itt
 from handlers.architectures.text import BertClassifier, SentenceEmbedder
@@ -38,8 +39,14 @@ def make_context(model_dir: Path, handler_settings: dict, batch_size: int = 1) -
     return context
 
 
-def serve(handler, context: Context, requests: list[dict]) -> list:
-    context.request_processor = [RequestProcessor({}) for _ in requests]
+# What TorchServe 0.12 hands the handler per request (ts/service.py): an entry per input field,
+# and a REST request's HTTP headers; a gRPC request has no HTTP headers.
+REST_HEADERS = {"body": {"content-type": "image/jpeg"}, "Host": "127.0.0.1:8080", "Content-Length": "1"}
+GRPC_HEADERS = {"data": {"content-type": ""}}
+
+
+def serve(handler, context: Context, requests: list[dict], headers: dict = REST_HEADERS) -> list:
+    context.request_processor = [RequestProcessor(dict(headers)) for _ in requests]
     context.request_ids = {i: f"req-{i}" for i in range(len(requests))}
     return handler.handle(requests, context)
 
@@ -99,6 +106,25 @@ def test_all_bad_batch_skips_the_model(image_archive):
     responses = serve(handler, context, [{"body": b""}])
     assert statuses(context) == [400]
     assert responses[0]["message"] == "request body is empty"
+
+
+def test_a_bad_grpc_request_fails_its_batch_with_400_for_invalid_argument(image_archive):
+    # TorchServe answers gRPC with OK whatever the per-request status: only a batch-level error
+    # (PredictionException) becomes a gRPC status (400 -> INVALID_ARGUMENT).
+    handler, context = image_handler(image_archive, backend="eager")
+    with pytest.raises(PredictionException) as raised:
+        serve(handler, context, [{"data": "t\u00ebxt".encode()}], headers=GRPC_HEADERS)
+    assert raised.value.error_code == 400
+    assert raised.value.message.isascii() and "not a decodable image" in raised.value.message
+
+
+def test_grpc_answers_end_a_stream_and_rest_answers_do_not(image_archive):
+    handler, context = image_handler(image_archive, backend="eager")
+    image = encode_image("RGB", (40, 40))
+    serve(handler, context, [{"data": image}], headers=GRPC_HEADERS)
+    assert context.get_response_headers(0)["ts_stream_next"] == "false"
+    serve(handler, context, [{"body": image}])
+    assert "ts_stream_next" not in context.get_response_headers(0), "REST would switch to chunked streaming"
 
 
 def test_labels_file_names_classes(image_archive):
