@@ -22,14 +22,14 @@ IMAGE ?= localhost/kit-serve:latest
 IMAGE_VARIANTS ?= inductor
 export IMAGE
 
-.PHONY: help install install-ipex archive archive-custom serve stop status image image-context image-start test test-archives test-unit test-e2e lint format clean
+.PHONY: help install install-ipex archive archive-custom serve stop status image image-context image-start bench-preprocess test test-archives test-unit test-e2e lint format clean
 
 help:
 	@echo "make serve [CONFIG=optimized|baseline|path.yaml] [VARIANT=name] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1]"
 	@echo "make stop | status | test | test-unit | test-e2e | archive | lint | format | clean | install-ipex"
 	@echo "make image [IMAGE=tag] [IMAGE_VARIANTS=inductor,aoti-int8] [BASE=image] | image-context (for docker build)"
 	@echo "make image-start [MODELS=...] [ROUNDS=N]   (container start to ready, per cold-start option)"
-	@echo "make bench [PLAN=quick|default|full] | tune | soak [SOAK_SECONDS=300]"
+	@echo "make bench [PLAN=quick|default|full] | tune | soak [SOAK_SECONDS=300] | bench-preprocess"
 	@echo "make doctor | profile [MODEL=resnet50|bert|minilm] [VARIANT=inductor]"
 	@echo "(BACKEND= is the old spelling of VARIANT=, still understood)"
 
@@ -77,6 +77,10 @@ image-context: archive
 image-start: IMAGE_VARIANTS := inductor,aoti-int8
 image-start: image
 	@$(PY) -m bench.container_start $(if $(MODELS),--models $(MODELS)) $(if $(ROUNDS),--rounds $(ROUNDS))
+
+# The image handler's preprocessing per request, whole vs reduced JPEG decoding, by payload.
+bench-preprocess: install
+	@$(PY) -m bench.preprocess
 
 # The archives the tests serve and check.
 test-archives: VARIANTS := eager,inductor,ipex,aoti-int8,openvino-int8

@@ -44,6 +44,22 @@ def photo_jpeg(width: int = 640, height: int = 480) -> bytes:
     return buffer.getvalue()
 
 
+# Real photographs shipped inside scikit-image (its data directory: nothing is downloaded).
+PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "motorcycle_left.png", "rocket.jpg", "retina.jpg")
+PHONE = (4032, 3024)  # a 12 MP phone photo
+
+
+def phone_jpeg(name: str) -> bytes:
+    """A real photograph as a phone sends it: upscaled to 4032x3024, JPEG quality 90 (~2-4 MB)."""
+    import importlib.resources
+
+    source = importlib.resources.files("skimage") / "data" / name
+    picture = Image.open(io.BytesIO(source.read_bytes())).convert("RGB").resize(PHONE, Image.Resampling.LANCZOS)
+    buffer = io.BytesIO()
+    picture.save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
 def sentence(tokens: int = TEXT_TOKENS) -> str:
     """The paragraph cut to exactly `tokens` bert-base-uncased tokens including [CLS]/[SEP]."""
     from handlers.text import load_tokenizer

@@ -151,6 +151,27 @@ def reference_table(rows: list[InProcessResult]) -> list[str]:
     return lines
 
 
+def cpu_table(results: list[RowResult]) -> list[str]:
+    """Where a served request's CPU goes: ms per request of each process group (/proc)."""
+    rows = [r for r in results if r.cpu_ms_per_request]
+    if not rows:
+        return []
+    groups = sorted({g for r in rows for g in r.cpu_ms_per_request})
+    lines = [
+        "## CPU per request",
+        "",
+        "CPU ms per request of each process group during the ab window (utime + stime from /proc; "
+        "workers = the row's model's; ab = the load generator).",
+        "",
+        f"| model | row | {' | '.join(groups)} | total |",
+        f"|---|---|{'---|' * len(groups)}---|",
+    ]
+    for r in rows:
+        cells = " | ".join(_fmt(r.cpu_ms_per_request.get(g)) for g in groups)
+        lines.append(f"| {r.model} | {r.name} | {cells} | {sum(r.cpu_ms_per_request.values()):.1f} |")
+    return [*lines, ""]
+
+
 def markdown(run: BenchRun) -> str:
     plan, env, results, references = run.plan, run.environment, run.results, run.references
     lines = [
@@ -198,6 +219,7 @@ def markdown(run: BenchRun) -> str:
         others = [r for r in references if r.model == model]
         if others:
             lines += [*reference_table(others), ""]
+    lines += cpu_table(results)
     if run.skipped:
         lines += ["## Skipped rows", "", *(f"- {reason}" for reason in run.skipped), ""]
     lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
@@ -235,6 +257,31 @@ def chart(results: list[RowResult], path: Path, peers: list[InProcessResult] = (
     plt.close(fig)
 
 
+def cpu_chart(results: list[RowResult], path: Path) -> None:
+    """One stacked bar per served row: CPU ms per request, split by process group."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results if r.cpu_ms_per_request]
+    groups = sorted({g for r in rows for g in r.cpu_ms_per_request})
+    fig, ax = plt.subplots(figsize=(9, 1 + 0.4 * len(rows)))
+    names = [f"{r.model}: {r.name}" for r in rows]
+    left = [0.0] * len(rows)
+    for group in groups:
+        widths = [r.cpu_ms_per_request.get(group, 0.0) for r in rows]
+        ax.barh(names, widths, left=left, label=group)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.invert_yaxis()
+    ax.set_xlabel("CPU ms per request")
+    ax.set_title("Where a served request's CPU goes (/proc, during the ab window)")
+    ax.legend(fontsize=8, ncols=len(groups), loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_report(out_dir: Path, run: BenchRun) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     document = {
@@ -250,6 +297,8 @@ def write_report(out_dir: Path, run: BenchRun) -> None:
     (out_dir / "report.md").write_text(markdown(run))
     if run.results:
         chart(run.results, out_dir / "throughput.png", [r for r in run.references if r.kind == "peer"])
+    if any(r.cpu_ms_per_request for r in run.results):
+        cpu_chart(run.results, out_dir / "cpu_per_request.png")
     latest = out_dir.parent / "latest"
     latest.unlink(missing_ok=True)
     latest.symlink_to(out_dir.name)

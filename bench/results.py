@@ -101,6 +101,9 @@ class RowResult:
     served_vs_in_process: float | None = None
     # Per CPU, the share of the ab window it was busy (/proc/stat): an idle core shows as ~0.
     cpu_busy: dict[str, float] = dataclasses.field(default_factory=dict)
+    # CPU ms per request of each process group during the ab window (bench/cpu_accounting.py):
+    # frontend, workers (this model's), other workers, launchers, other, ab.
+    cpu_ms_per_request: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

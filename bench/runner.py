@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.ab import MAX_REQUESTS, AbResult, ab_command, parse_ab
+from bench.cpu_accounting import children_cpu_s, per_request_ms, snapshot
 from bench.inprocess import measure_in_process, worker_cpus
 from bench.metrics import scrape, scrape_text, server_latency, worker_load_seconds
 from bench.payloads import Payload, payload_for
@@ -69,7 +70,11 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         metrics_url = server.url("metrics", "/metrics")
         load_s = worker_load_seconds(scrape_text(metrics_url), row.model)
         before, cpu_before = scrape(metrics_url), cpu_times()
+        groups_before, ab_before = snapshot(server, row.model), children_cpu_s()
         result, argv = run_ab(server, row, payload, plan.run.seconds)
+        cpu_ms = per_request_ms(
+            groups_before, snapshot(server, row.model), children_cpu_s() - ab_before, result.complete
+        )
         latency = server_latency(before, scrape(metrics_url), row.model)
         busy = busy_fractions(cpu_before, cpu_times())
         workers = [w for w in server.workers() if w.process]
@@ -110,6 +115,7 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         ab_command=" ".join(argv),
         worker_load_s=load_s,
         cpu_busy={str(cpu): round(fraction, 3) for cpu, fraction in sorted(busy.items())},
+        cpu_ms_per_request=cpu_ms,
     )
 
 

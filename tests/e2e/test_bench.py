@@ -47,6 +47,9 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
         assert 0 < row["p50_ms"] <= row["p90_ms"] <= row["p99_ms"]
         assert row["in_process_items_per_s"] > 0
         assert row["ab_command"].startswith("ab -k ")
+        # Where its CPU went, from /proc: the frontend, the model's workers and ab all did work.
+        cpu = row["cpu_ms_per_request"]
+        assert cpu["frontend"] > 0 and cpu["workers"] > 0 and cpu["ab"] > 0, cpu
     assert baseline["speedup_vs_baseline"] == 1.0
     assert optimized["runtime"] == "inductor" and set(optimized["allocator_loaded"]) == {"tcmalloc"}
     assert ipex["runtime"] == "ipex" and set(ipex["allocator_loaded"]) == {"tcmalloc"}
@@ -65,7 +68,7 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
     peer = next(r for r in document["rows"] if r["kind"] == "peer")
     assert peer["items_per_s"] > 0 and peer["cosine_mean"] >= 0.99
     report = (out / "report.md").read_text()
-    assert "## minilm" in report and "## Targets" in report
+    assert "## minilm" in report and "## Targets" in report and "## CPU per request" in report
     assert "minilm int8: best served row >= best peer row" in report
     assert (out / "throughput.png").stat().st_size > 1000
     assert (out.parent / "latest").resolve() == out.resolve()

@@ -2,7 +2,7 @@
 an answer within the deadline: served (200 / OK) or refused with a 4xx naming the problem
 (INVALID_ARGUMENT over gRPC); afterwards every worker is the same process and every model serves.
 
-Replay a run with the seed it printed: FUZZ_SEED=N make test PYTEST_ARGS="-k fuzz -s".
+Replay a run with the seed it printed: FUZZ_SEED=N make test PYTEST_ARGS="-k fuzz".
 """
 
 from __future__ import annotations
@@ -38,9 +38,12 @@ FRONTEND_FORM_ERROR = (500, "ErrorDataDecoderException")
 
 @pytest.fixture(scope="module")
 def seed() -> int:
-    value = int(os.environ.get("FUZZ_SEED") or time.time_ns() % 2**32)
-    print(f"\n[fuzz] seed {value}: replay with FUZZ_SEED={value} make test PYTEST_ARGS='-k fuzz -s'")
-    return value
+    return int(os.environ.get("FUZZ_SEED") or time.time_ns() % 2**32)
+
+
+def report(capsys, line: str) -> None:
+    with capsys.disabled():  # in make test's output, not only in a failure's
+        print(f"\n[fuzz] {line}", flush=True)
 
 
 def multipart(case: FuzzCase) -> tuple[bytes, str]:
@@ -86,7 +89,8 @@ def grpc_outcome(server, model: str, case: FuzzCase) -> str:
 
 
 @pytest.mark.parametrize("protocol", ["rest", "grpc"])
-def test_generated_bodies_cost_at_most_their_own_answer(optimized_server, seed, protocol):
+def test_generated_bodies_cost_at_most_their_own_answer(optimized_server, seed, protocol, capsys):
+    report(capsys, f"{protocol}: seed {seed}; replay with FUZZ_SEED={seed} make test PYTEST_ARGS='-k fuzz'")
     outcome = rest_outcome if protocol == "rest" else grpc_outcome
     rng = random.Random(f"{seed}-{protocol}")
     pids = {model: worker_pids(optimized_server, model) for model in MODEL_NAMES}
@@ -97,6 +101,6 @@ def test_generated_bodies_cost_at_most_their_own_answer(optimized_server, seed, 
             result = outcome(optimized_server, model, case)
             assert time.monotonic() - started < DEADLINE_S, f"{model} {case.kind}: no answer in {DEADLINE_S}s"
             tally[result] += 1
-    print(f"[fuzz] {protocol}: {sum(tally.values())} cases over {len(MODEL_NAMES)} models: {dict(tally)}")
+    report(capsys, f"{protocol}: {sum(tally.values())} cases over {len(MODEL_NAMES)} models: {dict(tally)}")
     for model in MODEL_NAMES:
         assert_still_served_by(optimized_server, model, pids[model])

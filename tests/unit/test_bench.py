@@ -8,6 +8,7 @@ import json
 import pytest
 
 from bench.ab import AbParseError, ab_command, parse_ab
+from bench.cpu_accounting import per_request_ms
 from bench.metrics import parse_prometheus, server_latency, worker_load_seconds
 from bench.plan import Peer, PlanError, Runtime, load_plan, parse_plan
 from bench.report import check_targets, write_report
@@ -286,3 +287,19 @@ def test_rows_without_their_environment_are_skipped_and_reported(tmp_path, monke
     write_report(tmp_path / "out", run)
     assert "## Skipped rows" in (tmp_path / "out" / "report.md").read_text()
     assert json.loads((tmp_path / "out" / "results.json").read_text())["skipped"] == run.skipped
+
+
+def test_cpu_per_request_counts_processes_alive_at_both_ends():
+    before = {10: ("frontend", 1.0), 11: ("workers", 2.0), 12: ("workers", 5.0)}
+    after = {10: ("frontend", 1.5), 11: ("workers", 3.0), 13: ("workers", 9.0)}  # 12 died, 13 replaced it
+    assert per_request_ms(before, after, ab_cpu_s=0.1, requests=100) == {"ab": 1.0, "frontend": 5.0, "workers": 10.0}
+
+
+def test_report_breaks_down_cpu_per_request(tmp_path):
+    results = [row_result(cpu_ms_per_request={"frontend": 4.9, "workers": 11.2, "ab": 0.6})]
+    out = tmp_path / "results" / "run"
+    write_report(out, BenchRun(load_plan("quick"), "python -m bench --plan quick", ENVIRONMENT, results))
+    report = (out / "report.md").read_text()
+    assert "## CPU per request" in report
+    assert "| resnet50 | row | 0.6 | 4.9 | 11.2 | 16.7 |" in report
+    assert (out / "cpu_per_request.png").read_bytes()[:4] == b"\x89PNG"

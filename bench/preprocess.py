@@ -1,0 +1,73 @@
+"""What the image handler's preprocessing costs per request, one thread, by payload (what
+`make bench-preprocess` runs): the whole decode against libjpeg's reduced (DCT-scaled) decode.
+
+    .venv/bin/python -m bench.preprocess [--repeats 30]
+
+Payloads: the bench's 640x480 JPEG, and real photographs (scikit-image's bundled samples) as a
+12 MP phone photo (4032x3024, JPEG quality 90). Results: bench/results/preprocess-<time>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from unittest import mock
+
+import torch
+
+from bench.payloads import PHOTOS, phone_jpeg, photo_jpeg
+from bench.results import RunEnvironment
+from handlers.image import image_to_tensor
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_ms(data: bytes, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        image_to_tensor(data, 256, 224)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    payloads = {"640x480 JPEG": photo_jpeg(), **{f"12 MP JPEG ({name})": phone_jpeg(name) for name in PHOTOS[:3]}}
+    rows = []
+    for name, data in payloads.items():
+        reduced = median_ms(data, args.repeats)
+        with mock.patch("handlers.image.draft_size", lambda size, shorter_side: None):
+            whole = median_ms(data, args.repeats)
+        rows.append({"payload": name, "bytes": len(data), "whole_ms": whole, "reduced_ms": reduced})
+        print(f"[preprocess] {name}: whole decode {whole:.1f} ms, reduced {reduced:.1f} ms", flush=True)
+    env = RunEnvironment.capture()
+    out = RESULTS / f"preprocess-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True)
+    (out / "results.json").write_text(json.dumps({"environment": dataclasses.asdict(env), "rows": rows}, indent=2))
+    lines = [
+        f"CPU: {env.cpu_model}; commit {env.git_commit}; one thread; median of {args.repeats}; `make bench-preprocess`",
+        "",
+        "| payload | body | whole decode, ms | reduced decode, ms |",
+        "|---|---|---|---|",
+        *(
+            f"| {r['payload']} | {r['bytes'] / 1e6:.2f} MB | {r['whole_ms']:.1f} | {r['reduced_ms']:.1f} |"
+            for r in rows
+        ),
+    ]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"[preprocess] results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
