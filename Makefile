@@ -62,7 +62,7 @@ stop:
 status:
 	@$(PY) -m kit status
 
-# The serving image (Containerfile, docs/deployment.md#container-image); BASE empty = a Debian base
+# The serving image (Containerfile, docs/container.md); BASE empty = a Debian base
 # bootstrapped here, BUILDER=docker to build with Docker.
 image: VARIANTS = $(IMAGE_VARIANTS)
 image: archive

@@ -39,18 +39,13 @@ READY_LINE = "[run] serving"
 DEADLINE_S = 1800
 
 
-@dataclasses.dataclass(frozen=True)
-class StartOption:
-    name: str
-    variant: str
-    warm_cache: bool  # mount the cache volume a previous start of this variant filled
-
-
-OPTIONS = (
-    StartOption("inductor, compile at start", "inductor", warm_cache=False),
-    StartOption("inductor, warm cache volume", "inductor", warm_cache=True),
-    StartOption("aoti-int8, precompiled", "aoti-int8", warm_cache=False),
-)
+# In this order, every start with the same cache volume: the first fills the Inductor cache the
+# second finds warm; the precompiled packages do not use it.
+OPTIONS = {
+    "inductor, compile at start": "inductor",
+    "inductor, warm cache volume": "inductor",
+    "aoti-int8, precompiled": "aoti-int8",
+}
 
 
 def image_variants(image: str) -> set[str]:
@@ -63,21 +58,19 @@ def image_variants(image: str) -> set[str]:
         subprocess.run(["buildah", "rm", container], capture_output=True)
 
 
-def start_to_ready(image: str, option: StartOption, models: str, cache: Path, key_dir: Path, log: Path) -> float:
+def start_to_ready(image: str, variant: str, models: str, cache: Path, key_dir: Path, log: Path) -> float:
     container = subprocess.run(["buildah", "from", image], capture_output=True, text=True, check=True).stdout.strip()
-    volumes = ["-v", f"{key_dir}:/run/secrets/kit:ro"]
-    if option.warm_cache or option.variant == "inductor":
-        volumes += ["-v", f"{cache}:/opt/kit/.cache"]  # the cold start fills what the warm one reads
-    argv = ["buildah", "run", "--isolation=chroot", *volumes, container, "--",
+    argv = ["buildah", "run", "--isolation=chroot", "-v", f"{key_dir}:/run/secrets/kit:ro",
+            "-v", f"{cache}:/opt/kit/.cache", container, "--",
             "python", "-m", "kit", "run", "--key-file", "/run/secrets/kit/api-key",
-            "--variant", option.variant, "--models", models, "--drain", "0"]  # fmt: skip
+            "--variant", variant, "--models", models, "--drain", "0"]  # fmt: skip
     try:
         with open(log, "w") as out:
             launched = time.monotonic()
             process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
             while READY_LINE not in log.read_text():
                 if process.poll() is not None or time.monotonic() - launched > DEADLINE_S:
-                    raise RuntimeError(f"{option.name}: not ready; see {log}\n{log.read_text()[-3000:]}")
+                    raise RuntimeError(f"{variant}: not ready; see {log}\n{log.read_text()[-3000:]}")
                 time.sleep(0.2)
             seconds = time.monotonic() - launched
             supervisor = next(p for p in psutil.Process(process.pid).children(recursive=True)
@@ -114,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.image:
         parser.error("--image (or IMAGE) is required: run `make image-start`")
     present = image_variants(args.image)
-    options = [o for o in OPTIONS if o.variant in present]
-    skipped = [o.name for o in OPTIONS if o.variant not in present]
+    options = {name: variant for name, variant in OPTIONS.items() if variant in present}
+    skipped = sorted(set(OPTIONS) - set(options))
     if skipped:
         print(f"[start] {args.image} lacks the archives of {skipped}: make image IMAGE_VARIANTS=inductor,aoti-int8")
     env = RunEnvironment.capture()
@@ -124,16 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     key_dir = out / "secret"
     key_dir.mkdir()
     (key_dir / "api-key").write_text(secrets.token_urlsafe(32))
-    rows = {o.name: [] for o in options}
+    rows = {name: [] for name in options}
     for round_index in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="kit-cache-", dir=out) as cache:
             os.chmod(cache, 0o777)  # the image's user writes it
-            for option in options:
-                log = out / f"{option.variant}-{'warm' if option.warm_cache else 'cold'}-{round_index}.log"
-                print(f"[start] round {round_index + 1}/{args.rounds}: {option.name} ...", flush=True)
-                seconds = start_to_ready(args.image, option, args.models, Path(cache), key_dir, log)
-                rows[option.name].append(seconds)
-                print(f"[start] {option.name}: ready after {seconds:.1f} s", flush=True)
+            for index, (name, variant) in enumerate(options.items()):
+                log = out / f"start-{index}-{variant}-{round_index}.log"
+                print(f"[start] round {round_index + 1}/{args.rounds}: {name} ...", flush=True)
+                seconds = start_to_ready(args.image, variant, args.models, Path(cache), key_dir, log)
+                rows[name].append(seconds)
+                print(f"[start] {name}: ready after {seconds:.1f} s", flush=True)
     table = [{"option": name, "seconds": seconds} for name, seconds in rows.items()]
     record = {"image": args.image, "models": args.models, "environment": dataclasses.asdict(env), "rows": table}
     (out / "results.json").write_text(json.dumps(record, indent=2))

@@ -17,7 +17,7 @@ import resource
 
 import psutil
 
-from kit.server import Server
+from kit.server import LAUNCHER_MODULE, Server
 
 LOAD_GENERATOR = "ab"
 
@@ -27,7 +27,7 @@ def group_of(process: psutil.Process, model: str) -> str:
     command = " ".join(process.cmdline())
     if process.name() == "java" or "org.pytorch.serve.ModelServer" in command:
         return "frontend"
-    if "torch.backends.xeon.run_cpu" in command:
+    if LAUNCHER_MODULE in command:
         return "launchers"
     if "model_service_worker.py" in command:
         # The command line names no model: a worker runs in its model's unpacked archive.

@@ -50,7 +50,7 @@ PHONE = (4032, 3024)  # a 12 MP phone photo
 
 
 def phone_jpeg(name: str) -> bytes:
-    """A real photograph as a phone sends it: upscaled to 4032x3024, JPEG quality 90 (~2-4 MB)."""
+    """A real photograph as a phone sends it: upscaled to 4032x3024, JPEG quality 90 (~1 MB)."""
     import importlib.resources
 
     source = importlib.resources.files("skimage") / "data" / name

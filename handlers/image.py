@@ -79,7 +79,8 @@ def center_crop(image: Image.Image, size: int) -> Image.Image:
     return image.crop((left, top, left + size, top + size))
 
 
-def image_to_tensor(data: bytes, resize: int, crop: int) -> torch.Tensor:
-    image = center_crop(resize_shorter_side(decode_image(data, resize), resize), crop)
+def image_to_tensor(data: bytes, resize: int, crop: int, reduce: bool = True) -> torch.Tensor:
+    """reduce=False decodes a large JPEG whole (the reference the reduced decode is checked against)."""
+    image = center_crop(resize_shorter_side(decode_image(data, resize if reduce else None), resize), crop)
     pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)  # [H, W, 3]
     return (pixels.permute(2, 0, 1) - IMAGENET_MEAN) / IMAGENET_STD  # [3, H, W]

@@ -37,7 +37,7 @@ def read_key(path: Path) -> str:
     """The API key in `path` (a mounted Secret), checked; the error says how to fix it."""
     if not path.is_file():
         raise ConfigError(
-            f"API key file {path} does not exist: mount a Secret there (deploy/k8s/secret.yaml), "
+            f"API key file {path} does not exist: mount a Secret there (deploy/k8s generates one from deploy/k8s/api-key), "
             "or point --key-file at a file holding the key"
         )
     key = path.read_text().strip()

@@ -35,6 +35,8 @@ from kit.topology import read_topology
 STATE_FILE = "server.json"
 # Cold Inductor compiles of every worker on a few cores; a Kubernetes startupProbe allows as long.
 START_DEADLINE_S = 900
+# TorchServe's CPU launcher: with placement launcher it stays as every worker's parent.
+LAUNCHER_MODULE = "torch.backends.xeon.run_cpu"
 KEY_FILE = "key_file.json"  # written by TorchServe into its working directory when token auth is on
 
 
@@ -207,7 +209,7 @@ class Server:
         pids = []
         for process in self.process_tree():
             with contextlib.suppress(psutil.Error):
-                if "torch.backends.xeon.run_cpu" in process.cmdline():
+                if LAUNCHER_MODULE in process.cmdline():
                     pids.append(process.pid)
         return pids
 

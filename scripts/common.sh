@@ -1,5 +1,6 @@
 # Shared by scripts/install.sh and scripts/install_ipex.sh (sourced; set TAG first).
 
+as_root() { if [[ $EUID -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
 step() { printf '[%s] %s\n' "$TAG" "$*"; }
 die() { printf '[%s] ERROR: %s\n' "$TAG" "$*" >&2; exit 1; }
 

@@ -22,8 +22,6 @@ TAG=image
 # shellcheck source=scripts/common.sh
 source "$ROOT/scripts/common.sh"
 
-as_root() { if [[ $EUID -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
-
 install_tools() {
     local missing=() tool
     for tool in podman buildah mmdebstrap; do

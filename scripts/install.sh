@@ -24,8 +24,6 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(inputs_hash)" && -f "$ROOT/client/g
     exit 0
 fi
 
-as_root() { if [[ $EUID -eq 0 ]]; then "$@"; else sudo "$@"; fi; }
-
 install_system_packages() {
     local missing=()
     for pkg in "${APT_PACKAGES[@]}"; do
