@@ -68,11 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         write_report(out_dir, run)
         log(f"report: {out_dir / 'report.md'}")
-    if args.write_preset and run.results:
-        path = write_tuned_preset(args.write_preset, run.results)
+    served = [r for r in run.results if r.kind == "served"]  # the kit's rows, not the peers'
+    if args.write_preset and served:
+        path = write_tuned_preset(args.write_preset, served)
         log(f"fastest layout written to {path}; serve it with `make serve CONFIG={args.write_preset}`")
     print((out_dir / "report.md").read_text())
-    return 0 if len(run.results) + len(run.skipped) == len(plan.rows) else 1
+    # Every row measured or skipped with its reason (a peer that failed raised above).
+    return 0 if len(served) + len(run.skipped) == len(plan.rows) else 1
 
 
 if __name__ == "__main__":

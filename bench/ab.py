@@ -2,13 +2,25 @@
 
 argv = ab_command(url, Path("photo.jpg"), "image/jpeg", seconds=20, concurrency=4)
 result = parse_ab(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+result, argv, cpu_ms = measure_ab(url, headers, payload, 4, 20, server.process_tree, group)  # + CPU per request
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psutil
+
+from bench.cpu_accounting import children_cpu_s, per_request_ms, process_cpu_s
+
+if TYPE_CHECKING:
+    from bench.payloads import Payload
+    from bench.plan import RunSettings
 
 # ab stops at whichever comes first: this many requests or the time limit.
 MAX_REQUESTS = 1_000_000
@@ -86,3 +98,29 @@ def parse_ab(text: str) -> AbResult:
         max_ms=percentile(100),
         duration_s=_number(r"^Time taken for tests:\s+([\d.]+) seconds", text, "Time taken for tests"),
     )
+
+
+def run_ab(url: str, headers: dict[str, str], payload: Payload, concurrency: int, seconds: int,
+           requests: int = MAX_REQUESTS) -> tuple[AbResult, list[str]]:  # fmt: skip
+    argv = ab_command(url, payload.path, payload.content_type, seconds=seconds, concurrency=concurrency,
+                      headers=headers, requests=requests)  # fmt: skip
+    completed = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 600)
+    if completed.returncode != 0:
+        raise RuntimeError(f"ab failed ({completed.returncode}): {completed.stderr.strip()[-500:]}")
+    return parse_ab(completed.stdout), argv
+
+
+def warm_up(url: str, headers: dict[str, str], payload: Payload, concurrency: int, run: RunSettings) -> None:
+    if run.warmup_requests:  # ab refuses fewer requests than its concurrency
+        run_ab(url, headers, payload, concurrency, seconds=120, requests=max(run.warmup_requests, concurrency))
+
+
+def measure_ab(
+    url: str, headers: dict[str, str], payload: Payload, concurrency: int, seconds: int,
+    processes: Callable[[], list[psutil.Process]], group: Callable[[psutil.Process], str],
+) -> tuple[AbResult, list[str], dict[str, float]]:  # fmt: skip
+    """The measured ab run, with CPU ms per request of each process group (/proc before and after)."""
+    before, ab_before = process_cpu_s(processes(), group), children_cpu_s()
+    result, argv = run_ab(url, headers, payload, concurrency, seconds)
+    cpu_ms = per_request_ms(before, process_cpu_s(processes(), group), children_cpu_s() - ab_before, result.complete)
+    return result, argv, cpu_ms

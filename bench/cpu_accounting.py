@@ -1,10 +1,10 @@
 """Where a served request's CPU goes: CPU time per request of each process group of a row,
 from /proc before and after its measured ab run.
 
-    before = snapshot(server, row.model)
-    usage_before = children_cpu_s()          # ab: this process's reaped children
+    group = lambda process: group_of(process, row.model)
+    before, usage_before = process_cpu_s(server.process_tree(), group), children_cpu_s()  # ab: reaped children
     ... ab ...
-    ms = per_request_ms(before, snapshot(server, row.model), children_cpu_s() - usage_before, requests)
+    ms = per_request_ms(before, process_cpu_s(server.process_tree(), group), children_cpu_s() - usage_before, requests)
     # {"frontend": 4.9, "workers": 11.2, "other workers": 0.3, "launchers": 0.0, "ab": 0.6}
 """
 
@@ -14,10 +14,11 @@ import contextlib
 import json
 import os
 import resource
+from collections.abc import Callable
 
 import psutil
 
-from kit.server import LAUNCHER_MODULE, Server
+from kit.server import LAUNCHER_MODULE
 
 LOAD_GENERATOR = "ab"
 
@@ -43,13 +44,15 @@ def model_of(process: psutil.Process) -> str:
     return ""
 
 
-def snapshot(server: Server, model: str) -> dict[int, tuple[str, float]]:
-    """pid -> (group, CPU seconds so far) for every process of the server."""
+def process_cpu_s(
+    processes: list[psutil.Process], group: Callable[[psutil.Process], str]
+) -> dict[int, tuple[str, float]]:
+    """pid -> (group, CPU seconds so far)."""
     out = {}
-    for process in server.process_tree():
+    for process in processes:
         with contextlib.suppress(psutil.Error):
             times = process.cpu_times()
-            out[process.pid] = (group_of(process, model), times.user + times.system)
+            out[process.pid] = (group(process), times.user + times.system)
     return out
 
 

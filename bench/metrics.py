@@ -53,6 +53,11 @@ class ServerLatency:
     queue_ms: float  # time a request waited for a free worker
 
 
+def requests_total(samples: Samples, model: str) -> int:
+    """Requests the frontend has answered for `model` since it started."""
+    return int(samples.get(("ts_inference_requests_total", model), 0.0))
+
+
 def server_latency(before: Samples, after: Samples, model: str) -> ServerLatency | None:
     def delta(name: str) -> float:
         return after.get((name, model), 0.0) - before.get((name, model), 0.0)

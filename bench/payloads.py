@@ -1,18 +1,24 @@
-"""Request bodies for the bench: a photo-like 640x480 JPEG (~100 KB) and a 128-token text.
+"""Request bodies for the bench, by name: what people send to an image or a text model.
 
-payload = payload_for("resnet50", out_dir)   # Payload(path=..., content_type="image/jpeg")
+    payload = write_payload("phone", out_dir)      # Payload(name="phone", path=..., content_type="image/jpeg")
+    body = PAYLOADS[DEFAULT_PAYLOAD[Task.IMAGE]].body()
+
+Images: a thumbnail, a photo-like 640x480 JPEG (the default), a 12 MP phone photo (a real
+photograph), a PNG with an alpha channel. Text: a short query, a typical 128-token passage (the
+default: exactly the served max_length), an over-length document (truncated by the handler).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from kit.models import MODELS, Task
+from kit.models import Task
 
 TEXT_TOKENS = 128  # including [CLS] and [SEP]: exactly the served max_length, nothing padded
 PARAGRAPH = (
@@ -25,12 +31,6 @@ PARAGRAPH = (
     "their highest level in five years and that the support team deserved a formal note of thanks. "
     "The meeting closed shortly before noon, and the minutes were circulated to every department that afternoon."
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Payload:
-    path: Path
-    content_type: str
 
 
 def photo_jpeg(width: int = 640, height: int = 480) -> bytes:
@@ -60,40 +60,81 @@ def phone_jpeg(name: str) -> bytes:
     return buffer.getvalue()
 
 
+def png_with_alpha(width: int = 640, height: int = 480) -> bytes:
+    """The photo-like image with a transparency gradient: a cut-out as design tools export it."""
+    rgb = np.asarray(Image.open(io.BytesIO(photo_jpeg(width, height))))
+    alpha = np.broadcast_to(np.linspace(0, 255, width, dtype=np.uint8), (height, width))[..., None]
+    buffer = io.BytesIO()
+    Image.fromarray(np.concatenate([rgb, alpha], axis=-1), "RGBA").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def sentence(tokens: int = TEXT_TOKENS) -> str:
     """The paragraph cut to exactly `tokens` bert-base-uncased tokens including [CLS]/[SEP]."""
     from handlers.text import load_tokenizer
     from model_store.build import minilm_dir
 
     tokenizer = load_tokenizer(minilm_dir())
-    tokenizer.no_truncation()  # the whole paragraph, then cut here
+    tokenizer.no_truncation()  # the whole text, then cut here
     tokenizer.no_padding()
-    ids = tokenizer.encode(PARAGRAPH, add_special_tokens=False).ids
-    if len(ids) < tokens - 2:
-        raise ValueError(f"paragraph has only {len(ids)} tokens; need {tokens - 2}")
+    text = " ".join([PARAGRAPH] * (1 + tokens // 150))  # the paragraph is ~180 tokens
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
     return tokenizer.decode(ids[: tokens - 2])
 
 
 @dataclasses.dataclass(frozen=True)
 class Body:
-    """A request body for a task, as bytes: what the soak's clients and the bench's files send."""
+    """A request body as bytes: what the soak's clients, the tests and the bench's files send."""
 
     data: bytes
     content_type: str
     file_name: str
 
 
+@dataclasses.dataclass(frozen=True)
+class PayloadKind:
+    task: Task
+    content_type: str
+    file_name: str
+    make: Callable[[], bytes | str]
+
+    def body(self) -> Body:
+        data = self.make()
+        return Body(data.encode() if isinstance(data, str) else data, self.content_type, self.file_name)
+
+
+PAYLOADS = {
+    "thumbnail": PayloadKind(Task.IMAGE, "image/jpeg", "thumbnail.jpg", lambda: photo_jpeg(224, 168)),
+    "vga": PayloadKind(Task.IMAGE, "image/jpeg", "photo.jpg", photo_jpeg),
+    "phone": PayloadKind(Task.IMAGE, "image/jpeg", "phone.jpg", lambda: phone_jpeg("coffee.png")),
+    "png-alpha": PayloadKind(Task.IMAGE, "image/png", "alpha.png", png_with_alpha),
+    "short": PayloadKind(Task.TEXT, "text/plain", "short.txt", lambda: sentence(16)),
+    "typical": PayloadKind(Task.TEXT, "text/plain", "sentence.txt", sentence),
+    # Four times the served max_length: the handler truncates (and says so in its answer).
+    "long": PayloadKind(Task.TEXT, "text/plain", "long.txt", lambda: sentence(4 * TEXT_TOKENS)),
+}
+DEFAULT_PAYLOAD = {Task.IMAGE: "vga", Task.TEXT: "typical"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Payload:
+    """A payload written to a file, for ab."""
+
+    name: str
+    path: Path
+    content_type: str
+
+
 def body_for(task: Task) -> Body:
-    if task is Task.IMAGE:
-        return Body(photo_jpeg(), "image/jpeg", "photo.jpg")
-    return Body(sentence().encode(), "text/plain", "sentence.txt")
+    """The task's default body."""
+    return PAYLOADS[DEFAULT_PAYLOAD[task]].body()
 
 
-def payload_for(model: str, out_dir: Path) -> Payload:
-    """The model's body as a file for ab (written once per run directory)."""
+def write_payload(name: str, out_dir: Path) -> Payload:
+    """The named body as a file for ab (written once per run directory)."""
+    kind = PAYLOADS[name]
     out_dir.mkdir(parents=True, exist_ok=True)
-    body = body_for(MODELS[model].task)
-    path = out_dir / body.file_name
+    path = out_dir / kind.file_name
     if not path.is_file():
-        path.write_bytes(body.data)
-    return Payload(path, body.content_type)
+        path.write_bytes(kind.body().data)
+    return Payload(name, path, kind.content_type)

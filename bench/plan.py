@@ -10,8 +10,11 @@ overrides any ServeConfig field; a list value expands into one row per value (a 
     rows:
       - {name: baseline, preset: baseline, baseline: true}
       - {name: inductor, preset: optimized, allocator: [jemalloc, tcmalloc]}
+      - {name: phone photos, preset: optimized, models: [resnet50], payload: [vga, phone]}
     peers:                                  # optional: the same models in other runtimes, in-process
       - {runtime: openvino, precision: int8}
+    served_peers:                           # optional: other servers on the kit's IR, under the same ab
+      - {framework: litserve, precision: int8, batch_size: 4, concurrency: 8}
 """
 
 from __future__ import annotations
@@ -24,14 +27,16 @@ from typing import Any
 
 import yaml
 
+from bench.payloads import DEFAULT_PAYLOAD, PAYLOADS
+from bench.peer_apps import Framework
 from bench.results import Precision
 from handlers.settings import SettingsError, parse_settings
-from kit.models import MODEL_NAMES
+from kit.models import MODEL_NAMES, MODELS
 from kit.serve_config import ServeConfig
 
 PLANS = Path(__file__).resolve().parent / "plans"
 EAGER_VARIANT = "eager"  # peers run the weights of the eager archive: the same function as every row
-ROW_KEYS = {"name", "preset", "baseline", "models", "concurrency"}
+ROW_KEYS = {"name", "preset", "baseline", "models", "concurrency", "payload"}
 SERVE_KEYS = {f.name for f in dataclasses.fields(ServeConfig)} - {"models"}
 PORT_KEYS = {"bind", "management_bind", "worker_port"} | {
     f.name for f in dataclasses.fields(ServeConfig) if f.name.endswith("_port")
@@ -60,6 +65,34 @@ class Peer:
         return f"{self.runtime.value} {self.precision.value} b{self.batch_size}"
 
 
+# A served peer runs the IR of the kit's own OpenVINO archive of its precision.
+SERVED_PEER_VARIANT = {Precision.FP32: "openvino", Precision.INT8: "openvino-int8"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ServedPeer:
+    """A server a user would write instead of TorchServe (bench/peer_apps.py), on the kit's IR."""
+
+    framework: Framework
+    precision: Precision = Precision.FP32
+    batch_size: int = 1  # litserve: max_batch_size (dynamic batching); fastapi: 1
+    concurrency: int | None = None  # ab -c; None = the plan's
+
+    def __post_init__(self) -> None:
+        if self.precision not in SERVED_PEER_VARIANT:
+            raise PlanError(f"served peers run {sorted(SERVED_PEER_VARIANT)}, not {self.precision}")
+        if self.framework is Framework.FASTAPI and self.batch_size != 1:
+            raise PlanError("the fastapi peer has no dynamic batching: batch_size must be 1")
+
+    @property
+    def name(self) -> str:
+        return f"{self.framework.value} openvino {self.precision.value} b{self.batch_size}"
+
+    @property
+    def variant(self) -> str:
+        return SERVED_PEER_VARIANT[self.precision]
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSettings:
     seconds: int = 20  # ab time limit per row
@@ -68,6 +101,9 @@ class RunSettings:
     in_process: bool = True  # also measure the same model without a server
     in_process_seconds: int = 10
     start_deadline_s: int = 1800  # cold max-autotune compiles take minutes
+    # Served rows record their workers' ITT ranges with the kit's collector (kit/itt.py): two
+    # write(2)s per inference call, far below the run-to-run noise.
+    itt: bool = True
     models: tuple[str, ...] = MODEL_NAMES
     description: str = ""
 
@@ -82,11 +118,25 @@ class Row:
     model: str
     serve: ServeConfig  # ports are replaced with free ones when the row runs
     concurrency: int
+    payload: str  # bench/payloads.py PAYLOADS: what ab sends
     baseline: bool = False
 
     @property
     def label(self) -> str:
         return f"{self.model} / {self.name}"
+
+
+def row_payload(where: str, model: str, name: str | None) -> str:
+    """The row's payload for this model: the named one (it must fit the model's task) or the task's default."""
+    task = MODELS[model].task
+    if name is None:
+        return DEFAULT_PAYLOAD[task]
+    if name not in PAYLOADS:
+        raise PlanError(f"{where}: unknown payload {name!r}; choose one of {sorted(PAYLOADS)}")
+    if PAYLOADS[name].task is not task:
+        fitting = sorted(n for n, kind in PAYLOADS.items() if kind.task is task)
+        raise PlanError(f"{where}: payload {name!r} is not a {task.value} body for {model}; use one of {fitting}")
+    return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +145,7 @@ class Plan:
     run: RunSettings
     rows: tuple[Row, ...]
     peers: tuple[Peer, ...] = ()  # measured in-process for every model of the plan
+    served_peers: tuple[ServedPeer, ...] = ()  # served and measured with ab for every model of the plan
 
     @property
     def archives(self) -> dict[str, list[str]]:
@@ -104,13 +155,17 @@ class Plan:
             needed.setdefault(row.serve.variant.name, {})[row.model] = None
         if self.peers:
             needed.setdefault(EAGER_VARIANT, {}).update(dict.fromkeys(self.run.models))
+        for peer in self.served_peers:
+            needed.setdefault(peer.variant, {}).update(dict.fromkeys(self.run.models))
         return {variant: list(models) for variant, models in needed.items()}
 
     def estimate_s(self) -> float:
         """Rough wall time: start-up (warm compile cache), warm-up, measurement, stop, in-process, peers."""
         per_row = 45 + self.run.seconds + (self.run.in_process_seconds + 30 if self.run.in_process else 0)
         per_peer = 40 + self.run.in_process_seconds
-        return len(self.rows) * per_row + len(self.peers) * len(self.run.models) * per_peer
+        per_served_peer = 30 + self.run.seconds
+        peers = len(self.peers) * per_peer + len(self.served_peers) * per_served_peer
+        return len(self.rows) * per_row + peers * len(self.run.models)
 
 
 def _expand(raw: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
@@ -146,7 +201,8 @@ def _rows(index: int, raw: dict[str, Any], run: RunSettings) -> list[Row]:
                 raise PlanError(f"{where}: {error}") from None
             name = f"{values['name']} {suffix}".strip()
             concurrency = values.get("concurrency", run.concurrency)
-            rows.append(Row(name, model, serve, concurrency, bool(values.get("baseline", False))))
+            payload = row_payload(where, model, values.get("payload"))
+            rows.append(Row(name, model, serve, concurrency, payload, bool(values.get("baseline", False))))
     return rows
 
 
@@ -157,6 +213,7 @@ def parse_plan(name: str, raw: dict[str, Any]) -> Plan:
         raise PlanError(f"plan {name!r} has no rows")
     try:
         peers = tuple(parse_settings(Peer, spec) for spec in raw.pop("peers", None) or ())
+        served_peers = tuple(parse_settings(ServedPeer, spec) for spec in raw.pop("served_peers", None) or ())
     except SettingsError as error:
         raise PlanError(f"plan {name!r}, peers: {error}") from None
     try:
@@ -171,7 +228,7 @@ def parse_plan(name: str, raw: dict[str, Any]) -> Plan:
         baselines = [r.name for r in group if r.baseline]
         if len(baselines) > 1:
             raise PlanError(f"model {model} has several baseline rows {baselines}; mark one")
-    return Plan(name, run, tuple(rows), peers)
+    return Plan(name, run, tuple(rows), peers, served_peers)
 
 
 def load_plan(name_or_path: str) -> Plan:

@@ -10,7 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.payloads import DEFAULT_PAYLOAD
 from bench.results import BenchRun, InProcessResult, Precision, RowResult
+from kit.models import MODELS
 
 # Targets of the bench issue, checked on every run: (model, minimum speedup of the best row).
 SPEEDUP_TARGETS = {"resnet50": 3.0, "bert": 2.0}
@@ -28,38 +30,51 @@ class TargetCheck:
     met: bool
 
 
+def comparable(results: list[RowResult], model: str, kind: str = "served") -> list[RowResult]:
+    """The model's error-free rows of `kind` on its default payload: what targets compare."""
+    payload = DEFAULT_PAYLOAD[MODELS[model].task]
+    return [r for r in results if r.model == model and r.kind == kind and r.payload == payload
+            and r.non_2xx == 0 and r.failed == 0]  # fmt: skip
+
+
 def best_row(results: list[RowResult], model: str) -> RowResult | None:
-    rows = [r for r in results if r.model == model and r.non_2xx == 0 and r.failed == 0]
-    return max(rows, key=lambda r: r.requests_per_s, default=None)
+    return max(comparable(results, model), key=lambda r: r.requests_per_s, default=None)
 
 
 def _short_by(measured: float, target: float) -> str:
     return "" if measured >= target else f", short by {(target - measured) / target:.0%}"
 
 
-def peer_checks(results: list[RowResult], references: list[InProcessResult]) -> list[TargetCheck]:
-    """Best served row >= best peer row, per model: in each precision both have, and overall."""
+def _versus(model: str, what: str, mine: list, theirs: list) -> list[TargetCheck]:
+    """Best of `mine` >= best of `theirs`, in each precision both have and in any precision."""
     checks = []
-    peers = [r for r in references if r.kind == "peer"]
-    served = [r for r in results if r.non_2xx == 0 and r.failed == 0]
-    for model in dict.fromkeys(r.model for r in peers):
-        precisions = sorted({r.precision for r in peers if r.model == model})
-        for precision in [*precisions, None]:  # None: any precision
-            mine = [r for r in served if r.model == model and precision in (None, r.precision)]
-            theirs = [r for r in peers if r.model == model and precision in (None, r.precision)]
-            if not mine or not theirs:
-                continue
-            best = max(mine, key=lambda r: r.items_per_s)
-            peer = max(theirs, key=lambda r: r.items_per_s)
-            scope = precision or "any precision"
-            checks.append(
-                TargetCheck(
-                    f"{model} {scope}: best served row >= best peer row",
-                    f"{best.items_per_s:.1f} ({best.name}) vs {peer.items_per_s:.1f} ({peer.name})"
-                    + _short_by(best.items_per_s, peer.items_per_s),
-                    best.items_per_s >= peer.items_per_s,
-                )
+    for precision in [*sorted({r.precision for r in theirs}), None]:  # None: any precision
+        ours = [r for r in mine if precision in (None, r.precision)]
+        others = [r for r in theirs if precision in (None, r.precision)]
+        if not ours or not others:
+            continue
+        best = max(ours, key=lambda r: r.items_per_s)
+        peer = max(others, key=lambda r: r.items_per_s)
+        checks.append(
+            TargetCheck(
+                f"{model} {precision or 'any precision'}: best served row >= best {what}",
+                f"{best.items_per_s:.1f} ({best.name}) vs {peer.items_per_s:.1f} ({peer.name}): "
+                f"{best.items_per_s / peer.items_per_s:.0%}" + _short_by(best.items_per_s, peer.items_per_s),
+                best.items_per_s >= peer.items_per_s,
             )
+        )
+    return checks
+
+
+def peer_checks(results: list[RowResult], references: list[InProcessResult]) -> list[TargetCheck]:
+    """The kit's best served row against the best served peer (same payload, same ab) and the best
+    in-process peer, per model and precision."""
+    checks = []
+    for model in dict.fromkeys(r.model for r in [*results, *references]):
+        mine = comparable(results, model)
+        checks += _versus(model, "served peer row", mine, comparable(results, model, "served_peer"))
+        in_process = [r for r in references if r.model == model and r.kind == "peer"]
+        checks += _versus(model, "in-process peer row", mine, in_process)
     return checks
 
 
@@ -125,6 +140,7 @@ def check_targets(results: list[RowResult], references: list[InProcessResult] = 
             )
         )
     checks += peer_checks(results, list(references)) + accuracy_checks(list(references)) + cold_start_checks(results)
+    checks += itt_checks(results)
     bad = [f"{r.model}/{r.name}: {r.non_2xx} non-2xx, {r.failed} failed" for r in results if r.non_2xx or r.failed]
     checks.append(TargetCheck("zero non-2xx responses in every row", "; ".join(bad) or "0 in all rows", not bad))
     return checks
@@ -172,6 +188,38 @@ def cpu_table(results: list[RowResult]) -> list[str]:
     return [*lines, ""]
 
 
+def itt_table(results: list[RowResult]) -> list[str]:
+    """ITT ranges the workers recorded against the requests the frontend answered, per served row."""
+    rows = [r for r in results if r.itt_ranges is not None]
+    if not rows:
+        return []
+    lines = [
+        "## ITT ranges",
+        "",
+        "One range per inference call, recorded by the kit's collector (kit/itt.py) in every worker; a call of "
+        "k requests is named `<model>:bs<k>`. Timelines: `itt/<row>.trace.json` (ui.perfetto.dev, chrome://tracing).",
+        "",
+        "| model | row | ranges | requests in ranges | requests answered | match |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        match = "yes" if r.itt_requests == r.requests_answered else "**no**"
+        lines.append(
+            f"| {r.model} | {r.name} | {r.itt_ranges} | {r.itt_requests} | {_fmt(r.requests_answered)} | {match} |"
+        )
+    return [*lines, ""]
+
+
+def itt_checks(results: list[RowResult]) -> list[TargetCheck]:
+    rows = [r for r in results if r.itt_ranges is not None]
+    if not rows:
+        return []
+    bad = [f"{r.model}/{r.name}: {r.itt_requests} vs {r.requests_answered}" for r in rows
+           if r.itt_requests != r.requests_answered]  # fmt: skip
+    measured = "; ".join(bad) or f"{sum(r.itt_requests for r in rows)} requests in {len(rows)} rows"
+    return [TargetCheck("ITT ranges cover every answered request, in every served row", measured, not bad)]
+
+
 def markdown(run: BenchRun) -> str:
     plan, env, results, references = run.plan, run.environment, run.results, run.references
     lines = [
@@ -195,10 +243,10 @@ def markdown(run: BenchRun) -> str:
         lines += [
             f"## {model}",
             "",
-            "| row | variant | precision | placement | allocator (loaded) | W×T | batch | c | req/s | speedup | p50 ms | "
-            "p90 ms | p99 ms | non-2xx | TS total/queue ms | in-process items/s | served/in-process | ready s | "
-            "load s | RSS MB | CPU busy % |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| row | payload | variant | precision | placement | allocator (loaded) | W×T | batch | c | req/s | speedup | "
+            "p50 ms | p90 ms | p99 ms | non-2xx | TS total/queue ms | in-process items/s | served/in-process | "
+            "ready s | load s | RSS MB | CPU busy % |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in (r for r in results if r.model == model):
             layout = f"{r.workers or 'def'}×{r.threads or 'def'}"
@@ -208,7 +256,7 @@ def markdown(run: BenchRun) -> str:
             ratio = f"{r.served_vs_in_process:.0%}" if r.served_vs_in_process else "–"
             name = f"**{r.name}**" if r.baseline else r.name
             lines.append(
-                f"| {name} | {r.variant} | {r.precision} | {r.placement}{f' cpus {r.cpus}' if r.cpus else ''} | "
+                f"| {name} | {r.payload} | {r.variant} | {r.precision} | {r.placement}{f' cpus {r.cpus}' if r.cpus else ''} | "
                 f"{r.allocator} ({loaded}) | {layout} | "
                 f"{r.batch_size} | {r.concurrency} | {r.requests_per_s:.1f} | {speedup} | {r.p50_ms:.0f} | "
                 f"{r.p90_ms:.0f} | {r.p99_ms:.0f} | {r.non_2xx} | {ts} | {_fmt(r.in_process_items_per_s)} | {ratio} | "
@@ -219,7 +267,7 @@ def markdown(run: BenchRun) -> str:
         others = [r for r in references if r.model == model]
         if others:
             lines += [*reference_table(others), ""]
-    lines += cpu_table(results)
+    lines += cpu_table(results) + itt_table(results)
     if run.skipped:
         lines += ["## Skipped rows", "", *(f"- {reason}" for reason in run.skipped), ""]
     lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]

@@ -68,6 +68,7 @@ class RowResult:
     batch_size: int
     max_batch_delay_ms: int
     concurrency: int
+    payload: str  # bench/payloads.py: what each request sent
     baseline: bool
     # AbResult's fields, under the same names:
     complete: int
@@ -104,6 +105,11 @@ class RowResult:
     # CPU ms per request of each process group during the ab window (bench/cpu_accounting.py):
     # frontend, workers (this model's), other workers, launchers, other, ab.
     cpu_ms_per_request: dict[str, float] = dataclasses.field(default_factory=dict)
+    # ITT ranges the workers recorded (kit/itt.py), the requests they cover (the k of each
+    # "<model>:bs<k>"), and the requests the frontend answered, warm-up included.
+    itt_ranges: int | None = None
+    itt_requests: int | None = None
+    requests_answered: int | None = None
 
 
 @dataclasses.dataclass

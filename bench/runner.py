@@ -8,23 +8,27 @@ The server of a row is always stopped (try/finally), also on Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.ab import MAX_REQUESTS, AbResult, ab_command, parse_ab
-from bench.cpu_accounting import children_cpu_s, per_request_ms, snapshot
+from bench.ab import measure_ab, warm_up
+from bench.cpu_accounting import group_of
 from bench.inprocess import measure_in_process, worker_cpus
-from bench.metrics import scrape, scrape_text, server_latency, worker_load_seconds
-from bench.payloads import Payload, payload_for
+from bench.metrics import requests_total, scrape, scrape_text, server_latency, worker_load_seconds
+from bench.payloads import DEFAULT_PAYLOAD, Payload, write_payload
 from bench.peers import measure_peer
 from bench.plan import EAGER_VARIANT, Peer, Plan, Row
 from bench.results import PRECISION_OF_DTYPE, BenchRun, InProcessResult, Measured, RowResult, add_derived
+from bench.served_peers import run_served_peer
+from handlers.itt import parse_range_name
+from kit.itt import Range, chrome_trace, read_ranges
+from kit.models import MODELS
 from kit.procinfo import busy_fractions, cpu_times, live_process
 from kit.serve_config import ConfigError, free_ports_config
 from kit.server import Server
@@ -39,48 +43,58 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-zA-Z0-9]+", "-", text).strip("-").lower()
 
 
-def run_ab(
-    server: Server, row: Row, payload: Payload, seconds: int, requests: int = MAX_REQUESTS
-) -> tuple[AbResult, list[str]]:
-    argv = ab_command(
-        server.url("inference", f"/predictions/{row.model}"),
-        payload.path,
-        payload.content_type,
-        seconds=seconds,
-        concurrency=row.concurrency,
-        headers=server.headers("inference"),
-        requests=requests,
-    )
-    completed = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 600)
-    if completed.returncode != 0:
-        raise RuntimeError(f"ab failed ({completed.returncode}): {completed.stderr.strip()[-500:]}")
-    return parse_ab(completed.stdout), argv
+ITT_DRAIN_S = 60  # longest wait for requests ab left in flight to finish (a slow baseline: seconds)
+
+
+def model_ranges(itt_dir: Path, model: str) -> list[Range]:
+    return [r for r in read_ranges(itt_dir) if (parse_range_name(r.name) or ("",))[0] == model]
+
+
+def covered(ranges: list[Range]) -> int:
+    return sum(parse_range_name(r.name)[1] for r in ranges)
+
+
+def drain_itt(itt_dir: Path, model: str, received: int) -> None:
+    """ab stops at its time limit with requests in flight; the workers still answer them (to
+    nobody). Wait until their ranges close, so ranges and answered requests count the same work."""
+    deadline = time.monotonic() + ITT_DRAIN_S
+    while covered(model_ranges(itt_dir, model)) < received and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def itt_counts(itt_dir: Path, model: str) -> tuple[int, int]:
+    """(ranges, requests they cover) of the model's inference calls; their timeline beside the records."""
+    ranges = model_ranges(itt_dir, model)
+    (itt_dir.parent / f"{itt_dir.name}.trace.json").write_text(json.dumps(chrome_trace(ranges)))
+    return len(ranges), covered(ranges)
 
 
 def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
-    server = Server(free_ports_config(row.serve), out_dir / "servers" / slug(row.label))
+    itt_dir = out_dir / "itt" / slug(row.label)
+    serve = dataclasses.replace(row.serve, itt_trace_dir=str(itt_dir)) if plan.run.itt else row.serve
+    server = Server(free_ports_config(serve), out_dir / "servers" / slug(row.label))
     try:
         start = time.monotonic()
         server.start()
         server.wait_ready(plan.run.start_deadline_s, progress=lambda m: log(f"  {m.removeprefix('[serve] ')}"))
         ready_s = time.monotonic() - start
-        if plan.run.warmup_requests:
-            # ab refuses fewer requests than its concurrency.
-            run_ab(server, row, payload, seconds=120, requests=max(plan.run.warmup_requests, row.concurrency))
         metrics_url = server.url("metrics", "/metrics")
-        load_s = worker_load_seconds(scrape_text(metrics_url), row.model)
+        url = server.url("inference", f"/predictions/{row.model}")
+        warm_up(url, server.headers("inference"), payload, row.concurrency, plan.run)
         before, cpu_before = scrape(metrics_url), cpu_times()
-        groups_before, ab_before = snapshot(server, row.model), children_cpu_s()
-        result, argv = run_ab(server, row, payload, plan.run.seconds)
-        cpu_ms = per_request_ms(
-            groups_before, snapshot(server, row.model), children_cpu_s() - ab_before, result.complete
-        )
-        latency = server_latency(before, scrape(metrics_url), row.model)
+        result, argv, cpu_ms = measure_ab(url, server.headers("inference"), payload, row.concurrency, plan.run.seconds,
+                                          server.process_tree, lambda process: group_of(process, row.model))  # fmt: skip
+        load_s = worker_load_seconds(scrape_text(metrics_url), row.model)
+        after = scrape(metrics_url)
+        latency = server_latency(before, after, row.model)
         busy = busy_fractions(cpu_before, cpu_times())
+        if plan.run.itt:
+            drain_itt(itt_dir, row.model, requests_total(after, row.model))
         workers = [w for w in server.workers() if w.process]
         launcher_rss_mb = sum(info.rss_mb for info in map(live_process, server.launcher_pids()) if info)
     finally:
         server.stop()
+    itt_ranges, itt_requests = itt_counts(itt_dir, row.model) if plan.run.itt else (None, None)
     config = server.config
     planned = server.layout.models[row.model].workers if server.layout else None
     return RowResult(
@@ -101,6 +115,7 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         batch_size=config.batch_size,
         max_batch_delay_ms=config.max_batch_delay_ms,
         concurrency=row.concurrency,
+        payload=payload.name,
         baseline=row.baseline,
         **dataclasses.asdict(result),
         items_per_s=result.requests_per_s,
@@ -116,6 +131,9 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         worker_load_s=load_s,
         cpu_busy={str(cpu): round(fraction, 3) for cpu, fraction in sorted(busy.items())},
         cpu_ms_per_request=cpu_ms,
+        itt_ranges=itt_ranges,
+        itt_requests=itt_requests,
+        requests_answered=requests_total(after, row.model),
     )
 
 
@@ -183,6 +201,16 @@ def run_peers(plan: Plan, out_dir: Path, run: BenchRun) -> None:
             run.references.append(peer_row(model, peer, measured))
 
 
+def run_served_peers(plan: Plan, out_dir: Path, run: BenchRun) -> None:
+    for model in plan.run.models:
+        payload = write_payload(DEFAULT_PAYLOAD[MODELS[model].task], out_dir / "payloads")
+        for peer in plan.served_peers:
+            log(f"served peer {model} / {peer.name}: start, warm up, ab {plan.run.seconds}s")
+            result = run_served_peer(peer, model, payload, plan.run, out_dir)
+            log(f"  {result.requests_per_s:.1f} req/s, p50 {result.p50_ms:.0f} ms, non-2xx {result.non_2xx}")
+            run.results.append(result)
+
+
 def run_plan(run: BenchRun, out_dir: Path) -> None:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` stops cleanly like Ctrl-C
     plan, results = run.plan, run.results
@@ -195,7 +223,7 @@ def run_plan(run: BenchRun, out_dir: Path) -> None:
                 continue
             log(f"[{index}/{len(plan.rows)}] {row.label}: start, wait for READY, warm up, ab {plan.run.seconds}s "
                 f"at concurrency {row.concurrency}")  # fmt: skip
-            result = run_row(row, plan, out_dir, payload_for(row.model, out_dir))
+            result = run_row(row, plan, out_dir, write_payload(row.payload, out_dir / "payloads"))
             log(f"  {result.requests_per_s:.1f} req/s, p50 {result.p50_ms:.0f} ms, p99 {result.p99_ms:.0f} ms, "
                 f"non-2xx {result.non_2xx}, allocator {sorted(set(result.allocator_loaded))}, "
                 f"worker load {result.worker_load_s} s")  # fmt: skip
@@ -217,6 +245,7 @@ def run_plan(run: BenchRun, out_dir: Path) -> None:
                 result.cosine_mean, result.cosine_min = measured.cosine_mean, measured.cosine_min
                 result.top1_agreement = measured.top1_agreement
             results.append(result)
+        run_served_peers(plan, out_dir, run)
         run_peers(plan, out_dir, run)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -69,6 +69,7 @@ class OptimizedHandler(abc.ABC):
 
     settings_class: type[OptimizationSettings] = OptimizationSettings
     initialized = False
+    diagnostics = Diagnostics()  # a handler used outside TorchServe (bench, tests) has none set
 
     def initialize(self, context) -> None:
         self.context = context

@@ -65,22 +65,22 @@ def decode_image(data: bytes, shorter_side: int | None = None) -> Image.Image:
     return image.convert("RGB")
 
 
-def resize_shorter_side(image: Image.Image, size: int) -> Image.Image:
+def resize_and_crop(image: Image.Image, size: int, crop: int) -> Image.Image:
+    """torchvision's Resize(size) + CenterCrop(crop), computing only the cropped pixels: PIL
+    resamples the crop's box of the source straight to crop x crop (its filter still reads the
+    pixels around the box, as the whole resize would). Within one 8-bit level of resizing the
+    whole image and cropping it, at ~40-60 % less time (tests/unit/test_image.py)."""
     width, height = image.size
     scale = size / min(width, height)
-    new_size = (max(1, round(width * scale)), max(1, round(height * scale)))
-    return image.resize(new_size, Image.Resampling.BILINEAR)
-
-
-def center_crop(image: Image.Image, size: int) -> Image.Image:
-    width, height = image.size
-    left = int(round((width - size) / 2.0))
-    top = int(round((height - size) / 2.0))
-    return image.crop((left, top, left + size, top + size))
+    resized = (max(1, round(width * scale)), max(1, round(height * scale)))
+    left, top = int(round((resized[0] - crop) / 2.0)), int(round((resized[1] - crop) / 2.0))
+    x, y = width / resized[0], height / resized[1]  # source pixels per resized pixel
+    box = (left * x, top * y, (left + crop) * x, (top + crop) * y)
+    return image.resize((crop, crop), Image.Resampling.BILINEAR, box=box)
 
 
 def image_to_tensor(data: bytes, resize: int, crop: int, reduce: bool = True) -> torch.Tensor:
     """reduce=False decodes a large JPEG whole (the reference the reduced decode is checked against)."""
-    image = center_crop(resize_shorter_side(decode_image(data, resize if reduce else None), resize), crop)
+    image = resize_and_crop(decode_image(data, resize if reduce else None), resize, crop)
     pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)  # [H, W, 3]
     return (pixels.permute(2, 0, 1) - IMAGENET_MEAN) / IMAGENET_STD  # [3, H, W]

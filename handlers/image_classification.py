@@ -25,7 +25,8 @@ class ImageClassificationHandler(OptimizedHandler):
         self.labels = Labels.load(model_dir, self.settings.labels_file)
 
     def decode(self, request: dict[str, Any]) -> Inputs:
-        return (image_to_tensor(request_bytes(request), self.settings.resize, self.settings.crop),)
+        reduce = not self.diagnostics.whole_jpeg_decode
+        return (image_to_tensor(request_bytes(request), self.settings.resize, self.settings.crop, reduce),)
 
     def example(self, batch_size: int) -> Inputs:
         return (torch.randn(batch_size, 3, self.settings.crop, self.settings.crop),)

@@ -19,6 +19,12 @@ def range_name(model_name: str, batch_size: int) -> str:
     return f"{model_name}:bs{batch_size}"
 
 
+def parse_range_name(name: str) -> tuple[str, int] | None:
+    """range_name's inverse: (model, batch size), or None for another range."""
+    model, _, batch = name.rpartition(":bs")
+    return (model, int(batch)) if model and batch.isdigit() else None
+
+
 @contextlib.contextmanager
 def inference_range(model_name: str, batch_size: int, enabled: bool) -> Iterator[None]:
     if not (enabled and itt.is_available()):

@@ -146,6 +146,7 @@ class TextSettings(OptimizationSettings):
 # Serve-time diagnostics (handlers/diagnostics.py), set per server through the environment.
 PROFILE_REQUESTS_VAR = "KIT_PROFILE_REQUESTS"
 ITT_OPS_VAR = "KIT_ITT_OPS"
+WHOLE_JPEG_VAR = "KIT_WHOLE_JPEG_DECODE"
 LOG_DIR_VAR = "LOG_LOCATION"  # TorchServe's log directory, set by kit/server.py
 
 
@@ -154,6 +155,9 @@ class Diagnostics:
     profile_requests: int = 0  # record the first N inference calls of each worker
     profile_dir: Path = Path("logs") / "profile"
     itt_ops: bool = False
+    # Decode every JPEG whole (handlers/image.py's reduced decoding off): the reference the
+    # bench compares phone photos against.
+    whole_jpeg_decode: bool = False
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Diagnostics:
@@ -161,7 +165,9 @@ class Diagnostics:
         if not raw.isdigit():
             raise ValueError(f"{PROFILE_REQUESTS_VAR} must be a whole number of requests, got {raw!r}")
         log_dir = Path(environ.get(LOG_DIR_VAR, "logs"))
-        return cls(int(raw), log_dir / "profile", environ.get(ITT_OPS_VAR, "") == "1")
+        return cls(
+            int(raw), log_dir / "profile", environ.get(ITT_OPS_VAR, "") == "1", environ.get(WHOLE_JPEG_VAR, "") == "1"
+        )
 
 
 S = TypeVar("S", bound=OptimizationSettings)

@@ -69,11 +69,15 @@ def bare_handler(handler_file: str, handler_config: dict, model_dir: Path) -> Op
     return handler
 
 
-def load_archived(model_dir: Path, overrides: dict | None = None) -> ArchivedModel:
-    """The model and settings of an extracted archive; `overrides` replace `handler:` keys."""
-    manifest = read_manifest(model_dir)
+def archived_handler(model_dir: Path, overrides: dict | None = None) -> OptimizedHandler:
+    """The bare handler of an extracted archive (its decode, format, example); `overrides` replace `handler:` keys."""
     config = yaml.safe_load((model_dir / "model-config.yaml").read_text()) or {}
     handler_config = {**(config.get("handler") or {}), **(overrides or {})}
-    handler = bare_handler(manifest["model"]["handler"], handler_config, model_dir)
+    return bare_handler(read_manifest(model_dir)["model"]["handler"], handler_config, model_dir)
+
+
+def load_archived(model_dir: Path, overrides: dict | None = None) -> ArchivedModel:
+    """The model and settings of an extracted archive; `overrides` replace `handler:` keys."""
+    handler = archived_handler(model_dir, overrides)
     model = load_model(handler.settings.architecture, model_dir)
-    return ArchivedModel(manifest["model"]["modelName"], model_dir, handler.settings, model, handler)
+    return ArchivedModel(read_manifest(model_dir)["model"]["modelName"], model_dir, handler.settings, model, handler)

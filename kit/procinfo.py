@@ -8,9 +8,12 @@ failed to find the library shows up here as 'default'.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
+
+import psutil
 
 # Substring of the mapped file name -> allocator name.
 ALLOCATOR_LIBRARIES = {"libjemalloc": "jemalloc", "libtcmalloc": "tcmalloc"}
@@ -90,6 +93,16 @@ def process_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def process_tree(pid: int | None) -> list[psutil.Process]:
+    """The process and all its descendants; [] when it is gone (or was never started)."""
+    if pid is None:
+        return []
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    return []
 
 
 def live_process(pid: int | None) -> ProcessInfo | None:

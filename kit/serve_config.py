@@ -21,7 +21,8 @@ from typing import Any
 
 import yaml
 
-from handlers.settings import ITT_OPS_VAR, PROFILE_REQUESTS_VAR, SettingsError, parse_settings
+from handlers.settings import ITT_OPS_VAR, PROFILE_REQUESTS_VAR, WHOLE_JPEG_VAR, SettingsError, parse_settings
+from kit.itt import collector_environment
 from kit.models import MODEL_NAMES
 from kit.paths import CONFIG
 from kit.plan import Demand, Layout, Objective, plan_layout
@@ -113,6 +114,11 @@ class ServeConfig:
     # calls into logs/profile/, and op-level ITT ranges for VTune.
     profile_requests: int = 0
     itt_ops: bool = False
+    # Decode JPEGs whole instead of at a reduced DCT scale: the bench's before/after for large photos.
+    whole_jpeg_decode: bool = False
+    # Record every worker's ITT ranges into this directory with the kit's collector (kit/itt.py):
+    # a timeline without VTune. "" = no collector (the ranges cost nothing then).
+    itt_trace_dir: str = ""
 
     def __post_init__(self) -> None:
         if isinstance(self.variant, str):
@@ -297,4 +303,8 @@ def worker_environment(config: ServeConfig) -> dict[str, str]:
         env[PROFILE_REQUESTS_VAR] = str(config.profile_requests)
     if config.itt_ops:
         env[ITT_OPS_VAR] = "1"
+    if config.whole_jpeg_decode:
+        env[WHOLE_JPEG_VAR] = "1"
+    if config.itt_trace_dir:
+        env.update(collector_environment(Path(config.itt_trace_dir)))
     return env

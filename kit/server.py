@@ -28,7 +28,7 @@ from handlers.settings import parse_settings
 from kit.launch import LAYOUT_FILE, Launch
 from kit.paths import INDUCTOR_CACHE
 from kit.plan import Layout
-from kit.procinfo import ProcessInfo, live_process, process_alive
+from kit.procinfo import ProcessInfo, live_process, process_alive, process_tree
 from kit.serve_config import Placement, ServeConfig, render
 from kit.topology import read_topology
 
@@ -215,11 +215,7 @@ class Server:
 
     def process_tree(self) -> list[psutil.Process]:
         """The server process and all its descendants (frontend, launchers, workers)."""
-        try:
-            root = psutil.Process(self.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
+        return process_tree(self.pid)
 
     # -- HTTP ---------------------------------------------------------------------------------
     def keys(self) -> dict[str, str]:

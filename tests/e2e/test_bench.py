@@ -24,8 +24,13 @@ TINY_PLAN = {
         {"name": "optimized", "preset": "optimized"},
         {"name": "ipex", "preset": "optimized", "variant": "ipex"},  # served from .venv-ipex
         {"name": "openvino-int8", "preset": "optimized", "variant": "openvino-int8"},  # precompiled
+        {"name": "openvino-int8 long", "preset": "optimized", "variant": "openvino-int8", "payload": "long"},
     ],
     "peers": [{"runtime": "openvino", "precision": "int8"}],
+    "served_peers": [
+        {"framework": "fastapi", "precision": "int8"},
+        {"framework": "litserve", "precision": "int8", "batch_size": 2},
+    ],
 }
 
 
@@ -38,8 +43,9 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
     document = json.loads((out / "results.json").read_text())
     assert document["environment"]["cores"] >= 1 and document["environment"]["torch"].startswith("2.13")
     served = [r for r in document["rows"] if r["kind"] == "served"]
-    baseline, optimized, ipex, int8 = served
-    assert [r["name"] for r in served] == ["baseline", "optimized", "ipex", "openvino-int8"]
+    baseline, optimized, ipex, int8, long = served
+    assert [r["name"] for r in served] == ["baseline", "optimized", "ipex", "openvino-int8", "openvino-int8 long"]
+    assert [r["payload"] for r in served] == ["typical"] * 4 + ["long"]
     assert document["skipped"] == []
     for row in served:
         assert row["complete"] > 0 and row["requests_per_s"] > 0
@@ -50,6 +56,18 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
         # Where its CPU went, from /proc: the frontend, the model's workers and ab all did work.
         cpu = row["cpu_ms_per_request"]
         assert cpu["frontend"] > 0 and cpu["workers"] > 0 and cpu["ab"] > 0, cpu
+        # One ITT range per inference call in the workers, covering every request answered.
+        assert row["itt_ranges"] > 0 and row["itt_requests"] == row["requests_answered"] >= row["complete"], row
+    traces = sorted(p.name for p in (out / "itt").glob("*.trace.json"))
+    assert len(traces) == len(served) and json.loads((out / "itt" / traces[0]).read_text())["traceEvents"]
+    peers = [r for r in document["rows"] if r["kind"] == "served_peer"]
+    assert [(r["name"], r["precision"], r["payload"]) for r in peers] == [
+        ("fastapi openvino int8 b1 c=2", "int8", "typical"),
+        ("litserve openvino int8 b2 c=2", "int8", "typical"),
+    ]
+    for row in peers:
+        assert row["complete"] > 0 and row["non_2xx"] == 0 and row["failed"] == 0
+        assert row["cpu_ms_per_request"]["peer server"] > 0
     assert baseline["speedup_vs_baseline"] == 1.0
     assert optimized["runtime"] == "inductor" and set(optimized["allocator_loaded"]) == {"tcmalloc"}
     assert ipex["runtime"] == "ipex" and set(ipex["allocator_loaded"]) == {"tcmalloc"}
@@ -69,6 +87,8 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
     assert peer["items_per_s"] > 0 and peer["cosine_mean"] >= 0.99
     report = (out / "report.md").read_text()
     assert "## minilm" in report and "## Targets" in report and "## CPU per request" in report
-    assert "minilm int8: best served row >= best peer row" in report
+    assert "minilm int8: best served row >= best in-process peer row" in report
+    assert "minilm int8: best served row >= best served peer row" in report
+    assert "## ITT ranges" in report and "ITT ranges cover every answered request" in report
     assert (out / "throughput.png").stat().st_size > 1000
     assert (out.parent / "latest").resolve() == out.resolve()

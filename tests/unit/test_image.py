@@ -1,8 +1,12 @@
+import io
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
-from bench.payloads import PHOTOS, phone_jpeg
-from handlers.image import IMAGENET_MEAN, IMAGENET_STD, MAX_PIXELS, image_to_tensor
+from bench.payloads import PHOTOS, phone_jpeg, photo_jpeg
+from handlers.image import IMAGENET_MEAN, IMAGENET_STD, MAX_PIXELS, image_to_tensor, resize_and_crop
 from handlers.payload import InvalidInput
 from tests.conftest import encode_image
 
@@ -23,12 +27,8 @@ def test_normalization_is_imagenet():
 def test_shorter_side_resize_then_center_crop():
     # Left half black, right half white, 400x200: after resize to 512x256 and a 224 centre crop,
     # the centre column is the boundary, and the crop keeps both halves equally.
-    from PIL import Image
-
     image = Image.new("RGB", (400, 200), (0, 0, 0))
     image.paste((255, 255, 255), (200, 0, 400, 200))
-    import io
-
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     x = image_to_tensor(buffer.getvalue(), resize=256, crop=224)
@@ -36,6 +36,24 @@ def test_shorter_side_resize_then_center_crop():
     black = (0.0 - IMAGENET_MEAN[0, 0, 0]) / IMAGENET_STD[0, 0, 0]
     assert torch.isclose(x[0, 112, 0], black, atol=1e-5)
     assert torch.isclose(x[0, 112, 223], white, atol=1e-5)
+
+
+def resize_then_crop(image, size: int, crop: int):
+    """The reference: torchvision's recipe done literally, the whole image resized, then cropped."""
+    width, height = image.size
+    scale = size / min(width, height)
+    resized = image.resize((max(1, round(width * scale)), max(1, round(height * scale))), Image.Resampling.BILINEAR)
+    left, top = int(round((resized.width - crop) / 2.0)), int(round((resized.height - crop) / 2.0))
+    return resized.crop((left, top, left + crop, top + crop))
+
+
+@pytest.mark.parametrize("size", [(640, 480), (480, 640), (224, 168), (1008, 756), (257, 256), (97, 31), (1, 1)])
+def test_resizing_only_the_crop_equals_resizing_the_whole_image(size):
+    image = Image.open(io.BytesIO(photo_jpeg(*size)))
+    ours = np.asarray(resize_and_crop(image, 256, 224), dtype=np.int16)
+    reference = np.asarray(resize_then_crop(image, 256, 224), dtype=np.int16)
+    assert ours.shape == reference.shape == (224, 224, 3)
+    assert np.abs(ours - reference).max() <= 1  # one 8-bit level: float rounding in PIL's filter
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from handlers.settings import parse_settings
+from handlers.settings import Diagnostics, parse_settings
 from kit.serve_config import Allocator, ConfigError, Placement, ServeConfig, launcher_args, render, worker_environment
 from kit.topology import parse_topology
 
@@ -127,9 +127,12 @@ def test_thread_environment_without_launcher():
 
 
 def test_diagnostics_reach_the_workers_environment():
-    config = ServeConfig.from_preset("optimized", profile_requests=20, itt_ops=True)
+    config = ServeConfig.from_preset("optimized", profile_requests=20, itt_ops=True, whole_jpeg_decode=True)
     env = worker_environment(config)
-    assert env["KIT_PROFILE_REQUESTS"] == "20" and env["KIT_ITT_OPS"] == "1"
+    assert env["KIT_PROFILE_REQUESTS"] == "20" and env["KIT_ITT_OPS"] == "1" and env["KIT_WHOLE_JPEG_DECODE"] == "1"
+    diagnostics = Diagnostics.from_environment(env)
+    assert diagnostics.profile_requests == 20 and diagnostics.itt_ops and diagnostics.whole_jpeg_decode
+    assert not Diagnostics.from_environment({}).whole_jpeg_decode
     assert "KIT_PROFILE_REQUESTS" not in worker_environment(ServeConfig.from_preset("optimized"))
 
 

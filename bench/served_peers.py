@@ -1,0 +1,138 @@
+"""Served peer rows: a peer server (bench/peer_apps.py) started on the kit's IR, measured with the
+same warm-up, payload and ab run as the kit's rows, and stopped (its whole process group).
+
+    result = run_served_peer(ServedPeer(Framework.LITSERVE, Precision.INT8, 4), "resnet50", payload, run, out_dir)
+
+One worker process per usable CPU with one inference thread each (what both frameworks'
+documentation recommends for CPUs); the row's CPU ms per request counts every process of the peer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from bench.ab import measure_ab, warm_up
+from bench.payloads import Payload
+from bench.peer_apps import BATCH_TIMEOUT_S, HEALTH_PATH, HOST
+from bench.plan import RunSettings, ServedPeer
+from bench.results import RowResult
+from kit.archive import extract
+from kit.paths import ROOT, process_environment
+from kit.procinfo import busy_fractions, cpu_times, live_process, process_tree
+from kit.serve_config import free_port
+from kit.variant import Variant
+
+READY_DEADLINE_S = 300  # both frameworks load the IR in each worker: seconds here
+STOP_TIMEOUT_S = 20
+PEER_GROUP = "peer server"  # every process of the peer: its own API/worker split is not the kit's
+
+
+class PeerServer:
+    def __init__(self, peer: ServedPeer, model: str, log_path: Path, work_dir: Path):
+        self.peer, self.log_path = peer, log_path
+        self.model_dir = extract(Variant.load(peer.variant).archive(model), work_dir)
+        self.workers = len(os.sched_getaffinity(0))  # one single-threaded worker per usable CPU
+        self.port = free_port()
+        self.process: subprocess.Popen | None = None
+
+    def url(self, path: str) -> str:
+        return f"http://{HOST}:{self.port}{path}"
+
+    def start(self) -> None:
+        command = [sys.executable, "-m", "bench.peer_apps", self.peer.framework.value, str(self.model_dir),
+                   "--port", str(self.port), "--workers", str(self.workers), "--threads", "1",
+                   "--batch", str(self.peer.batch_size)]  # fmt: skip
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(command, cwd=ROOT, env=process_environment(dict(os.environ)),
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_DEADLINE_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-1500:]
+                raise RuntimeError(f"{self.peer.name} exited with {self.process.returncode}; its log:\n{tail}")
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(self.url(HEALTH_PATH[self.peer.framework]), timeout=2).status_code == 200:
+                    return
+            time.sleep(0.5)
+        raise RuntimeError(f"{self.peer.name} not ready within {READY_DEADLINE_S} s; see {self.log_path}")
+
+    def process_tree(self):
+        return process_tree(self.process.pid if self.process else None)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 10)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, sig)  # the session: the frameworks' spawned workers too
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=wait_s)
+                return
+
+
+def run_served_peer(peer: ServedPeer, model: str, payload: Payload, run: RunSettings, out_dir: Path) -> RowResult:
+    concurrency = peer.concurrency or run.concurrency
+    name = f"{peer.name} c={concurrency}"
+    server = PeerServer(
+        peer, model, out_dir / "servers" / f"{model}-{name.replace(' ', '-')}.log", out_dir / "extracted"
+    )
+    try:
+        start = time.monotonic()
+        server.start()
+        server.wait_ready()
+        ready_s = time.monotonic() - start
+        url = server.url(f"/predictions/{model}")
+        warm_up(url, {}, payload, concurrency, run)
+        cpu_before = cpu_times()
+        result, argv, cpu_ms = measure_ab(url, {}, payload, concurrency, run.seconds, server.process_tree,
+                                          lambda process: PEER_GROUP)  # fmt: skip
+        busy = busy_fractions(cpu_before, cpu_times())
+        rss_mb = sum(info.rss_mb for info in map(live_process, (p.pid for p in server.process_tree())) if info)
+    finally:
+        server.stop()
+    return RowResult(
+        model=model,
+        name=name,
+        kind="served_peer",
+        variant=peer.variant,
+        runtime="openvino",
+        precompiled=True,
+        precision=peer.precision.value,
+        placement="none",
+        objective="",
+        allocator="default",
+        omp_wait_policy="default",
+        workers=server.workers,
+        threads=1,
+        cpus="",
+        batch_size=peer.batch_size,
+        max_batch_delay_ms=round(1000 * BATCH_TIMEOUT_S) if peer.batch_size > 1 else 0,
+        concurrency=concurrency,
+        payload=payload.name,
+        baseline=False,
+        **dataclasses.asdict(result),
+        items_per_s=result.requests_per_s,
+        start_to_ready_s=round(ready_s, 1),
+        ts_inference_ms=None,
+        ts_queue_ms=None,
+        allocator_loaded=[],
+        cpu_affinity=[],
+        worker_rss_mb=[round(rss_mb, 1)],
+        launcher_rss_mb=0.0,
+        worker_count=server.workers,
+        ab_command=" ".join(argv),
+        cpu_busy={str(cpu): round(fraction, 3) for cpu, fraction in sorted(busy.items())},
+        cpu_ms_per_request=cpu_ms,
+    )

@@ -1,0 +1,47 @@
+"""The bench's payload sets: each body is what its name says, and the handlers' preprocessing takes it."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from PIL import Image
+
+from bench.payloads import DEFAULT_PAYLOAD, PAYLOADS, TEXT_TOKENS, body_for, write_payload
+from handlers.image import image_to_tensor
+from handlers.text import encode, load_tokenizer
+from kit.models import Task
+from model_store.build import minilm_dir
+
+IMAGES = {  # name -> (format, mode, size)
+    "thumbnail": ("JPEG", "RGB", (224, 168)),
+    "vga": ("JPEG", "RGB", (640, 480)),
+    "phone": ("JPEG", "RGB", (4032, 3024)),
+    "png-alpha": ("PNG", "RGBA", (640, 480)),
+}
+TEXTS = {"short": (16, False), "typical": (TEXT_TOKENS, False), "long": (TEXT_TOKENS, True)}  # tokens, truncated
+
+
+@pytest.mark.parametrize("name", sorted(IMAGES))
+def test_image_payloads_are_what_they_say_and_decode(name):
+    body = PAYLOADS[name].body()
+    image = Image.open(io.BytesIO(body.data))
+    assert (image.format, image.mode, image.size) == IMAGES[name]
+    assert body.content_type == f"image/{image.format.lower()}"
+    assert image_to_tensor(body.data, 256, 224).shape == (3, 224, 224)
+
+
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_text_payloads_have_their_length(name):
+    tokens, truncated = TEXTS[name]
+    encoded = encode(load_tokenizer(minilm_dir()), PAYLOADS[name].body().data.decode(), max_length=TEXT_TOKENS)
+    assert int(encoded.inputs[1].sum()) == tokens  # attention mask: real tokens incl. [CLS]/[SEP]
+    assert encoded.truncated is truncated
+
+
+def test_every_task_has_a_default_and_written_files_keep_their_bytes(tmp_path):
+    assert {PAYLOADS[name].task for name in DEFAULT_PAYLOAD.values()} == set(Task)
+    assert {kind.task for kind in PAYLOADS.values()} == set(Task)
+    payload = write_payload("thumbnail", tmp_path)
+    assert payload.path.read_bytes() == PAYLOADS["thumbnail"].body().data
+    assert body_for(Task.IMAGE).data == PAYLOADS["vga"].body().data
