@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import requests
 
 from bench.ab import measure_ab, warm_up
@@ -72,14 +73,32 @@ class PeerServer:
         return process_tree(self.process.pid if self.process else None)
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
+        """SIGTERM the session, SIGKILL what is left after STOP_TIMEOUT_S, and return only when no
+        process of it is left: the frameworks' spawned workers can outlive their parent, and a
+        straggler would steal CPU from the next row."""
+        if self.process is None:
             return
+        session = self.process.pid
         for sig, wait_s in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 10)):
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, sig)  # the session: the frameworks' spawned workers too
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=wait_s)
+                os.killpg(session, sig)
+            deadline = time.monotonic() + wait_s
+            while session_processes(session) and time.monotonic() < deadline:
+                self.process.poll()  # reaps our child; the spawned workers are reaped by it or init
+                time.sleep(0.2)
+            if not session_processes(session):
                 return
+        raise RuntimeError(f"{self.peer.name}: processes {session_processes(session)} survived SIGKILL")
+
+
+def session_processes(session: int) -> list[int]:
+    """PIDs of the live (not zombie) processes of a session."""
+    alive = []
+    for process in psutil.process_iter(["pid", "status"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getsid(process.pid) == session and process.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(process.pid)
+    return alive
 
 
 def run_served_peer(peer: ServedPeer, model: str, payload: Payload, run: RunSettings, out_dir: Path) -> RowResult:

@@ -8,16 +8,20 @@
 .venv/bin/python -m kit plan --lscpu host.txt --cpus 8-15 --quota 4.5 --json   # another machine
 python -m kit run --config container --key-file KEYFILE    # the container's PID 1 (kit/supervise.py)
 python -m kit probe ready|live                             # its Kubernetes probes (kit/probe.py)
+.venv/bin/python -m kit itt-trace                           # after `make serve ITT_TRACE=1`: logs/itt/trace.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import statistics
 import sys
 from pathlib import Path
 
 from kit import probe, supervise
+from kit.itt import chrome_trace, read_ranges
 from kit.models import MODEL_NAMES
 from kit.paths import LOGS
 from kit.plan import Demand, Objective, PlanError, plan_layout
@@ -27,6 +31,7 @@ from kit.server import START_DEADLINE_S, Server, ServerError
 from kit.topology import Topology, TopologyError, format_cpus, parse_cpus, parse_topology, read_topology
 
 RUN_DIR = LOGS
+ITT_DIR = LOGS / "itt"
 
 
 def config_of(args: argparse.Namespace) -> ServeConfig:
@@ -43,6 +48,8 @@ def config_of(args: argparse.Namespace) -> ServeConfig:
         overrides["profile_requests"] = args.profile_requests
     if args.itt_ops:
         overrides["itt_ops"] = True
+    if args.itt_trace:
+        overrides["itt_trace_dir"] = str(ITT_DIR)
     return ServeConfig.from_preset(args.config, **overrides)
 
 
@@ -52,6 +59,8 @@ def serve(args: argparse.Namespace) -> int:
         print(f"[serve] TorchServe is already running (pid {running.pid}); `make stop` first to change it")
         return 0
     config = config_of(args)
+    if config.itt_trace_dir:
+        shutil.rmtree(config.itt_trace_dir, ignore_errors=True)  # an earlier server's records
     server = Server(config, RUN_DIR)
     if config.cpus and config.placement is Placement.LAUNCHER:
         print(f"[serve] placement launcher pins workers from the host's lscpu: cpus {config.cpus!r} binds the "
@@ -177,6 +186,9 @@ def add_server_options(parser: argparse.ArgumentParser, preset: str) -> None:
         help="each worker records a profiler trace of its first N requests into logs/profile/",
     )
     parser.add_argument("--itt-ops", action="store_true", help="op-level ITT ranges for VTune (emit_itt)")
+    parser.add_argument(
+        "--itt-trace", action="store_true", help=f"record every worker's ITT ranges into {ITT_DIR} (kit/itt.py)"
+    )
     parser.add_argument("--deadline", type=float, default=START_DEADLINE_S, help="seconds to wait for READY workers")
 
 
@@ -185,6 +197,20 @@ def add_machine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpus", default="", help="with --lscpu: the allowed CPUs (a cpuset, e.g. 8-15)")
     parser.add_argument("--quota", type=float, default=None, help="with --lscpu: the CPU quota in CPUs (e.g. 4.5)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def itt_trace(args: argparse.Namespace) -> int:
+    ranges = read_ranges(args.dir)
+    if not ranges:
+        print(f"[itt-trace] no ranges in {args.dir}: serve with `make serve ITT_TRACE=1` and send requests first")
+        return 1
+    out = args.out or args.dir / "trace.json"
+    out.write_text(json.dumps(chrome_trace(ranges)))
+    for name in sorted({r.name for r in ranges}):
+        ms = [(r.end_ns - r.begin_ns) / 1e6 for r in ranges if r.name == name]
+        print(f"[itt-trace] {name}: {len(ms)} ranges, median {statistics.median(ms):.1f} ms, max {max(ms):.1f} ms")
+    print(f"[itt-trace] {out}: open it in ui.perfetto.dev or chrome://tracing")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     plan_parser.add_argument("--objective", type=Objective, default=Objective.THROUGHPUT, choices=list(Objective))
     plan_parser.set_defaults(func=plan)
+    trace_parser = commands.add_parser("itt-trace", help="the ITT ranges recorded by --itt-trace as a Perfetto trace")
+    trace_parser.add_argument("--dir", type=Path, default=ITT_DIR, help="where the workers recorded")
+    trace_parser.add_argument("--out", type=Path, default=None, help="trace file (default: DIR/trace.json)")
+    trace_parser.set_defaults(func=itt_trace)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -52,3 +53,14 @@ def test_torch_itt_ranges_reach_the_built_collector(tmp_path):
     ranges = read_ranges(tmp_path)
     assert [r.name for r in ranges] == ["m:bs1", "inner", "m:bs2", "inner", "m:bs4", "inner"]
     assert len({r.pid for r in ranges}) == 1 and all(r.end_ns > r.begin_ns for r in ranges)
+
+
+def test_itt_trace_command_writes_the_timeline_and_summarises(tmp_path, capsys):
+    from kit.__main__ import main
+
+    assert main(["itt-trace", "--dir", str(tmp_path)]) == 1
+    assert "no ranges in" in capsys.readouterr().out
+    (tmp_path / "itt-5.tsv").write_text("B\t5\t0\tm:bs1\nE\t5\t2000000\nB\t5\t3000000\tm:bs1\nE\t5\t7000000\n")
+    assert main(["itt-trace", "--dir", str(tmp_path)]) == 0
+    assert "m:bs1: 2 ranges, median 3.0 ms, max 4.0 ms" in capsys.readouterr().out
+    assert len(json.loads((tmp_path / "trace.json").read_text())["traceEvents"]) == 2
