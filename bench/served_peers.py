@@ -3,8 +3,8 @@ same warm-up, payload and ab run as the kit's rows, and stopped (its whole proce
 
     result = run_served_peer(ServedPeer(Framework.LITSERVE, Precision.INT8, 4), "resnet50", payload, run, out_dir)
 
-One worker process per usable CPU with one inference thread each (what both frameworks'
-documentation recommends for CPUs); the row's CPU ms per request counts every process of the peer.
+One worker process per usable core (the CPU set, capped by the cgroup quota) with one inference
+thread each (what both frameworks' documentation recommends for CPUs); the row's CPU ms per request counts every process of the peer.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from kit.archive import extract
 from kit.paths import ROOT, process_environment
 from kit.procinfo import busy_fractions, cpu_times, live_process, process_tree
 from kit.serve_config import free_port
+from kit.topology import read_topology
 from kit.variant import Variant
 
 READY_DEADLINE_S = 300  # both frameworks load the IR in each worker: seconds here
@@ -41,7 +42,8 @@ class PeerServer:
     def __init__(self, peer: ServedPeer, model: str, log_path: Path, work_dir: Path):
         self.peer, self.log_path = peer, log_path
         self.model_dir = extract(Variant.load(peer.variant).archive(model), work_dir)
-        self.workers = len(os.sched_getaffinity(0))  # one single-threaded worker per usable CPU
+        # One single-threaded worker per core this process may use (CPU set and quota), as the kit's plan.
+        self.workers = read_topology().capacity
         self.port = free_port()
         self.process: subprocess.Popen | None = None
 
