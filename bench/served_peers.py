@@ -12,13 +12,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psutil
 import requests
 
 from bench.ab import measure_ab, warm_up
@@ -30,6 +28,7 @@ from kit.archive import extract
 from kit.paths import ROOT, process_environment
 from kit.procinfo import busy_fractions, cpu_times, live_process, process_tree
 from kit.serve_config import free_port
+from kit.server import terminate
 from kit.topology import read_topology
 from kit.variant import Variant
 
@@ -75,32 +74,11 @@ class PeerServer:
         return process_tree(self.process.pid if self.process else None)
 
     def stop(self) -> None:
-        """SIGTERM the session, SIGKILL what is left after STOP_TIMEOUT_S, and return only when no
-        process of it is left: the frameworks' spawned workers can outlive their parent, and a
-        straggler would steal CPU from the next row."""
-        if self.process is None:
-            return
-        session = self.process.pid
-        for sig, wait_s in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 10)):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(session, sig)
-            deadline = time.monotonic() + wait_s
-            while session_processes(session) and time.monotonic() < deadline:
-                self.process.poll()  # reaps our child; the spawned workers are reaped by it or init
-                time.sleep(0.2)
-            if not session_processes(session):
-                return
-        raise RuntimeError(f"{self.peer.name}: processes {session_processes(session)} survived SIGKILL")
-
-
-def session_processes(session: int) -> list[int]:
-    """PIDs of the live (not zombie) processes of a session."""
-    alive = []
-    for process in psutil.process_iter(["pid", "status"]):
-        with contextlib.suppress(psutil.Error, ProcessLookupError):
-            if os.getsid(process.pid) == session and process.info["status"] != psutil.STATUS_ZOMBIE:
-                alive.append(process.pid)
-    return alive
+        """Every process of the peer, the frameworks' spawned workers included (they can outlive
+        their parent and would steal CPU from the next row), as kit.server stops TorchServe's."""
+        if self.process is not None:
+            terminate(self.process_tree(), STOP_TIMEOUT_S)
+            self.process.wait(timeout=10)
 
 
 def run_served_peer(peer: ServedPeer, model: str, payload: Payload, run: RunSettings, out_dir: Path) -> RowResult:
