@@ -24,7 +24,8 @@ from pathlib import Path
 from bench.results import Measured
 from kit.archive import extract
 from kit.paths import ROOT, process_environment
-from kit.serve_config import Allocator, Placement, ServeConfig, worker_environment
+from kit.pin_worker import allocator_library
+from kit.serve_config import Placement, ServeConfig, worker_environment
 from kit.topology import read_topology
 
 
@@ -32,9 +33,9 @@ def child_environment(config: ServeConfig, threads: int) -> dict[str, str]:
     env = {**process_environment(dict(os.environ)), **worker_environment(config)}
     env["OMP_NUM_THREADS"] = str(threads)
     env.pop("LD_PRELOAD", None)
-    allocator = config.served_allocator
-    if config.placement is not Placement.NONE and allocator is not Allocator.DEFAULT:
-        env["LD_PRELOAD"] = str(config.variant.environment / "lib" / f"lib{allocator.value}.so")
+    library = allocator_library(config.variant.environment / "lib", config.served_allocator.value)
+    if config.placement is not Placement.NONE and library:
+        env["LD_PRELOAD"] = str(library)
     return env
 
 

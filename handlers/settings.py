@@ -181,6 +181,14 @@ def _coerce(name: str, kind: Any, value: Any) -> Any:
         if not isinstance(value, (list, tuple)):
             raise SettingsError(f"{name} must be a list, got {value!r}")
         return tuple(value)
+    if typing.get_origin(kind) is dict:
+        key_kind, value_kind = typing.get_args(kind)
+        if not isinstance(value, Mapping):
+            raise SettingsError(f"{name} must be a mapping (key: value), got {value!r}")
+        return {
+            _coerce(f"{name} key", key_kind, key): _coerce(f"{name}.{key}", value_kind, item)
+            for key, item in value.items()
+        }
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         try:
             return kind(value)

@@ -65,9 +65,11 @@ def serve(args: argparse.Namespace) -> int:
     if config.cpus and config.placement is Placement.LAUNCHER:
         print(f"[serve] placement launcher pins workers from the host's lscpu: cpus {config.cpus!r} binds the "
               "frontend only; placement plan keeps the workers there too")  # fmt: skip
-    if config.served_allocator is not config.allocator:
-        print(f"[serve] variant {config.variant.name!r} ({config.variant.backend.value}) runs on the default allocator, "
-              f"not {config.allocator.value}: a preloaded allocator crashes it")  # fmt: skip
+    for model in config.models:
+        variant = config.variant_of(model)
+        if config.allocator_of(model) is not config.allocator:
+            print(f"[serve] {model}: variant {variant.name!r} ({variant.backend.value}) runs on the default allocator, "
+                  f"not {config.allocator.value}: a preloaded allocator crashes it")  # fmt: skip
     pid = server.start()
     print(
         f"[serve] started TorchServe (pid {pid}) with preset {args.config!r}: {server.model_store}; logs in {RUN_DIR}"
@@ -129,10 +131,8 @@ def status(args: argparse.Namespace) -> int:
         return 1
     c = server.config
     layout = f"{c.objective.value} plan" if server.layout else f"{c.workers or 'default'} x {c.threads or 'default'}"
-    print(
-        f"[status] TorchServe pid {server.pid}, variant {c.variant.name}, placement {c.placement.value} ({layout}), "
-        f"allocator {c.served_allocator.value}"
-    )
+    variants = ", ".join(f"{model} {c.variant_of(model).name}" for model in c.models)
+    print(f"[status] TorchServe pid {server.pid}, variants: {variants}; placement {c.placement.value} ({layout})")
     print(
         f"{'model':10} {'worker':7} {'status':9} {'pid':>7} {'allocator':9} {'cpus':10} {'memory':10} {'omp':>3} {'rss MB':>7}"
     )

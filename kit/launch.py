@@ -16,7 +16,7 @@ from pathlib import Path
 from kit import pin_worker
 from kit.paths import CONFIG, process_environment
 from kit.plan import Layout
-from kit.serve_config import Allocator, ServeConfig, worker_environment
+from kit.serve_config import ServeConfig, worker_environment
 from kit.topology import format_cpus
 
 LOG_CONFIG = CONFIG / "log4j2.xml"
@@ -39,10 +39,6 @@ class Launch:
     tmp_dir: Path
     layout: Layout | None  # placement plan only
 
-    def allocator_library(self, allocator: Allocator) -> Path:
-        # make install links these names into every environment (the launcher looks there too).
-        return self.venv / "lib" / f"lib{allocator.value}.so"
-
     def frontend_cpus(self) -> set[int] | None:
         """Where the Java frontend runs: its planned CPUs, or `cpus`; None = unrestricted."""
         if self.layout:
@@ -63,13 +59,11 @@ class Launch:
             METRICS_LOCATION=str(self.run_dir),
         )
         env.update(worker_environment(self.config))
-        if self.layout:
-            allocator = self.config.served_allocator
-            library = "" if allocator is Allocator.DEFAULT else str(self.allocator_library(allocator))
+        if self.layout:  # each model's allocator is in the layout
             env.update({
                 pin_worker.LAYOUT_VAR: str(self.run_dir / LAYOUT_FILE),
                 pin_worker.PYTHON_VAR: str(self.venv / "bin" / "python"),
-                pin_worker.ALLOCATOR_VAR: library,
+                pin_worker.ALLOCATOR_DIR_VAR: str(self.venv / "lib"),
             })  # fmt: skip
         return env
 

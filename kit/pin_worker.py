@@ -10,7 +10,7 @@ model's extracted archive directory. The kit points PYTHON_EXECUTABLE here (kit/
    file, which exec keeps: it lasts exactly as long as the worker, so a worker that dies frees its
    slot and TorchServe's replacement lands on the same cores;
 3. it execs `numactl --physcpubind=CPUS --membind=NODE $KIT_WORKER_PYTHON ...` with
-   OMP_NUM_THREADS and the allocator preloaded: no process stays behind (TorchServe's own
+   OMP_NUM_THREADS and the model's planned allocator preloaded: no process stays behind (TorchServe's own
    launcher, torch.backends.xeon.run_cpu, stays as a parent of every worker, ~225 MB each).
 
 Standard library only: it runs before every worker, so it must start fast.
@@ -27,7 +27,14 @@ from pathlib import Path
 
 LAYOUT_VAR = "KIT_LAYOUT"  # the plan: run_dir/layout.json
 PYTHON_VAR = "KIT_WORKER_PYTHON"  # the environment's python that runs the worker
-ALLOCATOR_VAR = "KIT_ALLOCATOR_LIB"  # the allocator library to preload, "" for glibc malloc
+ALLOCATOR_DIR_VAR = "KIT_ALLOCATOR_DIR"  # where lib<allocator>.so are: the environment's lib/
+DEFAULT_ALLOCATOR = "default"  # glibc malloc: nothing preloaded
+
+
+def allocator_library(lib_dir: Path, allocator: str) -> Path | None:
+    """The library to preload for `allocator`; None for glibc malloc. make install links these
+    names into every environment (TorchServe's launcher looks there too)."""
+    return None if allocator == DEFAULT_ALLOCATOR else Path(lib_dir) / f"lib{allocator}.so"
 
 
 def claim_slot(slots_dir: Path, model: str, count: int) -> tuple[int, int]:
@@ -65,8 +72,9 @@ def main(args: list[str]) -> None:
     index, _ = claim_slot(layout_file.parent / "slots", model, len(plan["workers"]))
     worker = plan["workers"][index]
     env = dict(os.environ, OMP_NUM_THREADS=str(worker["threads"]), KIT_WORKER_SLOT=str(index))
-    if env.get(ALLOCATOR_VAR):
-        env["LD_PRELOAD"] = " ".join(filter(None, [env[ALLOCATOR_VAR], env.get("LD_PRELOAD", "")]))
+    library = allocator_library(Path(env[ALLOCATOR_DIR_VAR]), plan["allocator"])  # per model: its backend's
+    if library:
+        env["LD_PRELOAD"] = " ".join(filter(None, [str(library), env.get("LD_PRELOAD", "")]))
     argv = command(worker, python, args)
     os.execve(argv[0], argv, env)
 

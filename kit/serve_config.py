@@ -81,6 +81,9 @@ class ServeConfig:
     # config/variants/<name>.yaml: presets name it, __post_init__ resolves the name once.
     variant: Variant = "inductor"
     models: tuple[str, ...] = MODEL_NAMES
+    # Per model, a variant other than `variant` ({bert: openvino}): what `make tune` writes when
+    # the backends win on different models. Every variant must run in one Python environment.
+    model_variants: dict[str, Variant] = dataclasses.field(default_factory=dict, hash=False)
     bind: str = "127.0.0.1"  # inference and metrics APIs
     # The management API can load, scale and delete models: loopback unless asked explicitly.
     management_bind: str = "127.0.0.1"
@@ -123,6 +126,24 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if isinstance(self.variant, str):
             object.__setattr__(self, "variant", Variant.load(self.variant))
+        object.__setattr__(self, "model_variants", {
+            model: Variant.load(variant) if isinstance(variant, str) else variant
+            for model, variant in self.model_variants.items()
+        })  # fmt: skip
+        strangers = sorted(set(self.model_variants) - set(self.models))
+        if strangers:
+            raise ConfigError(f"model_variants names {strangers}, which are not served (models: {list(self.models)})")
+        environments = {self.variant_of(model).environment for model in self.models}
+        if len(environments) > 1:
+            raise ConfigError(
+                f"model_variants mixes variants of different Python environments ({sorted(map(str, environments))}): "
+                "one TorchServe runs one environment; serve those models from separate servers"
+            )
+        if self.placement is Placement.LAUNCHER and len({self.allocator_of(model) for model in self.models}) > 1:
+            raise ConfigError(
+                "model_variants needs different allocators per model, which TorchServe's launcher cannot give "
+                "(one for every worker); use placement: plan"
+            )
         if self.cpus:
             try:  # the syntax now; whether this process may use them, when the server starts
                 parse_cpus(self.cpus)
@@ -182,13 +203,34 @@ class ServeConfig:
         if self.cpus:
             topology = topology.restricted(self.allowed_cpus)
         demands = [Demand(model) for model in self.models]
-        return plan_layout(topology, demands, self.objective, self.threads, self.served_allocator.value)
+        layout = plan_layout(topology, demands, self.objective, self.threads)
+        models = {name: dataclasses.replace(plan, allocator=self.allocator_of(name).value)
+                  for name, plan in layout.models.items()}  # fmt: skip
+        return dataclasses.replace(layout, models=models)
+
+    def variant_of(self, model: str) -> Variant:
+        return self.model_variants.get(model, self.variant)
+
+    def archives(self) -> dict[str, Path]:
+        """Every served model's archive, from its variant's store."""
+        return {model: self.variant_of(model).archive(model) for model in self.models}
+
+    @property
+    def mixed_variants(self) -> bool:
+        return len({self.variant_of(model) for model in self.models}) > 1
+
+    def allocator_for(self, variant: Variant) -> Allocator:
+        """The allocator workers of `variant` get: the preset's, unless its backend cannot run with
+        a preloaded one (OpenVINO; see handlers/backends), which keeps glibc malloc."""
+        return self.allocator if variant.preloaded_allocator else Allocator.DEFAULT
+
+    def allocator_of(self, model: str) -> Allocator:
+        return self.allocator_for(self.variant_of(model))
 
     @property
     def served_allocator(self) -> Allocator:
-        """The allocator the workers get: the preset's, unless the variant's backend cannot run
-        with a preloaded one (OpenVINO; see handlers/backends), which keeps glibc malloc."""
-        return self.allocator if self.variant.preloaded_allocator else Allocator.DEFAULT
+        """The allocator of the preset's own variant (the bench serves one model per server)."""
+        return self.allocator_for(self.variant)
 
     @property
     def token_auth_enabled(self) -> bool:
@@ -202,6 +244,8 @@ class ServeConfig:
         def plain(value: Any) -> Any:
             if isinstance(value, Variant):
                 return value.name
+            if isinstance(value, dict):
+                return {key: plain(item) for key, item in value.items()}
             if isinstance(value, enum.Enum):
                 return value.value
             return list(value) if isinstance(value, tuple) else value
@@ -241,7 +285,8 @@ def free_ports_config(config: ServeConfig) -> ServeConfig:
 def launcher_args(config: ServeConfig) -> str:
     """TorchServe's cpu_launcher arguments (placement launcher)."""
     # The frontend appends --ninstances/--rank itself when a model has several workers.
-    args = ["--disable_iomp", LAUNCHER_ALLOCATOR_FLAG[config.served_allocator]]
+    # One allocator for every worker: __post_init__ refuses models that would need two.
+    args = ["--disable_iomp", LAUNCHER_ALLOCATOR_FLAG[config.allocator_of(config.models[0])]]
     if config.threads is not None:
         args += ["--ncores-per-instance", str(config.threads)]
         if (config.workers or 1) == 1:

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -38,6 +39,7 @@ START_DEADLINE_S = 900
 # TorchServe's CPU launcher: with placement launcher it stays as every worker's parent.
 LAUNCHER_MODULE = "torch.backends.xeon.run_cpu"
 KEY_FILE = "key_file.json"  # written by TorchServe into its working directory when token auth is on
+MIXED_STORE = "model_store"  # in the run dir: the archives of a config whose models use different variants
 
 
 class ServerError(RuntimeError):
@@ -65,6 +67,18 @@ def wait_until_unchanged(path: Path, quiet_s: float = 1.0, limit_s: float = 10.0
         time.sleep(0.1)
 
 
+def link_store(archives: dict[str, Path], store: Path) -> None:
+    """One directory holding each model's archive (TorchServe loads from one store): hard links,
+    which stay inside the store's path as TorchServe resolves it, or copies across file systems."""
+    shutil.rmtree(store, ignore_errors=True)
+    store.mkdir(parents=True)
+    for model, archive in archives.items():
+        try:
+            os.link(archive, store / f"{model}.mar")
+        except OSError:
+            shutil.copy2(archive, store / f"{model}.mar")
+
+
 def terminate(processes: list[psutil.Process], timeout_s: float) -> None:
     """SIGTERM, then SIGKILL at the deadline; returns when all are gone."""
     for process in processes:
@@ -88,7 +102,10 @@ class Server:
     ):
         self.config = config
         self.run_dir = Path(run_dir).resolve()
-        self.model_store = (model_store or config.variant.store).resolve()
+        # Models of different variants (model_variants): a store of their archives, made at start.
+        self.own_store = model_store is None and config.mixed_variants
+        default_store = self.run_dir / MIXED_STORE if self.own_store else config.variant.store
+        self.model_store = (model_store or default_store).resolve()
         self.pid = pid  # the `torchserve --foreground` process; None until started
         self.venv = config.variant.environment
         self.layout = layout  # placement plan: planned at start from the machine as this process sees it
@@ -141,14 +158,20 @@ class Server:
     def start(self) -> int:
         if self.is_running():
             raise ServerError(f"already running (pid {self.pid}); stop it first")
-        missing = [m for m in self.config.models if not (self.model_store / f"{m}.mar").is_file()]
+        archives = self.config.archives() if self.own_store else {
+            model: self.model_store / f"{model}.mar" for model in self.config.models
+        }  # fmt: skip
+        missing = [str(path) for path in archives.values() if not path.is_file()]
         if missing:
-            raise ServerError(f"{self.model_store} lacks {missing}; run `make archive`")
+            variants = ",".join(sorted({self.config.variant_of(model).name for model in self.config.models}))
+            raise ServerError(f"no archive {', '.join(missing)}; run `make archive VARIANTS={variants}`")
         if not (self.venv / "bin" / "torchserve").is_file():
             raise ServerError(f"variant {self.config.variant.name!r} is served from {self.venv}, which is not built; "
                               "run `make install-ipex`")  # fmt: skip
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        if self.own_store:
+            link_store(archives, self.model_store)
         INDUCTOR_CACHE.mkdir(parents=True, exist_ok=True)
         self.layout = self.config.layout(read_topology()) if self.config.placement is Placement.PLAN else None
         if self.layout:

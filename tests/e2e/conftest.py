@@ -23,9 +23,9 @@ def one_cpu() -> str:
 
 def start_server(run_dir: Path, config: ServeConfig) -> Server:
     server = Server(free_ports_config(config), run_dir)
-    missing = [m for m in config.models if not (server.model_store / f"{m}.mar").is_file()]
+    missing = [str(path) for path in config.archives().values() if not path.is_file()]
     if missing:
-        pytest.fail(f"archives {missing} missing in {server.model_store}: run `make archive` (make test does)")
+        pytest.fail(f"archives {missing} missing: run `make archive` (make test does)")
     server.start()
     try:
         server.wait_ready(START_DEADLINE_S)

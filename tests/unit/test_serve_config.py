@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from handlers.settings import Diagnostics, parse_settings
+from kit.paths import STORE
 from kit.serve_config import Allocator, ConfigError, Placement, ServeConfig, launcher_args, render, worker_environment
 from kit.topology import parse_topology
 
@@ -156,3 +157,33 @@ def test_a_variant_is_resolved_once_with_its_traits():
     assert parse_settings(ServeConfig, config.to_dict()) == config
     with pytest.raises(ConfigError, match="variant 'openvino-int4' is unknown; choose one of: aoti, aoti-int8, eager"):
         ServeConfig.from_preset("optimized", variant="openvino-int4")
+
+
+def test_models_of_different_variants_get_their_archives_and_allocators():
+    config = ServeConfig.from_preset("optimized", models=["resnet50", "bert"], model_variants={"bert": "openvino"})
+    assert config.mixed_variants and config.variant_of("resnet50").name == "inductor"
+    assert config.archives() == {
+        "resnet50": STORE / "inductor" / "resnet50.mar",
+        "bert": STORE / "openvino" / "bert.mar",
+    }
+    # Each model's workers get their backend's allocator: OpenVINO crashes under a preloaded one.
+    layout = config.layout(parse_topology((FIXTURES / "xeon-2s-28c-smt.txt").read_text()))
+    assert (layout.models["resnet50"].allocator, layout.models["bert"].allocator) == ("tcmalloc", "default")
+    assert parse_settings(ServeConfig, config.to_dict()) == config
+    assert not ServeConfig.from_preset("optimized", model_variants={"bert": "inductor"}).mixed_variants
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"model_variants": {"vit": "openvino"}}, r"model_variants names \['vit'\], which are not served"),
+        ({"model_variants": {"bert": "ipex"}}, "mixes variants of different Python environments"),
+        ({"model_variants": {"bert": "openvino"}, "placement": "launcher", "workers": 1, "threads": 1},
+         "use placement: plan"),
+        ({"model_variants": {"bert": "fastest"}}, "variant 'fastest' is unknown"),
+        ({"model_variants": ["bert", "openvino"]}, "model_variants must be a mapping"),
+    ],
+)  # fmt: skip
+def test_model_variants_errors_name_the_problem(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        ServeConfig.from_preset("optimized", **overrides)

@@ -1,0 +1,54 @@
+"""kit/pin_worker.py in a real process: each model's worker gets its planned CPUs and its own
+allocator (a server may serve an OpenVINO model, which must keep glibc malloc, beside an
+Inductor one on tcmalloc). The worker here is a shell script reporting what it was given."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kit import pin_worker
+
+REPORT = """#!/bin/sh
+echo "allocator=$(grep -q libtcmalloc /proc/$$/maps && echo tcmalloc || echo default)"
+echo "cpus=$(grep Cpus_allowed_list /proc/$$/status | cut -f2)"
+echo "omp=$OMP_NUM_THREADS"
+echo "args=$*"
+"""
+
+
+def start_worker(tmp_path: Path, model: str, layout: dict) -> dict[str, str]:
+    tmp_path.mkdir()
+    (tmp_path / "layout.json").write_text(json.dumps(layout))
+    worker_dir = tmp_path / model / "MAR-INF"
+    worker_dir.mkdir(parents=True)
+    (worker_dir / "MANIFEST.json").write_text(json.dumps({"model": {"modelName": model}}))
+    script = tmp_path / "report.sh"
+    script.write_text(REPORT)
+    script.chmod(0o755)
+    env = dict(
+        os.environ,
+        **{pin_worker.LAYOUT_VAR: str(tmp_path / "layout.json"), pin_worker.PYTHON_VAR: str(script),
+           pin_worker.ALLOCATOR_DIR_VAR: str(Path(sys.prefix) / "lib")},  # make install links the allocators there
+    )  # fmt: skip
+    env.pop("LD_PRELOAD", None)
+    out = subprocess.run([sys.executable, pin_worker.__file__, "--sock-type", "unix"], cwd=worker_dir.parent,
+                         env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
+def test_each_model_gets_its_planned_cpus_and_allocator(tmp_path):
+    cpu = max(os.sched_getaffinity(0))
+    worker = {"cpus": [cpu], "threads": 1, "numa_node": 0}
+    layout = {"models": {
+        "resnet50": {"workers": [worker], "allocator": "tcmalloc", "batch_size": 1},
+        "bert": {"workers": [worker], "allocator": "default", "batch_size": 1},
+    }}  # fmt: skip
+    resnet50 = start_worker(tmp_path / "a", "resnet50", layout)
+    assert resnet50["allocator"] == "tcmalloc" and resnet50["cpus"] == str(cpu)
+    assert resnet50["omp"] == "1" and resnet50["args"] == "--sock-type unix"  # the worker's own arguments passed on
+    bert = start_worker(tmp_path / "b", "bert", layout)
+    assert bert["allocator"] == "default" and bert["cpus"] == str(cpu)

@@ -1,0 +1,60 @@
+"""make tune's choice: one shared layout for the server, the fastest backend per model within it."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.tune import fastest_layout
+from handlers.settings import parse_settings
+from kit.serve_config import ServeConfig
+from tests.unit.test_bench import row_result
+
+
+def served(model: str, variant: str, allocator: str, rps: float, **overrides):
+    return row_result(model=model, variant=variant, allocator=allocator, requests_per_s=rps, **overrides)
+
+
+def baseline(model: str, rps: float):
+    return row_result(model=model, variant="eager", placement="none", allocator="default", workers=None,
+                      threads=None, baseline=True, requests_per_s=rps)  # fmt: skip
+
+
+def test_each_model_keeps_its_fastest_backend_within_the_shared_layout():
+    results = [
+        served("resnet50", "inductor", "tcmalloc", 40.0),
+        served("bert", "inductor", "tcmalloc", 8.0),
+        served("resnet50", "inductor", "jemalloc", 41.0),
+        served("bert", "inductor", "jemalloc", 7.0),
+        # OpenVINO keeps glibc malloc whatever the preset says: it fits any allocator's layout.
+        served("resnet50", "openvino", "default", 36.0),
+        served("bert", "openvino", "default", 16.0),
+        baseline("resnet50", 20.0),
+        baseline("bert", 5.0),
+    ]
+    layout, rows = fastest_layout(results)
+    # jemalloc: resnet50 41 (its best) and bert 16 on OpenVINO (its best) beat tcmalloc's 40 + 16.
+    assert layout["allocator"] == "jemalloc"
+    assert layout["variant"] == "inductor" and layout["model_variants"] == {"bert": "openvino"}
+    assert {m: (r.variant, r.requests_per_s) for m, r in rows.items()} == {
+        "resnet50": ("inductor", 41.0), "bert": ("openvino", 16.0)
+    }  # fmt: skip
+    config = parse_settings(ServeConfig, {k: v for k, v in layout.items() if k != "workers"})
+    assert config.variant_of("bert").name == "openvino" and config.allocator_of("bert").value == "default"
+    assert config.allocator_of("resnet50").value == "jemalloc"
+
+
+def test_one_backend_for_all_writes_no_overrides():
+    results = [served(m, "openvino", "default", rps) for m, rps in (("resnet50", 40.0), ("bert", 16.0))]
+    results += [served(m, "inductor", "tcmalloc", rps) for m, rps in (("resnet50", 30.0), ("bert", 8.0))]
+    layout, _ = fastest_layout(results)
+    assert layout["variant"] == "openvino" and "model_variants" not in layout
+
+
+def test_rows_with_errors_or_a_missing_model_cannot_win():
+    results = [
+        served("resnet50", "inductor", "tcmalloc", 50.0, non_2xx=3),
+        served("bert", "inductor", "tcmalloc", 9.0),
+        served("resnet50", "inductor", "jemalloc", 30.0),  # no bert row in this layout
+    ]
+    with pytest.raises(ValueError, match="no layout was measured for every model without errors"):
+        fastest_layout(results)
