@@ -26,6 +26,7 @@ from bench.plan import Peer, Runtime
 from bench.results import Measured, Precision
 from kit.archive import extract
 from kit.paths import ROOT, process_environment
+from kit.topology import read_topology
 
 
 def measure_peer(peer: Peer, archive: Path, seconds: int, work_dir: Path) -> Measured:
@@ -52,7 +53,7 @@ def _onnxruntime(model, settings, example, calibration, precision: Precision, wo
     torch.onnx.export(model, example, str(path), input_names=names, output_names=["output"],
                       dynamic_shapes=tuple({0: batch} for _ in example), dynamo=True)  # fmt: skip
     options = ort.SessionOptions()
-    options.intra_op_num_threads = len(os.sched_getaffinity(0))
+    options.intra_op_num_threads = read_topology().capacity  # the cores the quota pays for, not the host's
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
     def run(arrays: list):

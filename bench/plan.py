@@ -15,6 +15,9 @@ overrides any ServeConfig field; a list value expands into one row per value (a 
       - {runtime: openvino, precision: int8}
     served_peers:                           # optional: other servers on the kit's IR, under the same ab
       - {framework: litserve, precision: int8, batch_size: 4, concurrency: 8}
+
+`threads: up-to-l3` expands into 2, 4, ... cores per worker up to this machine's largest L3
+domain (what `make tune` searches; kit/plan.py thread_counts).
 """
 
 from __future__ import annotations
@@ -32,12 +35,15 @@ from bench.peer_apps import Framework
 from bench.results import Precision
 from handlers.settings import SettingsError, parse_settings
 from kit.models import MODEL_NAMES, MODELS
+from kit.plan import thread_counts
 from kit.serve_config import ServeConfig
+from kit.topology import Topology, read_topology
 
 PLANS = Path(__file__).resolve().parent / "plans"
 EAGER_VARIANT = "eager"  # peers run the weights of the eager archive: the same function as every row
 ROW_KEYS = {"name", "preset", "baseline", "models", "concurrency", "payload"}
 SERVE_KEYS = {f.name for f in dataclasses.fields(ServeConfig)} - {"models"}
+THREADS_UP_TO_L3 = "up-to-l3"
 PORT_KEYS = {"bind", "management_bind", "worker_port"} | {
     f.name for f in dataclasses.fields(ServeConfig) if f.name.endswith("_port")
 }
@@ -181,8 +187,10 @@ def _expand(raw: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
     return combos
 
 
-def _rows(index: int, raw: dict[str, Any], run: RunSettings) -> list[Row]:
+def _rows(index: int, raw: dict[str, Any], run: RunSettings, topology: Topology | None) -> list[Row]:
     where = f"row {index + 1} ({raw.get('name', 'unnamed')!r})"
+    if raw.get("threads") == THREADS_UP_TO_L3:  # none on a machine of one-core L3 domains
+        raw = {**raw, "threads": thread_counts(topology or read_topology())}
     if "name" not in raw:
         raise PlanError(f"{where}: every row needs a name")
     unknown = sorted(set(raw) - ROW_KEYS - SERVE_KEYS)
@@ -206,7 +214,8 @@ def _rows(index: int, raw: dict[str, Any], run: RunSettings) -> list[Row]:
     return rows
 
 
-def parse_plan(name: str, raw: dict[str, Any]) -> Plan:
+def parse_plan(name: str, raw: dict[str, Any], topology: Topology | None = None) -> Plan:
+    """`topology` (default: this machine's) sizes the rows that depend on it (`threads: up-to-l3`)."""
     raw = dict(raw or {})
     row_specs = raw.pop("rows", None)
     if not row_specs:
@@ -220,7 +229,7 @@ def parse_plan(name: str, raw: dict[str, Any]) -> Plan:
         run = parse_settings(RunSettings, raw)
     except SettingsError as error:
         raise PlanError(f"plan {name!r}: {error}") from None
-    rows = [row for index, spec in enumerate(row_specs) for row in _rows(index, spec, run)]
+    rows = [row for index, spec in enumerate(row_specs) for row in _rows(index, spec, run, topology)]
     # All rows of a model together, models in the plan's order (stable: row order kept within).
     order = {model: i for i, model in enumerate(run.models)}
     rows.sort(key=lambda row: order.get(row.model, len(order)))

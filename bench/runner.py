@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shutil
 import signal
@@ -32,6 +31,7 @@ from kit.models import MODELS
 from kit.procinfo import busy_fractions, cpu_times, live_process
 from kit.serve_config import ConfigError, free_ports_config
 from kit.server import Server
+from kit.topology import read_topology
 from kit.variant import Variant
 
 
@@ -177,7 +177,7 @@ def in_process_row(row: Row, measured: Measured) -> InProcessResult:
 
 
 def peer_row(model: str, peer: Peer, measured: Measured) -> InProcessResult:
-    cores = len(os.sched_getaffinity(0))  # the peer runs on every CPU the bench may use
+    cores = read_topology().capacity  # the peer runs on every core the bench may use (CPU set and quota)
     return InProcessResult(
         model=model,
         name=peer.name,

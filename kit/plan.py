@@ -135,6 +135,16 @@ class Layout:
         return lines
 
 
+def thread_counts(topology: Topology) -> list[int]:
+    """Cores per worker worth trying beyond one: 2, 4, ... up to the largest L3 domain of the
+    usable cores (a worker never spans two), that domain's size last (6-core CCX: [2, 4, 6])."""
+    domains: dict[tuple[int, int], int] = {}
+    for core in list(topology.cores)[: topology.capacity]:
+        domains[core.node, core.l3] = domains.get((core.node, core.l3), 0) + 1
+    largest = max(domains.values())
+    return [2**i for i in range(1, largest.bit_length()) if 2**i < largest] + ([largest] if largest > 1 else [])
+
+
 def split(total: int, shares: Sequence[float]) -> list[int]:
     """`total` in proportion to `shares` by largest remainder, each at least 1."""
     exact = [total * share / sum(shares) for share in shares]

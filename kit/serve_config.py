@@ -113,6 +113,9 @@ class ServeConfig:
     max_request_mb: int = 16
     # None = automatic: off on loopback, on for any other bind.
     token_auth: bool | None = None
+    # JVM options of TorchServe's Java frontend, as its `vmargs` ("-XX:+UseSerialGC"); "" = the
+    # JVM's own choice (G1, a quarter of the memory it sees as heap).
+    frontend_jvm_args: str = ""
     # Diagnostics (handlers/diagnostics.py): a profiler trace of each worker's first N inference
     # calls into logs/profile/, and op-level ITT ranges for VTune.
     profile_requests: int = 0
@@ -178,6 +181,9 @@ class ServeConfig:
             raise ConfigError(
                 f"need batch_size >= 1 and max_batch_delay_ms >= 0, got {self.batch_size}, {self.max_batch_delay_ms}"
             )
+        not_options = [arg for arg in self.frontend_jvm_args.split() if not arg.startswith("-")]
+        if not_options:
+            raise ConfigError(f"frontend_jvm_args takes JVM options (each starting with '-'), got {not_options}")
         exposed = [address for address in (self.bind, self.management_bind) if not is_loopback(address)]
         if self.token_auth is False and exposed:
             raise ConfigError(f"token_auth cannot be off on the non-loopback bind {exposed[0]}")
@@ -329,6 +335,7 @@ def render(config: ServeConfig, model_store: Path, layout: Layout | None = None)
         "launcher": str(config.placement is Placement.LAUNCHER).lower(),
         "launcher_args": launcher_args(config) if config.placement is Placement.LAUNCHER else "",
         "max_request_bytes": config.max_request_mb * 1024 * 1024,
+        "vmargs": config.frontend_jvm_args,
         # A Java regex quoting the store path literally; .properties files unescape `\\` to `\`.
         "allowed_urls": rf"file://\\Q{model_store}\\E/.*",
     }

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 from bench.ab import AbParseError, ab_command, parse_ab
 from bench.cpu_accounting import per_request_ms
 from bench.metrics import parse_prometheus, server_latency, worker_load_seconds
 from bench.payloads import DEFAULT_PAYLOAD
-from bench.plan import Peer, PlanError, Runtime, load_plan, parse_plan
+from bench.plan import PLANS, Peer, PlanError, Runtime, load_plan, parse_plan
 from bench.report import check_targets, write_report
 from bench.results import BenchRun, InProcessResult, Precision, RowResult, RunEnvironment, add_derived
 from kit.models import MODELS
+from kit.topology import parse_topology
 
+LSCPU = Path(__file__).resolve().parent.parent / "fixtures" / "lscpu"
 ENVIRONMENT = RunEnvironment("cpu", 2, "2.13.0", "0.12.0", "3.11", "abc", "d")
 
 AB_OUTPUT = """\
@@ -169,7 +173,7 @@ def test_plan_errors_name_the_problem(raw, message):
 
 def test_unknown_plan_lists_choices():
     with pytest.raises(
-        PlanError, match="plan 'fast' not found; choose one of: backends, default, full, placement, quick, served, tune"
+        PlanError, match="plan 'fast' not found; choose one of: backends, default, frontend, full, placement, quick, served, tune"
     ):
         load_plan("fast")
 
@@ -340,3 +344,11 @@ def test_served_peers_are_compared_on_the_same_payload_only():
     assert not checks["resnet50 fp32: best served row >= best served peer row"].met  # the baseline's 10 vs 40
     # The speed-up target looks at the kit's rows on the default payload: not the peer, not thumbnails.
     assert checks["resnet50: best row >= 3.0x baseline req/s"].measured == "9.00x (aoti int8)"
+
+
+def test_tune_searches_cores_per_worker_up_to_the_machines_l3_domain():
+    epyc = parse_topology((LSCPU / "epyc-96c-12ccd-smt.txt").read_text())
+    plan = parse_plan("tune", yaml.safe_load((PLANS / "tune.yaml").read_text()), epyc)
+    names = sorted({row.name for row in plan.rows if row.name.startswith("plan cores per worker")})
+    assert names == [f"plan cores per worker threads={n}" for n in (2, 4, 8)]
+    assert {row.serve.threads for row in plan.rows if row.name in names} == {2, 4, 8}

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from kit.plan import FRONTEND_FRACTION, MIN_CORES_TO_RESERVE, Demand, Objective, PlanError, plan_layout
+from kit.plan import (
+    FRONTEND_FRACTION,
+    MIN_CORES_TO_RESERVE,
+    Demand,
+    Objective,
+    PlanError,
+    plan_layout,
+    thread_counts,
+)
 from kit.topology import TopologyError, cgroup_quota, format_cpus, parse_cpus, parse_topology
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "lscpu"
@@ -175,3 +183,18 @@ def test_every_machine_plans_every_model_subset():
     for topology, count in itertools.product(MACHINES.values(), (1, 2, 3)):
         layout = plan_layout(topology, MODELS[:count])
         assert len(layout.models) == count
+
+
+@pytest.mark.parametrize(
+    ("name", "counts"),
+    [
+        ("xeon-2s", [2, 4, 8, 16, 28]),  # one L3 per 28-core socket
+        ("epyc-96c", [2, 4, 8]),  # 8-core CCDs
+        ("desktop-16c", [2, 4, 8, 16]),
+        ("container-8cpus-quota-4.5", [2, 4]),  # four cores of quota
+        ("this-vm", [2]),
+        ("this-vm-taskset-1", []),  # one core: nothing beyond the plan's own row
+    ],
+)
+def test_tune_tries_cores_per_worker_up_to_an_l3_domain(name, counts):
+    assert thread_counts(MACHINES[name]) == counts

@@ -187,3 +187,11 @@ def test_models_of_different_variants_get_their_archives_and_allocators():
 def test_model_variants_errors_name_the_problem(overrides, message):
     with pytest.raises(ConfigError, match=message):
         ServeConfig.from_preset("optimized", **overrides)
+
+
+def test_frontend_jvm_options_are_rendered_as_vmargs():
+    config = ServeConfig.from_preset("optimized", frontend_jvm_args="-XX:+UseSerialGC -Xss512k")
+    assert properties(render(config, Path("/store")))["vmargs"] == "-XX:+UseSerialGC -Xss512k"
+    assert "vmargs" not in properties(render(ServeConfig.from_preset("optimized"), Path("/store")))
+    with pytest.raises(ConfigError, match=r"frontend_jvm_args takes JVM options .* got \['UseSerialGC'\]"):
+        ServeConfig.from_preset("optimized", frontend_jvm_args="UseSerialGC")
