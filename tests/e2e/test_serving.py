@@ -140,3 +140,10 @@ def test_metrics_endpoint_counts_each_request(optimized_server):
     assert after[key] - before[key] == 1
     latency = ("ts_inference_latency_microseconds", "bert")
     assert after[latency] > before[latency]
+
+
+def test_the_frontend_jvm_runs_the_presets_collector(optimized_server):
+    java = [p for p in optimized_server.process_tree() if p.name() == "java"]
+    assert len(java) == 1, [p.name() for p in optimized_server.process_tree()]
+    assert optimized_server.config.frontend_jvm_args == "-XX:+UseSerialGC"
+    assert "-XX:+UseSerialGC" in java[0].cmdline()  # TorchServe passed the vmargs on

@@ -192,6 +192,7 @@ def test_model_variants_errors_name_the_problem(overrides, message):
 def test_frontend_jvm_options_are_rendered_as_vmargs():
     config = ServeConfig.from_preset("optimized", frontend_jvm_args="-XX:+UseSerialGC -Xss512k")
     assert properties(render(config, Path("/store")))["vmargs"] == "-XX:+UseSerialGC -Xss512k"
-    assert "vmargs" not in properties(render(ServeConfig.from_preset("optimized"), Path("/store")))
+    assert "vmargs" not in properties(render(ServeConfig.from_preset("baseline"), Path("/store")))  # JVM defaults
+    assert properties(render(ServeConfig.from_preset("optimized"), Path("/store")))["vmargs"] == "-XX:+UseSerialGC"
     with pytest.raises(ConfigError, match=r"frontend_jvm_args takes JVM options .* got \['UseSerialGC'\]"):
         ServeConfig.from_preset("optimized", frontend_jvm_args="UseSerialGC")
