@@ -113,9 +113,10 @@ class ServeConfig:
     max_request_mb: int = 16
     # None = automatic: off on loopback, on for any other bind.
     token_auth: bool | None = None
-    # JVM options of TorchServe's Java frontend, as its `vmargs` ("-XX:+UseSerialGC"); "" = the
-    # JVM's own choice (G1, a quarter of the memory it sees as heap).
-    frontend_jvm_args: str = ""
+    # JVM options of TorchServe's Java frontend, as its `vmargs`; "" = the JVM's own choice (G1).
+    # The serial collector: less frontend CPU per request than G1 in every round on every payload
+    # measured (`make bench PLAN=frontend`, docs/benchmarks.md).
+    frontend_jvm_args: str = "-XX:+UseSerialGC"
     # Diagnostics (handlers/diagnostics.py): a profiler trace of each worker's first N inference
     # calls into logs/profile/, and op-level ITT ranges for VTune.
     profile_requests: int = 0
