@@ -109,8 +109,9 @@ def write_tuned_preset(name: str, results: list[RowResult]) -> Path:
     config = ServeConfig.from_preset(name)  # validates what was written
     # For TorchServe started by hand; placement plan pins only through `make serve CONFIG=<name>`.
     # Models of different variants: their archives linked into model_store/<name>/ as they are now.
-    store = STORE / name if config.mixed_variants else config.variant.store
+    store = config.variant.store
     if config.mixed_variants:
+        store = STORE / name
         link_store(config.archives(), store)
     (CONFIG / f"{name}.properties").write_text(render(config, store, config.layout(read_topology())))
     print(f"[tune] winner: {layout} -> {gains}")

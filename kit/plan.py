@@ -48,6 +48,7 @@ class Objective(enum.StrEnum):
 class Demand:
     model: str
     share: float = 1.0  # relative traffic: bert=2 gets twice resnet50's cores
+    allocator: str = DEFAULT_ALLOCATOR  # preloaded into its workers (its backend's; OpenVINO: "default")
 
     @classmethod
     def parse(cls, text: str) -> Demand:
@@ -135,13 +136,23 @@ class Layout:
         return lines
 
 
+def usable_cores(topology: Topology) -> list[Core]:
+    """The cores the plan may use: compact (node by node, L3 by L3), no more than the quota pays for."""
+    return list(topology.cores)[: topology.capacity]
+
+
+def l3_domains(cores: Sequence[Core]) -> list[list[Core]]:
+    """`cores` grouped by NUMA node and L3 domain: a worker never spans two."""
+    domains: dict[tuple[int, int], list[Core]] = {}
+    for core in cores:
+        domains.setdefault((core.node, core.l3), []).append(core)
+    return list(domains.values())
+
+
 def thread_counts(topology: Topology) -> list[int]:
     """Cores per worker worth trying beyond one: 2, 4, ... up to the largest L3 domain of the
-    usable cores (a worker never spans two), that domain's size last (6-core CCX: [2, 4, 6])."""
-    domains: dict[tuple[int, int], int] = {}
-    for core in list(topology.cores)[: topology.capacity]:
-        domains[core.node, core.l3] = domains.get((core.node, core.l3), 0) + 1
-    largest = max(domains.values())
+    usable cores, that domain's size last (6-core CCX: [2, 4, 6])."""
+    largest = max(map(len, l3_domains(usable_cores(topology))))
     return [2**i for i in range(1, largest.bit_length()) if 2**i < largest] + ([largest] if largest > 1 else [])
 
 
@@ -159,11 +170,9 @@ def worker_groups(
 ) -> list[tuple[Core, ...]]:
     """The cores of each worker slot (`threads` of them, or the objective's choice), never across
     a NUMA node or an L3 domain."""
-    domains: dict[tuple[int, int], list[Core]] = {}
-    for core in cores:
-        domains.setdefault((core.node, core.l3), []).append(core)
+    domains = l3_domains(cores)
     groups = []
-    for domain in domains.values():
+    for domain in domains:
         if threads is not None:
             size = min(threads, len(domain))
         elif objective is Objective.THROUGHPUT:
@@ -179,7 +188,6 @@ def plan_layout(
     demands: Sequence[Demand],
     objective: Objective = Objective.THROUGHPUT,
     threads: int | None = None,
-    allocator: str = DEFAULT_ALLOCATOR,
 ) -> Layout:
     """`threads` fixes the cores per worker (what `make tune` searches); None leaves it to the objective."""
     if not demands:
@@ -188,7 +196,7 @@ def plan_layout(
     if len(set(names)) != len(names):
         raise PlanError(f"a model is named twice in {names}")
     capacity = topology.capacity
-    usable = list(topology.cores)[:capacity]  # compact: node by node, L3 by L3
+    usable = usable_cores(topology)
     reserve = round(capacity * FRONTEND_FRACTION) if capacity >= MIN_CORES_TO_RESERVE else 0
     serving, frontend = usable[: len(usable) - reserve], usable[len(usable) - reserve :]
     frontend_cpus = tuple(cpu for core in (frontend or usable) for cpu in core.cpus)
@@ -205,7 +213,7 @@ def plan_layout(
         chosen = [slots[(offset + i) % len(slots)] for i in range(span)]
         models[demand.model] = ModelPlan(
             tuple(WorkerPlan(tuple(core.cpu for core in group), len(group), group[0].node) for group in chosen),
-            allocator,
+            demand.allocator,
         )
         offset += count
     return Layout(objective, models, frontend_cpus, len(serving), capacity)

@@ -209,11 +209,8 @@ class ServeConfig:
             return None
         if self.cpus:
             topology = topology.restricted(self.allowed_cpus)
-        demands = [Demand(model) for model in self.models]
-        layout = plan_layout(topology, demands, self.objective, self.threads)
-        models = {name: dataclasses.replace(plan, allocator=self.allocator_of(name).value)
-                  for name, plan in layout.models.items()}  # fmt: skip
-        return dataclasses.replace(layout, models=models)
+        demands = [Demand(model, allocator=self.allocator_of(model).value) for model in self.models]
+        return plan_layout(topology, demands, self.objective, self.threads)
 
     def variant_of(self, model: str) -> Variant:
         return self.model_variants.get(model, self.variant)
