@@ -44,20 +44,39 @@ def photo_jpeg(width: int = 640, height: int = 480) -> bytes:
     return buffer.getvalue()
 
 
-# Real photographs shipped inside scikit-image (its data directory: nothing is downloaded).
-PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "motorcycle_left.png", "rocket.jpg", "retina.jpg")
+# Real photographs shipped inside packages (nothing is downloaded): scikit-image's samples and
+# matplotlib's portrait of Grace Hopper, as "package/path inside it".
+PHOTOS = (
+    *(
+        f"skimage/data/{name}"
+        for name in (
+            "astronaut.png", "chelsea.png", "coffee.png", "motorcycle_left.png", "motorcycle_right.png",
+            "rocket.jpg", "retina.jpg", "hubble_deep_field.jpg", "ihc.png", "camera.png",
+        )
+    ),
+    "matplotlib/mpl-data/sample_data/grace_hopper.jpg",
+)  # fmt: skip
 PHONE = (4032, 3024)  # a 12 MP phone photo
 
 
-def phone_jpeg(name: str) -> bytes:
-    """A real photograph as a phone sends it: upscaled to 4032x3024, JPEG quality 90 (~1 MB)."""
+def photo(name: str) -> Image.Image:
+    """One of PHOTOS as an RGB image."""
     import importlib.resources
 
-    source = importlib.resources.files("skimage") / "data" / name
-    picture = Image.open(io.BytesIO(source.read_bytes())).convert("RGB").resize(PHONE, Image.Resampling.LANCZOS)
+    package, _, path = name.partition("/")
+    return Image.open(io.BytesIO((importlib.resources.files(package) / path).read_bytes())).convert("RGB")
+
+
+def to_phone_jpeg(picture: Image.Image) -> bytes:
+    """A picture as a phone sends it: 4032x3024, JPEG quality 90 (~1 MB)."""
     buffer = io.BytesIO()
-    picture.save(buffer, format="JPEG", quality=90)
+    picture.resize(PHONE, Image.Resampling.LANCZOS).save(buffer, format="JPEG", quality=90)
     return buffer.getvalue()
+
+
+def phone_jpeg(name: str) -> bytes:
+    """A real photograph (one of PHOTOS) as a phone sends it, upscaled."""
+    return to_phone_jpeg(photo(name))
 
 
 def png_with_alpha(width: int = 640, height: int = 480) -> bytes:
@@ -106,7 +125,7 @@ class PayloadKind:
 PAYLOADS = {
     "thumbnail": PayloadKind(Task.IMAGE, "image/jpeg", "thumbnail.jpg", lambda: photo_jpeg(224, 168)),
     "vga": PayloadKind(Task.IMAGE, "image/jpeg", "photo.jpg", photo_jpeg),
-    "phone": PayloadKind(Task.IMAGE, "image/jpeg", "phone.jpg", lambda: phone_jpeg("coffee.png")),
+    "phone": PayloadKind(Task.IMAGE, "image/jpeg", "phone.jpg", lambda: phone_jpeg("skimage/data/coffee.png")),
     "png-alpha": PayloadKind(Task.IMAGE, "image/png", "alpha.png", png_with_alpha),
     "short": PayloadKind(Task.TEXT, "text/plain", "short.txt", lambda: sentence(16)),
     "typical": PayloadKind(Task.TEXT, "text/plain", "sentence.txt", sentence),

@@ -1,10 +1,12 @@
-"""What the image handler's preprocessing costs per request, one thread, by payload (what
-`make bench-preprocess` runs): the whole decode against libjpeg's reduced (DCT-scaled) decode.
+"""What the image handler's preprocessing costs per request, one thread, by payload, and whether it
+changes a real classifier's answers (what `make bench-preprocess` runs): the whole decode against
+libjpeg's reduced (DCT-scaled) decode.
 
-    .venv/bin/python -m bench.preprocess [--repeats 30]
+    .venv/bin/python -m bench.preprocess [--repeats 30] [--centred-only]
 
-Payloads: the bench's 640x480 JPEG, and real photographs (scikit-image's bundled samples) as a
-12 MP phone photo (4032x3024, JPEG quality 90). Results: bench/results/preprocess-<time>/.
+Payloads: the bench's 640x480 JPEG, and real photographs (bench.payloads.PHOTOS) as a 12 MP phone
+photo (4032x3024, JPEG quality 90). Agreement: bench/photo_agreement.py, on 242 framings of those
+photos. Results: bench/results/preprocess-<time>/.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import torch
 
 from bench.payloads import PHOTOS, phone_jpeg, photo_jpeg
+from bench.photo_agreement import DECISIVE_MARGIN, compare, phone_views
 from bench.results import RunEnvironment
 from handlers.image import image_to_tensor
 
@@ -38,18 +41,36 @@ def median_ms(data: bytes, repeats: int, reduce: bool) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--centred-only", action="store_true", help="agreement on 33 centred views, not 242")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    payloads = {"640x480 JPEG": photo_jpeg(), **{f"12 MP JPEG ({name})": phone_jpeg(name) for name in PHOTOS[:3]}}
+    payloads = {
+        "640x480 JPEG": photo_jpeg(),
+        **{f"12 MP JPEG ({Path(name).stem})": phone_jpeg(name) for name in PHOTOS[:3]},
+    }
     rows = []
     for name, data in payloads.items():
         reduced, whole = median_ms(data, args.repeats, True), median_ms(data, args.repeats, False)
         rows.append({"payload": name, "bytes": len(data), "whole_ms": whole, "reduced_ms": reduced})
         print(f"[preprocess] {name}: whole decode {whole:.1f} ms, reduced {reduced:.1f} ms", flush=True)
+    started = time.monotonic()
+    print("[preprocess] agreement: framing the photos as 12 MP JPEGs, classifying each path (~2 min)", flush=True)
+    views = phone_views(args.centred_only)
+    agreements = compare(views)
+    print(f"[preprocess] agreement on {len(views)} views in {time.monotonic() - started:.0f} s", flush=True)
     env = RunEnvironment.capture()
     out = RESULTS / f"preprocess-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
-    (out / "results.json").write_text(json.dumps({"environment": dataclasses.asdict(env), "rows": rows}, indent=2))
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "environment": dataclasses.asdict(env),
+                "rows": rows,
+                "agreement": [dataclasses.asdict(a) for a in agreements],
+            },
+            indent=2,
+        )
+    )
     lines = [
         f"CPU: {env.cpu_model}; commit {env.git_commit}; one thread; median of {args.repeats}; `make bench-preprocess`",
         "",
@@ -58,6 +79,18 @@ def main(argv: list[str] | None = None) -> int:
         *(
             f"| {r['payload']} | {r['bytes'] / 1e6:.2f} MB | {r['whole_ms']:.1f} | {r['reduced_ms']:.1f} |"
             for r in rows
+        ),
+        "",
+        f"Against the whole decode, EfficientNet-Lite0 (ImageNet weights), {len(views)} views of"
+        f" {len(PHOTOS)} real photographs as 12 MP JPEGs; decisive = the whole decode's top-1 ahead of its"
+        f" second by >= {DECISIVE_MARGIN}:",
+        "",
+        "| preprocessing | top-1 agreement | on decisive views | largest margin flipped | max probability difference |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {a.path} | {a.top1:.1%} of {a.views} | {a.decisive_top1:.1%} of {a.decisive_views} |"
+            f" {a.largest_flipped_margin:.3f} | {a.max_probability_difference:.3f} |"
+            for a in agreements
         ),
     ]
     (out / "report.md").write_text("\n".join(lines) + "\n")

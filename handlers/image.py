@@ -65,7 +65,9 @@ def decode_image(data: bytes, shorter_side: int | None = None) -> Image.Image:
     return image.convert("RGB")
 
 
-def resize_and_crop(image: Image.Image, size: int, crop: int) -> Image.Image:
+def resize_and_crop(
+    image: Image.Image, size: int, crop: int, resample: Image.Resampling = Image.Resampling.BILINEAR
+) -> Image.Image:
     """torchvision's Resize(size) + CenterCrop(crop), computing only the cropped pixels: PIL
     resamples the crop's box of the source straight to crop x crop (its filter still reads the
     pixels around the box, as the whole resize would). Within one 8-bit level of resizing the
@@ -76,11 +78,15 @@ def resize_and_crop(image: Image.Image, size: int, crop: int) -> Image.Image:
     left, top = int(round((resized[0] - crop) / 2.0)), int(round((resized[1] - crop) / 2.0))
     x, y = width / resized[0], height / resized[1]  # source pixels per resized pixel
     box = (left * x, top * y, (left + crop) * x, (top + crop) * y)
-    return image.resize((crop, crop), Image.Resampling.BILINEAR, box=box)
+    return image.resize((crop, crop), resample, box=box)
 
 
 def image_to_tensor(data: bytes, resize: int, crop: int, reduce: bool = True) -> torch.Tensor:
     """reduce=False decodes a large JPEG whole (the reference the reduced decode is checked against)."""
-    image = resize_and_crop(decode_image(data, resize if reduce else None), resize, crop)
+    return normalise(resize_and_crop(decode_image(data, resize if reduce else None), resize, crop))
+
+
+def normalise(image: Image.Image) -> torch.Tensor:
+    """RGB image -> [3, H, W] float tensor with ImageNet's mean and std."""
     pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)  # [H, W, 3]
-    return (pixels.permute(2, 0, 1) - IMAGENET_MEAN) / IMAGENET_STD  # [3, H, W]
+    return (pixels.permute(2, 0, 1) - IMAGENET_MEAN) / IMAGENET_STD

@@ -106,28 +106,29 @@ def test_pil_bomb_guard_gives_the_same_answer():
 def test_a_phone_photo_is_decoded_at_a_quarter_and_a_small_one_whole():
     from handlers.image import decode_image
 
-    assert decode_image(phone_jpeg("chelsea.png"), 256).size == (1008, 756)  # 1/4: shorter side >= 2 x 256
+    assert decode_image(phone_jpeg("skimage/data/chelsea.png"), 256).size == (1008, 756)  # 1/4: shorter side >= 2 x 256
     assert decode_image(encode_image("RGB", (640, 480), "JPEG"), 256).size == (640, 480)
     assert decode_image(encode_image("RGB", (4032, 3024), "PNG"), 256).size == (4032, 3024), "PNG: no DCT"
 
 
-def test_reduced_decoding_keeps_the_models_answers_on_real_photos():
-    # Pixels within 0.01 (mean) of the full decode after normalisation (about 0.6/255), and the
-    # kit's ResNet-50 (seed-0 weights) gives the same top-1 class with probabilities within 0.02
-    # (measured: 0.0063 at most over these photos).
-    from handlers.architectures.resnet import resnet50
-
-    torch.manual_seed(0)
-    model = resnet50().eval()
-    reduced, full = [], []
+def test_reduced_decoding_stays_close_to_the_whole_decode_in_pixels():
+    # Within 0.01 (mean) of the whole decode after normalisation, about 0.6/255.
     for name in PHOTOS:
         data = phone_jpeg(name)
-        reduced.append(image_to_tensor(data, 256, 224))
-        full.append(image_to_tensor(data, 256, 224, reduce=False))
-        difference = (reduced[-1] - full[-1]).abs()
+        difference = (image_to_tensor(data, 256, 224) - image_to_tensor(data, 256, 224, reduce=False)).abs()
         assert difference.mean() < 0.01 and difference.max() < 0.25, f"{name}: {difference.mean():.4f}"
-    with torch.inference_mode():
-        p_reduced = torch.softmax(model(torch.stack(reduced)), 1)
-        p_full = torch.softmax(model(torch.stack(full)), 1)
-    assert torch.equal(p_reduced.argmax(1), p_full.argmax(1))
-    assert (p_reduced - p_full).abs().max() < 0.02
+
+
+def test_reduced_decoding_keeps_a_real_classifiers_answers():
+    # EfficientNet-Lite0 with ImageNet weights on 33 centred framings of 11 real photographs as
+    # 12 MP JPEGs. Every decisive answer of the whole decode (top-1 ahead by >= 0.05) is kept; a
+    # view that changes is a near-tie, as under the noise floor (the whole decode resized bicubic)
+    # that changes more (measured: 1 of 33 changed, margin 0.006; the floor 4, margin 0.009).
+    from bench.photo_agreement import compare, phone_views
+
+    reduced, floor = compare(phone_views(centred_only=True))
+    assert reduced.views == 33 and reduced.decisive_views >= 20
+    assert reduced.decisive_top1 == 1.0
+    assert reduced.largest_flipped_margin < 0.02
+    assert reduced.top1 >= floor.top1
+    assert reduced.max_probability_difference < 0.1
