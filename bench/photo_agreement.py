@@ -2,7 +2,7 @@
 probability difference against the whole decode, on framings of real photographs sent as 12 MP
 phone JPEGs (what `make bench-preprocess` reports and tests/unit/test_image.py asserts).
 
-    views = phone_views(centred_only=True)       # [(photo name, JPEG bytes), ...]
+    views = phone_views(centred_only=True)       # [JPEG bytes, ...]
     for result in compare(views):                # one Agreement per preprocessing path
         print(result.path, result.top1)
 
@@ -23,8 +23,9 @@ from PIL import Image, ImageOps
 
 from bench.payloads import PHOTOS, photo, to_phone_jpeg
 from handlers.image import IMAGENET_MEAN, IMAGENET_STD, decode_image, image_to_tensor, normalise, resize_and_crop
+from handlers.settings import ImageSettings
 
-RESIZE, CROP = 256, 224  # the served ResNet-50's recipe
+RESIZE, CROP = ImageSettings().resize, ImageSettings().crop  # the served image models' recipe
 # 4:3 framings of each photo, as a phone frames a scene wide or close; the smaller ones also at
 # the four corners, each also mirrored (242 views of 11 photos; 33 centred only).
 FRAMING_SCALES = (1.0, 0.75, 0.5)
@@ -70,8 +71,8 @@ def framings(image: Image.Image, centred_only: bool) -> list[Image.Image]:
     return views
 
 
-def phone_views(centred_only: bool = False) -> list[tuple[str, bytes]]:
-    return [(name, to_phone_jpeg(view)) for name in PHOTOS for view in framings(photo(name), centred_only)]
+def phone_views(centred_only: bool = False) -> list[bytes]:
+    return [to_phone_jpeg(view) for name in PHOTOS for view in framings(photo(name), centred_only)]
 
 
 def imagenet_classifier() -> Callable[[torch.Tensor], torch.Tensor]:
@@ -108,8 +109,8 @@ def agreement(path: str, reference: torch.Tensor, probabilities: torch.Tensor) -
     )
 
 
-def compare(views: list[tuple[str, bytes]]) -> list[Agreement]:
+def compare(views: list[bytes]) -> list[Agreement]:
     """Every path of PATHS against the whole decode, on the same views and classifier."""
     classify = imagenet_classifier()
-    probabilities = {path: classify(torch.stack([pre(data) for _, data in views])) for path, pre in PATHS.items()}
+    probabilities = {path: classify(torch.stack([pre(data) for data in views])) for path, pre in PATHS.items()}
     return [agreement(path, probabilities[REFERENCE], p) for path, p in probabilities.items() if path != REFERENCE]

@@ -1,6 +1,6 @@
 """What the image handler's preprocessing costs per request, one thread, by payload, and whether it
-changes a real classifier's answers (what `make bench-preprocess` runs): the whole decode against
-libjpeg's reduced (DCT-scaled) decode.
+changes a real classifier's answers (what `make bench-preprocess` runs): each path of
+bench.photo_agreement.PATHS, the whole decode against libjpeg's reduced (DCT-scaled) decodes.
 
     .venv/bin/python -m bench.preprocess [--repeats 30] [--centred-only]
 
@@ -22,18 +22,17 @@ from pathlib import Path
 import torch
 
 from bench.payloads import PHOTOS, phone_jpeg, photo_jpeg
-from bench.photo_agreement import DECISIVE_MARGIN, compare, phone_views
+from bench.photo_agreement import DECISIVE_MARGIN, PATHS, Preprocess, compare, phone_views
 from bench.results import RunEnvironment
-from handlers.image import image_to_tensor
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def median_ms(data: bytes, repeats: int, reduce: bool) -> float:
+def median_ms(preprocess: Preprocess, data: bytes, repeats: int) -> float:
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        image_to_tensor(data, 256, 224, reduce)
+        preprocess(data)
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times)
 
@@ -50,9 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows = []
     for name, data in payloads.items():
-        reduced, whole = median_ms(data, args.repeats, True), median_ms(data, args.repeats, False)
-        rows.append({"payload": name, "bytes": len(data), "whole_ms": whole, "reduced_ms": reduced})
-        print(f"[preprocess] {name}: whole decode {whole:.1f} ms, reduced {reduced:.1f} ms", flush=True)
+        ms = {path: median_ms(preprocess, data, args.repeats) for path, preprocess in PATHS.items()}
+        rows.append({"payload": name, "bytes": len(data), "ms": ms})
+        print(f"[preprocess] {name}: " + ", ".join(f"{path} {t:.1f} ms" for path, t in ms.items()), flush=True)
     started = time.monotonic()
     print("[preprocess] agreement: framing the photos as 12 MP JPEGs, classifying each path (~2 min)", flush=True)
     views = phone_views(args.centred_only)
@@ -74,10 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"CPU: {env.cpu_model}; commit {env.git_commit}; one thread; median of {args.repeats}; `make bench-preprocess`",
         "",
-        "| payload | body | whole decode, ms | reduced decode, ms |",
-        "|---|---|---|---|",
+        "| payload | body | " + " | ".join(f"{path}, ms" for path in PATHS) + " |",
+        "|---|---|" + "---|" * len(PATHS),
         *(
-            f"| {r['payload']} | {r['bytes'] / 1e6:.2f} MB | {r['whole_ms']:.1f} | {r['reduced_ms']:.1f} |"
+            f"| {r['payload']} | {r['bytes'] / 1e6:.2f} MB | " + " | ".join(f"{t:.1f}" for t in r["ms"].values()) + " |"
             for r in rows
         ),
         "",
