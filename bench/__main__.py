@@ -23,7 +23,6 @@ from bench.results import BenchRun, RunEnvironment
 from bench.runner import log, run_plan
 from bench.tune import write_tuned_preset
 from kit.paths import ROOT
-from kit.server import ServerError
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -61,20 +60,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_plan(run, out_dir)
     except KeyboardInterrupt:
-        log("interrupted: servers stopped; writing the rows measured so far")
-    except ServerError as error:
-        log(f"ERROR: {error}")
-        return 1
+        log("interrupted: servers stopped; the report has the rows measured so far")
+        return 130  # as a shell reports Ctrl-C: no preset from a run cut short
     finally:
         write_report(out_dir, run)
         log(f"report: {out_dir / 'report.md'}")
+    print((out_dir / "report.md").read_text())
     served = [r for r in run.results if r.kind == "served"]  # the kit's rows, not the peers'
     if args.write_preset and served:
-        path = write_tuned_preset(args.write_preset, served)
+        try:
+            path = write_tuned_preset(args.write_preset, served, [f for f in run.failed if f.kind == "served"])
+        except ValueError as error:
+            log(f"ERROR: no preset written: {error}")
+            return 1
         log(f"fastest layout written to {path}; serve it with `make serve CONFIG={args.write_preset}`")
-    print((out_dir / "report.md").read_text())
-    # Every row measured or skipped with its reason (a peer that failed raised above).
-    return 0 if len(served) + len(run.skipped) == len(plan.rows) else 1
+    for failure in run.failed:
+        log(f"row failed: {failure.model} / {failure.name}: {failure.reason}")
+    # Failed rows are in the report; the run fails only when a result it exists for is missing.
+    if lost := run.lost():
+        log(f"ERROR: the run lost what its result depends on: {'; '.join(lost)}")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -270,6 +270,11 @@ def markdown(run: BenchRun) -> str:
     lines += cpu_table(results) + itt_table(results)
     if run.skipped:
         lines += ["## Skipped rows", "", *(f"- {reason}" for reason in run.skipped), ""]
+    if run.failed:
+        lines += ["## Failed rows", "", "The run went on without them. The reason is the first line of the error; "
+                  "the log holds the rest.", "", "| model | row | reason | log |", "|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {f.model} | {f.name} | {f.reason.replace('|', '/')} | `{f.log}` |" for f in run.failed]
+        lines += [*(f"**Lost**: {what}" for what in run.lost()), ""]
     lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for check in check_targets(results, references):
         lines.append(f"| {check.target} | {check.measured} | {'yes' if check.met else '**no**'} |")
@@ -340,6 +345,8 @@ def write_report(out_dir: Path, run: BenchRun) -> None:
         # Every row has kind (served | in_process | peer), runtime and precision.
         "rows": [dataclasses.asdict(r) for r in [*run.results, *run.references]],
         "skipped": list(run.skipped),
+        "failed": [dataclasses.asdict(f) for f in run.failed],
+        "lost": run.lost(),
     }
     (out_dir / "results.json").write_text(json.dumps(document, indent=2))
     (out_dir / "report.md").write_text(markdown(run))

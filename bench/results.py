@@ -131,6 +131,18 @@ class InProcessResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class RowFailure:
+    """A row that did not finish (its server did not start, ab failed, ...): the run goes on."""
+
+    model: str
+    name: str
+    kind: str  # served | served_peer
+    baseline: bool
+    reason: str  # the first line of the error: for a server, what its log says went wrong
+    log: str  # the row's server directory or log file
+
+
+@dataclasses.dataclass(frozen=True)
 class RunEnvironment:
     """The machine and software a run measured: never compare numbers across CPUs."""
 
@@ -179,6 +191,16 @@ class BenchRun:
     results: list[RowResult] = dataclasses.field(default_factory=list)
     references: list[InProcessResult] = dataclasses.field(default_factory=list)  # in-process and peers
     skipped: list[str] = dataclasses.field(default_factory=list)  # "row label: why"
+    failed: list[RowFailure] = dataclasses.field(default_factory=list)
+
+    def lost(self) -> list[str]:
+        """What the run's result depends on and did not measure: a model's baseline row, or every
+        served row of a model (then no comparison, and no tuned choice, exists for it)."""
+        measured = {r.model for r in self.results if r.kind == "served"}
+        lost = [f"{f.model}: the baseline row {f.name!r} failed" for f in self.failed if f.baseline]
+        failed_models = {f.model for f in self.failed if f.kind == "served"}
+        lost += [f"{model}: every served row failed" for model in sorted(failed_models - measured)]
+        return lost
 
 
 def add_derived(results: list[RowResult]) -> None:

@@ -1,18 +1,22 @@
 """Run a plan: for each row start -> ready -> warm up -> ab -> collect -> stop, then in-process.
 
-    run = BenchRun(plan, command, RunEnvironment.capture()); run_plan(run, out_dir)   # run.results, run.skipped
+    run = BenchRun(plan, command, RunEnvironment.capture()); run_plan(run, out_dir)   # run.results, .skipped, .failed
 
-The server of a row is always stopped (try/finally), also on Ctrl-C or SIGTERM.
+The server of a row is always stopped (try/finally), also on Ctrl-C or SIGTERM. A row that fails
+(its server does not start, ab fails, ...) is recorded with the reason and the run goes on.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import shutil
 import signal
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +27,14 @@ from bench.metrics import requests_total, scrape, scrape_text, server_latency, w
 from bench.payloads import DEFAULT_PAYLOAD, Payload, write_payload
 from bench.peers import measure_peer
 from bench.plan import EAGER_VARIANT, Peer, Plan, Row
-from bench.results import PRECISION_OF_DTYPE, BenchRun, InProcessResult, Measured, RowResult, add_derived
-from bench.served_peers import run_served_peer
+from bench.results import PRECISION_OF_DTYPE, BenchRun, InProcessResult, Measured, RowFailure, RowResult, add_derived
+from bench.served_peers import peer_log, row_name, run_served_peer
 from handlers.itt import parse_range_name
 from kit.itt import Range, chrome_trace, read_ranges
 from kit.models import MODELS
 from kit.procinfo import busy_fractions, cpu_times, live_process
-from kit.serve_config import ConfigError, free_ports_config
-from kit.server import Server
+from kit.serve_config import ConfigError
+from kit.server import ServerError, start_ready
 from kit.topology import read_topology
 from kit.variant import Variant
 
@@ -69,15 +73,17 @@ def itt_counts(itt_dir: Path, model: str) -> tuple[int, int]:
     return len(ranges), covered(ranges)
 
 
+def row_dir(out_dir: Path, row: Row) -> Path:
+    return out_dir / "servers" / slug(row.label)
+
+
 def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
     itt_dir = out_dir / "itt" / slug(row.label)
     serve = dataclasses.replace(row.serve, itt_trace_dir=str(itt_dir)) if plan.run.itt else row.serve
-    server = Server(free_ports_config(serve), out_dir / "servers" / slug(row.label))
+    server = start_ready(serve, row_dir(out_dir, row), plan.run.start_deadline_s,
+                         progress=lambda m: log(f"  {m.removeprefix('[serve] ')}"))  # fmt: skip
     try:
-        start = time.monotonic()
-        server.start()
-        server.wait_ready(plan.run.start_deadline_s, progress=lambda m: log(f"  {m.removeprefix('[serve] ')}"))
-        ready_s = time.monotonic() - start
+        ready_s = time.monotonic() - server.started_at
         metrics_url = server.url("metrics", "/metrics")
         url = server.url("inference", f"/predictions/{row.model}")
         warm_up(url, server.headers("inference"), payload, row.concurrency, plan.run)
@@ -201,19 +207,61 @@ def run_peers(plan: Plan, out_dir: Path, run: BenchRun) -> None:
             run.references.append(peer_row(model, peer, measured))
 
 
+def record(run: BenchRun, failure: RowFailure, measure: Callable[[], RowResult]) -> None:
+    """Measure one row into run.results; a row that raises goes to run.failed (`failure` filled
+    with the reason) and the run goes on. Ctrl-C and SIGTERM still stop the run."""
+    try:
+        result = measure()
+    except Exception as error:  # noqa: BLE001 - any failure of one row is that row's, never the run's
+        message = str(error).strip() or "(no message)"
+        failure = dataclasses.replace(failure, reason=f"{type(error).__name__}: {message.splitlines()[0]}")
+        details = message if isinstance(error, ServerError) else traceback.format_exc()  # a bug: where
+        log(f"  FAILED: {failure.reason}\n{details}\n  log: {failure.log}; going on with the next row")
+        run.failed.append(failure)
+        return
+    log(f"  {result.requests_per_s:.1f} req/s, p50 {result.p50_ms:.0f} ms, p99 {result.p99_ms:.0f} ms, "
+        f"non-2xx {result.non_2xx}, allocator {sorted(set(result.allocator_loaded)) or '-'}, "
+        f"worker load {result.worker_load_s} s")  # fmt: skip
+    run.results.append(result)
+
+
 def run_served_peers(plan: Plan, out_dir: Path, run: BenchRun) -> None:
     for model in plan.run.models:
         payload = write_payload(DEFAULT_PAYLOAD[MODELS[model].task], out_dir / "payloads")
         for peer in plan.served_peers:
             log(f"served peer {model} / {peer.name}: start, warm up, ab {plan.run.seconds}s")
-            result = run_served_peer(peer, model, payload, plan.run, out_dir)
-            log(f"  {result.requests_per_s:.1f} req/s, p50 {result.p50_ms:.0f} ms, non-2xx {result.non_2xx}")
-            run.results.append(result)
+            log_path = peer_log(peer, model, plan.run, out_dir)
+            failure = RowFailure(model, row_name(peer, plan.run), "served_peer", False, "", str(log_path))
+            record(run, failure, functools.partial(run_served_peer, peer, model, payload, plan.run, out_dir))
+
+
+def measure_row(row: Row, plan: Plan, out_dir: Path, in_process: dict[tuple[Any, ...], Measured],
+                run: BenchRun) -> RowResult:  # fmt: skip
+    """The served row, and (once per model and layout) the same archive in-process beside it."""
+    result = run_row(row, plan, out_dir, write_payload(row.payload, out_dir / "payloads"))
+    if plan.run.in_process:
+        key = in_process_key(row)
+        if key not in in_process:
+            log(f"  in-process: same model and layout without a server, {plan.run.in_process_seconds}s")
+            in_process[key] = measure_in_process(
+                row.serve.variant.archive(row.model),
+                row.model,
+                row.serve,
+                plan.run.in_process_seconds,
+                out_dir / "extracted",
+            )
+            log(f"  in-process {in_process[key].items_per_s:.1f} items/s")
+            run.references.append(in_process_row(row, in_process[key]))
+        measured = in_process[key]
+        result.in_process_items_per_s = measured.items_per_s
+        result.cosine_mean, result.cosine_min = measured.cosine_mean, measured.cosine_min
+        result.top1_agreement = measured.top1_agreement
+    return result
 
 
 def run_plan(run: BenchRun, out_dir: Path) -> None:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` stops cleanly like Ctrl-C
-    plan, results = run.plan, run.results
+    plan = run.plan
     in_process: dict[tuple[Any, ...], Measured] = {}
     try:
         for index, row in enumerate(plan.rows, start=1):
@@ -223,32 +271,12 @@ def run_plan(run: BenchRun, out_dir: Path) -> None:
                 continue
             log(f"[{index}/{len(plan.rows)}] {row.label}: start, wait for READY, warm up, ab {plan.run.seconds}s "
                 f"at concurrency {row.concurrency}")  # fmt: skip
-            result = run_row(row, plan, out_dir, write_payload(row.payload, out_dir / "payloads"))
-            log(f"  {result.requests_per_s:.1f} req/s, p50 {result.p50_ms:.0f} ms, p99 {result.p99_ms:.0f} ms, "
-                f"non-2xx {result.non_2xx}, allocator {sorted(set(result.allocator_loaded))}, "
-                f"worker load {result.worker_load_s} s")  # fmt: skip
-            if plan.run.in_process:
-                key = in_process_key(row)
-                if key not in in_process:
-                    log(f"  in-process: same model and layout without a server, {plan.run.in_process_seconds}s")
-                    in_process[key] = measure_in_process(
-                        row.serve.variant.archive(row.model),
-                        row.model,
-                        row.serve,
-                        plan.run.in_process_seconds,
-                        out_dir / "extracted",
-                    )
-                    log(f"  in-process {in_process[key].items_per_s:.1f} items/s")
-                    run.references.append(in_process_row(row, in_process[key]))
-                measured = in_process[key]
-                result.in_process_items_per_s = measured.items_per_s
-                result.cosine_mean, result.cosine_min = measured.cosine_mean, measured.cosine_min
-                result.top1_agreement = measured.top1_agreement
-            results.append(result)
+            failure = RowFailure(row.model, row.name, "served", row.baseline, "", str(row_dir(out_dir, row)))
+            record(run, failure, functools.partial(measure_row, row, plan, out_dir, in_process, run))
         run_served_peers(plan, out_dir, run)
         run_peers(plan, out_dir, run)
     finally:
         signal.signal(signal.SIGTERM, previous)
         # Archives unpacked for the in-process and peer rows: GBs per run, needed by no report.
         shutil.rmtree(out_dir / "extracted", ignore_errors=True)
-        add_derived(results)
+        add_derived(run.results)

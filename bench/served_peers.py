@@ -26,8 +26,8 @@ from bench.plan import RunSettings, ServedPeer
 from bench.results import RowResult
 from kit.archive import extract
 from kit.paths import ROOT, process_environment
+from kit.ports import PORTS, PortInUseError, bind_failure, start_on_fresh_ports
 from kit.procinfo import busy_fractions, cpu_times, live_process, process_tree
-from kit.serve_config import free_port
 from kit.server import terminate
 from kit.topology import read_topology
 from kit.variant import Variant
@@ -43,13 +43,15 @@ class PeerServer:
         self.model_dir = extract(Variant.load(peer.variant).archive(model), work_dir)
         # One single-threaded worker per core this process may use (CPU set and quota), as the kit's plan.
         self.workers = read_topology().capacity
-        self.port = free_port()
+        (self.port,) = PORTS.take(1)
         self.process: subprocess.Popen | None = None
+        self.started_at = 0.0  # time.monotonic() of start
 
     def url(self, path: str) -> str:
         return f"http://{HOST}:{self.port}{path}"
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         command = [sys.executable, "-m", "bench.peer_apps", self.peer.framework.value, str(self.model_dir),
                    "--port", str(self.port), "--workers", str(self.workers), "--threads", "1",
                    "--batch", str(self.peer.batch_size)]  # fmt: skip
@@ -62,8 +64,10 @@ class PeerServer:
         deadline = time.monotonic() + READY_DEADLINE_S
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-1500:]
-                raise RuntimeError(f"{self.peer.name} exited with {self.process.returncode}; its log:\n{tail}")
+                log = self.log_path.read_text(errors="replace")
+                if taken := bind_failure(log):
+                    raise PortInUseError(f"{self.peer.name} could not bind port {self.port} ({taken})")
+                raise RuntimeError(f"{self.peer.name} exited with {self.process.returncode}; its log:\n{log[-1500:]}")
             with contextlib.suppress(requests.RequestException):
                 if requests.get(self.url(HEALTH_PATH[self.peer.framework]), timeout=2).status_code == 200:
                     return
@@ -81,17 +85,22 @@ class PeerServer:
             self.process.wait(timeout=10)
 
 
+def row_name(peer: ServedPeer, run: RunSettings) -> str:
+    return f"{peer.name} c={peer.concurrency or run.concurrency}"
+
+
+def peer_log(peer: ServedPeer, model: str, run: RunSettings, out_dir: Path) -> Path:
+    return out_dir / "servers" / f"{model}-{row_name(peer, run).replace(' ', '-')}.log"
+
+
 def run_served_peer(peer: ServedPeer, model: str, payload: Payload, run: RunSettings, out_dir: Path) -> RowResult:
     concurrency = peer.concurrency or run.concurrency
-    name = f"{peer.name} c={concurrency}"
-    server = PeerServer(
-        peer, model, out_dir / "servers" / f"{model}-{name.replace(' ', '-')}.log", out_dir / "extracted"
-    )
+    name = row_name(peer, run)
+    log_path = peer_log(peer, model, run, out_dir)
+    server = start_on_fresh_ports(lambda: PeerServer(peer, model, log_path, out_dir / "extracted"),
+                                  PeerServer.wait_ready, keep=log_path)  # fmt: skip
     try:
-        start = time.monotonic()
-        server.start()
-        server.wait_ready()
-        ready_s = time.monotonic() - start
+        ready_s = time.monotonic() - server.started_at
         url = server.url(f"/predictions/{model}")
         warm_up(url, {}, payload, concurrency, run)
         cpu_before = cpu_times()

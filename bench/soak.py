@@ -47,8 +47,8 @@ from handlers.settings import SettingsError, parse_settings
 from kit.models import MODELS
 from kit.paths import INDUCTOR_CACHE
 from kit.procinfo import mapped_files
-from kit.serve_config import ServeConfig, free_ports_config
-from kit.server import Server, ServerError, WorkerStatus
+from kit.serve_config import ServeConfig
+from kit.server import Server, ServerError, WorkerStatus, start_ready
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WINDOW_S = 2.0  # throughput window for the recovery time
@@ -189,13 +189,10 @@ def kill_phase(server: Server, settings: SoakSettings, progress: Callable[[str],
 def restart_phase(
     config: ServeConfig, out_dir: Path, first_start_s: float, first_new_kernels: int, settings: SoakSettings
 ) -> RestartPhase:
-    server = Server(free_ports_config(config), out_dir / "restart")
     kernels_before = kernel_libraries()
-    start = time.monotonic()
-    server.start()
+    server = start_ready(config, out_dir / "restart", settings.start_deadline_s)
     try:
-        server.wait_ready(settings.start_deadline_s)
-        restart_s = time.monotonic() - start
+        restart_s = time.monotonic() - server.started_at
         with requests.Session() as session:
             answered = {r.model: send(session, server, r).status for r in request_mix(settings.models)}
         mapped = {
@@ -217,14 +214,11 @@ def restart_phase(
 
 
 def run_soak(settings: SoakSettings, out_dir: Path, progress: Callable[[str], None] = print) -> SoakReport:
-    config = free_ports_config(ServeConfig.from_preset(settings.preset, models=list(settings.models)))
-    first = Server(config, out_dir / "server")
+    config = ServeConfig.from_preset(settings.preset, models=list(settings.models))
     kernels_before = kernel_libraries()
-    start = time.monotonic()
-    first.start()
+    first = start_ready(config, out_dir / "server", settings.start_deadline_s, progress)
     try:
-        first.wait_ready(settings.start_deadline_s, progress)
-        first_start_s = time.monotonic() - start
+        first_start_s = time.monotonic() - first.started_at
         first_new_kernels = len(kernel_libraries() - kernels_before)
         progress(f"[soak] {settings.seconds}s at concurrency {settings.concurrency} over {list(settings.models)}")
         soak = soak_phase(first, settings, progress)

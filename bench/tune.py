@@ -1,13 +1,14 @@
 """Pick the fastest serving layout from a bench run and write it as a preset.
 
-    path = write_tuned_preset("tuned", results)   # -> config/presets/tuned.yaml (+ config/tuned.properties)
+    path = write_tuned_preset("tuned", results, failed)   # -> config/presets/tuned.yaml (+ config/tuned.properties)
 
 One TorchServe serves every model, so the layout (placement, threads, allocator, batching) is
 shared: the winner is the layout with the best geometric mean, over the models measured, of
 its req/s relative to that model's best row. The backend is each model's own: within the
 winning layout every model keeps its fastest variant (`model_variants` for those that differ
 from the preset's `variant`). The header states the gain over the automatic plan (the rows
-that ran the optimized preset as it is).
+that ran the optimized preset as it is) and names the rows that failed: the choice is among the
+rows that ran.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.results import RowResult
+from bench.results import RowFailure, RowResult
 from kit.paths import CONFIG, STORE
 from kit.serve_config import PRESETS, Placement, ServeConfig, render
 from kit.server import link_store
@@ -89,7 +90,7 @@ def automatic_rows(results: list[RowResult]) -> dict[str, float]:
     }
 
 
-def write_tuned_preset(name: str, results: list[RowResult]) -> Path:
+def write_tuned_preset(name: str, results: list[RowResult], failed: list[RowFailure] = ()) -> Path:
     layout, rows = fastest_layout(results)
     if layout["placement"] == Placement.PLAN:
         del layout["workers"]  # the plan decides them; threads, as measured, is its cores per worker
@@ -105,6 +106,8 @@ def write_tuned_preset(name: str, results: list[RowResult]) -> Path:
     gains = ", ".join(gain(m, row) for m, row in sorted(rows.items()))
     path = PRESETS / f"{name}.yaml"
     header = f"# Written by `make tune` from a measured run: {gains}\n"
+    if failed:
+        header += f"# Chosen without the rows that failed: {', '.join(f'{f.model} / {f.name}' for f in failed)}\n"
     path.write_text(header + yaml.safe_dump(layout, sort_keys=False))
     config = ServeConfig.from_preset(name)  # validates what was written
     # For TorchServe started by hand; placement plan pins only through `make serve CONFIG=<name>`.

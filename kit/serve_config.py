@@ -14,7 +14,6 @@ import enum
 import ipaddress
 import json
 import os
-import socket
 import string
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from kit.itt import collector_environment
 from kit.models import MODEL_NAMES
 from kit.paths import CONFIG
 from kit.plan import Demand, Layout, Objective, plan_layout
+from kit.ports import PORTS
 from kit.topology import Topology, TopologyError, format_cpus, parse_cpus
 from kit.variant import Variant
 
@@ -266,23 +266,18 @@ class ServeConfig:
         return parse_settings(cls, {**raw, **overrides})
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def free_ports_config(config: ServeConfig) -> ServeConfig:
-    """The same layout on ports nobody else is using (tests, benchmarks)."""
+    """The same layout on ports picked for it by kit/ports.py (tests, benchmarks, soak). The
+    worker port stays: on Linux it only numbers the worker sockets (`.ts.sock.<port>`), which
+    live in each server's own TMPDIR (kit/launch.py)."""
+    inference, management, metrics, grpc_inference, grpc_management = PORTS.take(5)
     return dataclasses.replace(
         config,
-        inference_port=free_port(),
-        management_port=free_port(),
-        metrics_port=free_port(),
-        grpc_inference_port=free_port(),
-        grpc_management_port=free_port(),
-        # Worker sockets count up from here, one per worker; leave room below 65535.
-        worker_port=20000 + (free_port() % 20000),
+        inference_port=inference,
+        management_port=management,
+        metrics_port=metrics,
+        grpc_inference_port=grpc_inference,
+        grpc_management_port=grpc_management,
     )
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -29,8 +30,9 @@ from handlers.settings import parse_settings
 from kit.launch import LAYOUT_FILE, Launch
 from kit.paths import INDUCTOR_CACHE
 from kit.plan import Layout
+from kit.ports import PortInUseError, bind_failure, start_on_fresh_ports
 from kit.procinfo import ProcessInfo, live_process, process_alive, process_tree
-from kit.serve_config import Placement, ServeConfig, render
+from kit.serve_config import Placement, ServeConfig, free_ports_config, render
 from kit.topology import read_topology
 
 STATE_FILE = "server.json"
@@ -44,6 +46,10 @@ MIXED_STORE = "model_store"  # in the run dir: the archives of a config whose mo
 
 class ServerError(RuntimeError):
     """The server did not start, become ready or stop; the message says where to look."""
+
+
+class PortTakenError(ServerError, PortInUseError):
+    """TorchServe exited at start because a port it was given was taken (start_ready retries)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +116,8 @@ class Server:
         self.venv = config.variant.environment
         self.layout = layout  # placement plan: planned at start from the machine as this process sees it
         # Logs append across runs: start-up checks read only what this run wrote.
-        self.log_offset = 0
+        self.log_offset = self.output_offset = 0
+        self.started_at: float | None = None  # time.monotonic() of the last start
 
     # -- files --------------------------------------------------------------------------------
     @property
@@ -180,6 +187,8 @@ class Server:
         config_file = self.run_dir / "config.properties"
         config_file.write_text(render(self.config, self.model_store, self.layout))
         self.log_offset = self.frontend_log.stat().st_size if self.frontend_log.is_file() else 0
+        self.output_offset = self.output_file.stat().st_size if self.output_file.is_file() else 0
+        self.started_at = time.monotonic()
         with open(self.output_file, "ab") as output:
             process = subprocess.Popen(
                 self.launch.command(config_file, self.model_store),
@@ -253,12 +262,23 @@ class Server:
         key = self.keys().get(api)
         return {"Authorization": f"Bearer {key}"} if key else {}
 
+    @property
+    def ports(self) -> dict[str, int]:
+        """Every TCP port the frontend listens on, by API."""
+        c = self.config
+        return {"inference": c.inference_port, "management": c.management_port, "metrics": c.metrics_port,
+                "grpc_inference": c.grpc_inference_port, "grpc_management": c.grpc_management_port}  # fmt: skip
+
+    def listening_ports(self) -> set[int]:
+        """TCP ports a process of this server listens on now (from /proc)."""
+        ports = set()
+        for process in self.process_tree():
+            with contextlib.suppress(psutil.Error):
+                ports |= {c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        return ports
+
     def url(self, api: str, path: str) -> str:
-        port = {
-            "inference": self.config.inference_port,
-            "management": self.config.management_port,
-            "metrics": self.config.metrics_port,
-        }[api]
+        port = self.ports[api]
         bind = self.config.management_bind if api == "management" else self.config.bind
         host = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
         return f"http://{host}:{port}{path}"
@@ -304,7 +324,11 @@ class Server:
         last_report = ready = None
         while True:
             if not self.is_running():
-                raise ServerError(f"TorchServe exited during start-up; see {self.output_file}\n{self.tail()}")
+                if taken := bind_failure(self.output_since_start()):
+                    raise PortTakenError(f"TorchServe could not bind a port it was given ({taken}): another "
+                                         f"process holds it (`ss -ltnp` names it); see {self.output_file}")  # fmt: skip
+                raise ServerError(f"TorchServe exited during start-up: {self.exit_reason()}; see {self.output_file}\n"
+                                  f"{self.tail()}")  # fmt: skip
             failures = self._load_failures()
             if failures:
                 # The frontend logs the failure while it is still relaying the worker's
@@ -315,7 +339,9 @@ class Server:
                 )
             ready = self.ready_models()
             elapsed = time.monotonic() - start
-            if ready == set(self.config.models):
+            # Every API bound too: TorchServe binds them after registering the models, and a
+            # server without models has nothing else to wait for.
+            if ready == set(self.config.models) and set(self.ports.values()) <= self.listening_ports():
                 progress(f"[serve] all models READY after {elapsed:.0f}s")
                 return
             if elapsed > deadline_s:
@@ -341,8 +367,42 @@ class Server:
             lines = log.read().decode(errors="replace").splitlines()
         return [line for line in lines if any(marker in line for marker in self.FAILURE_MARKERS)]
 
+    # The line of TorchServe's output that says why it stopped: the JVM's refusal of an option
+    # ("Unrecognized VM option ..."), a Java exception, the CLI's own "... not found".
+    EXIT_REASON = re.compile(r"^(Unrecognized|Invalid|Error)\b|^[\w.$]+(Exception|Error): ")
+
+    def exit_reason(self) -> str:
+        lines = [line.strip() for line in self.output_since_start().splitlines() if line.strip()]
+        return next((line for line in lines if self.EXIT_REASON.search(line)), lines[-1] if lines else "no output")
+
+    def output_since_start(self) -> str:
+        """What TorchServe printed since the last start (the output file appends across starts)."""
+        if not self.output_file.is_file():
+            return ""
+        with open(self.output_file, "rb") as output:
+            output.seek(self.output_offset)
+            return output.read().decode(errors="replace")
+
     def tail(self, path: Path | None = None, lines: int = 30) -> str:
         path = path or self.output_file
         if not path.is_file():
             return f"({path} does not exist)"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def start_ready(
+    config: ServeConfig,
+    run_dir: Path,
+    deadline_s: float = START_DEADLINE_S,
+    progress=print,
+    model_store: Path | None = None,
+) -> Server:
+    """A READY server of `config` on ports picked for it (kit/ports.py): what the bench, soak and
+    tests start. A start that lost a port to another process is retried on fresh ports; the
+    failed start's run directory is kept beside, as `<run_dir>.attempt-<n>`."""
+    return start_on_fresh_ports(
+        lambda: Server(free_ports_config(config), run_dir, model_store),
+        lambda server: server.wait_ready(deadline_s, progress),
+        keep=Path(run_dir),
+        progress=progress,
+    )

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kit.models import MODEL_NAMES
-from kit.serve_config import ServeConfig, free_ports_config
-from kit.server import Server
+from kit.serve_config import ServeConfig
+from kit.server import Server, start_ready
 from kit.variant import Variant
 
 START_DEADLINE_S = 900  # cold Inductor cache on 2 cores: ~1-2 min; this is the ceiling
@@ -22,17 +22,10 @@ def one_cpu() -> str:
 
 
 def start_server(run_dir: Path, config: ServeConfig) -> Server:
-    server = Server(free_ports_config(config), run_dir)
     missing = [str(path) for path in config.archives().values() if not path.is_file()]
     if missing:
         pytest.fail(f"archives {missing} missing: run `make archive` (make test does)")
-    server.start()
-    try:
-        server.wait_ready(START_DEADLINE_S)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    return start_ready(config, run_dir, START_DEADLINE_S)
 
 
 @pytest.fixture(scope="session")

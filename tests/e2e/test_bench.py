@@ -22,6 +22,8 @@ TINY_PLAN = {
     "rows": [
         {"name": "baseline", "preset": "baseline", "baseline": True},
         {"name": "optimized", "preset": "optimized"},
+        # Deliberately broken: the JVM refuses the option and TorchServe exits at start.
+        {"name": "broken", "preset": "optimized", "frontend_jvm_args": "-XX:+NoSuchOption"},
         {"name": "ipex", "preset": "optimized", "variant": "ipex"},  # served from .venv-ipex
         {"name": "openvino-int8", "preset": "optimized", "variant": "openvino-int8"},  # precompiled
         {"name": "openvino-int8 long", "preset": "optimized", "variant": "openvino-int8", "payload": "long"},
@@ -38,9 +40,14 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
     plan = tmp_path / "tiny.yaml"
     plan.write_text(yaml.safe_dump(TINY_PLAN))
     out = tmp_path / "results" / "run"
-    assert main(["--plan", str(plan), "--out", str(out)]) == 0
+    assert main(["--plan", str(plan), "--out", str(out)]) == 0  # the broken row is not one the result needs
 
     document = json.loads((out / "results.json").read_text())
+    (failed,) = document["failed"]
+    assert (failed["model"], failed["name"], failed["kind"]) == ("minilm", "broken", "served")
+    assert failed["reason"].startswith("ServerError: TorchServe exited during start-up: Unrecognized VM option")
+    assert "NoSuchOption" in (out / "servers" / "minilm-broken" / "torchserve.out").read_text()
+    assert document["lost"] == []
     assert document["environment"]["cores"] >= 1 and document["environment"]["torch"].startswith("2.13")
     served = [r for r in document["rows"] if r["kind"] == "served"]
     baseline, optimized, ipex, int8, long = served
@@ -87,6 +94,7 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
     assert peer["items_per_s"] > 0 and peer["cosine_mean"] >= 0.99
     report = (out / "report.md").read_text()
     assert "## minilm" in report and "## Targets" in report and "## CPU per request" in report
+    assert "## Failed rows" in report and "| minilm | broken | ServerError: TorchServe exited" in report
     assert "minilm int8: best served row >= best in-process peer row" in report
     assert "minilm int8: best served row >= best served peer row" in report
     assert "## ITT ranges" in report and "ITT ranges cover every answered request" in report

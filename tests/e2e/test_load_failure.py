@@ -13,8 +13,8 @@ import torch
 import yaml
 
 from kit.paths import ROOT
-from kit.serve_config import ServeConfig, free_ports_config
-from kit.server import Server, ServerError
+from kit.serve_config import ServeConfig
+from kit.server import ServerError, start_ready
 from tests.conftest import TinyCNN
 from tests.e2e.conftest import one_cpu
 
@@ -42,14 +42,9 @@ def test_bad_handler_setting_stops_start_up_with_the_reason(tmp_path):
     store.mkdir()
     build_archive(store, "broken", {"bakend": "inductor"})
     config = ServeConfig.from_preset("optimized", models=["broken"], cpus=one_cpu())
-    server = Server(free_ports_config(config), tmp_path / "run", model_store=store)
-    server.start()
     started = time.monotonic()
-    try:
-        with pytest.raises(ServerError, match="model load failed") as failure:
-            server.wait_ready(deadline_s=300, progress=lambda message: None)
-    finally:
-        server.stop()
+    with pytest.raises(ServerError, match="model load failed") as failure:  # start_ready stops it
+        start_ready(config, tmp_path / "run", deadline_s=300, progress=lambda message: None, model_store=store)
     assert time.monotonic() - started < 120, "the failure should be reported long before the deadline"
     # The reason from the worker, in the message the user sees:
     assert "unknown setting(s) ['bakend']" in str(failure.value)

@@ -360,3 +360,69 @@ def test_tune_searches_cores_per_worker_up_to_the_machines_l3_domain():
     names = sorted({row.name for row in plan.rows if row.name.startswith("plan cores per worker")})
     assert names == [f"plan cores per worker threads={n}" for n in (2, 4, 8)]
     assert {row.serve.threads for row in plan.rows if row.name in names} == {2, 4, 8}
+
+
+def quick_plan_without_references():
+    plan = load_plan("quick")  # baseline, optimized, fixed 2x1 for resnet50 and bert
+    return dataclasses.replace(plan, run=dataclasses.replace(plan.run, in_process=False), peers=(), served_peers=())
+
+
+def fake_rows(monkeypatch, failing: set[tuple[str, str]]):
+    """run_row without a server: a result for each row, ServerError for the (model, name) in `failing`."""
+    from kit.server import ServerError
+
+    def run_row(row, plan, out_dir, payload):
+        if (row.model, row.name) in failing:
+            raise ServerError("TorchServe exited during start-up: Unrecognized VM option 'X'; see torchserve.out\n"
+                              "Error: Could not create the Java Virtual Machine.")  # fmt: skip
+        return row_result(model=row.model, name=row.name, baseline=row.baseline)
+
+    monkeypatch.setattr("bench.runner.run_row", run_row)
+
+
+def test_a_failing_row_is_recorded_with_its_reason_and_the_run_goes_on(tmp_path, monkeypatch):
+    from bench.runner import run_plan
+
+    fake_rows(monkeypatch, failing={("resnet50", "optimized")})
+    run = BenchRun(quick_plan_without_references(), "python -m bench --plan quick", ENVIRONMENT)
+    run_plan(run, tmp_path)
+    assert [(r.model, r.name) for r in run.results] == [
+        ("resnet50", "baseline"), ("resnet50", "fixed 2x1"), ("bert", "baseline"), ("bert", "optimized"),
+        ("bert", "fixed 2x1"),
+    ]  # fmt: skip
+    (failure,) = run.failed
+    assert (failure.model, failure.name, failure.kind, failure.baseline) == ("resnet50", "optimized", "served", False)
+    assert (
+        failure.reason
+        == "ServerError: TorchServe exited during start-up: Unrecognized VM option 'X'; see torchserve.out"
+    )
+    assert failure.log == str(tmp_path / "servers" / "resnet50-optimized")
+    assert run.lost() == []  # the comparison still has its baselines and a row of every model
+    write_report(tmp_path / "out", run)
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## Failed rows" in report and "| resnet50 | optimized | ServerError: TorchServe exited" in report
+    document = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert document["failed"] == [dataclasses.asdict(failure)] and document["lost"] == []
+
+
+@pytest.mark.parametrize(
+    "failing, lost",
+    [
+        ({("bert", "baseline")}, ["bert: the baseline row 'baseline' failed"]),
+        ({("bert", "optimized"), ("bert", "fixed 2x1"), ("bert", "baseline")},
+         ["bert: the baseline row 'baseline' failed", "bert: every served row failed"]),
+        ({("bert", "optimized"), ("resnet50", "fixed 2x1")}, []),
+    ],
+)  # fmt: skip
+def test_the_run_fails_only_when_a_row_its_result_depends_on_failed(tmp_path, monkeypatch, failing, lost):
+    import bench.__main__ as bench_main
+
+    fake_rows(monkeypatch, failing)
+    monkeypatch.setattr(bench_main, "load_plan", lambda name: quick_plan_without_references())
+    monkeypatch.setattr(bench_main, "build_archives", lambda plan: True)
+    monkeypatch.setattr(bench_main.RunEnvironment, "capture", classmethod(lambda cls: ENVIRONMENT))
+    out = tmp_path / "run"
+    assert bench_main.main(["--plan", "quick", "--out", str(out)]) == (1 if lost else 0)
+    document = json.loads((out / "results.json").read_text())
+    assert document["lost"] == lost
+    assert {(f["model"], f["name"]) for f in document["failed"]} == failing

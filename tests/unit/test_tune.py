@@ -58,3 +58,21 @@ def test_rows_with_errors_or_a_missing_model_cannot_win():
     ]
     with pytest.raises(ValueError, match="no layout was measured for every model without errors"):
         fastest_layout(results)
+
+
+def test_the_preset_is_chosen_from_the_rows_that_ran_and_names_those_that_failed(tmp_path, monkeypatch):
+    from bench import tune
+    from bench.results import RowFailure
+    from kit import serve_config
+
+    for preset in serve_config.PRESETS.glob("*.yaml"):  # the others stay readable; tuned.yaml lands here
+        (tmp_path / preset.name).write_text(preset.read_text())
+    for module in (tune, serve_config):
+        monkeypatch.setattr(module, "PRESETS", tmp_path)
+    monkeypatch.setattr(tune, "CONFIG", tmp_path)
+    results = [served("resnet50", "inductor", "tcmalloc", 40.0), served("bert", "inductor", "tcmalloc", 8.0)]
+    failed = [RowFailure("bert", "plan backend variant=openvino", "served", False, "ServerError: ...", "x")]
+    path = tune.write_tuned_preset("tuned", results, failed)
+    header = path.read_text().splitlines()[:2]
+    assert header[1] == "# Chosen without the rows that failed: bert / plan backend variant=openvino"
+    assert ServeConfig.from_preset(str(path)).variant.name == "inductor"
