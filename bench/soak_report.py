@@ -12,6 +12,7 @@ import dataclasses
 
 from handlers.settings import SettingsError
 from kit.models import MODEL_NAMES
+from kit.server import START_DEADLINE_S
 
 RECOVERED_FRACTION = 0.85  # of the pre-kill rate; run-to-run noise on 2 shared cores is ~10 %
 
@@ -28,7 +29,7 @@ class SoakSettings:
     recovery_deadline_s: int = 300
     request_timeout_s: int = 60  # a request without an answer by then counts as hung
     rss_growth_limit_mb: float = 64.0  # per worker, from after warm-up to the end of the soak
-    start_deadline_s: int = 900
+    start_deadline_s: float = START_DEADLINE_S
 
     def __post_init__(self) -> None:
         if self.kill_model not in self.models:

@@ -10,10 +10,8 @@ import pytest
 
 from kit.models import MODEL_NAMES
 from kit.serve_config import ServeConfig
-from kit.server import Server, start_ready
+from kit.server import START_DEADLINE_S, Server, start_ready
 from kit.variant import Variant
-
-START_DEADLINE_S = 900  # cold Inductor cache on 2 cores: ~1-2 min; this is the ceiling
 
 
 def one_cpu() -> str:

@@ -11,8 +11,8 @@ import requests
 import kit.server
 from kit.ports import read_ephemeral_range
 from kit.serve_config import Allocator, Placement, ServeConfig, free_ports_config
-from kit.server import Server, start_ready
-from tests.e2e.conftest import START_DEADLINE_S, one_cpu
+from kit.server import START_DEADLINE_S, Server, start_ready
+from tests.e2e.conftest import one_cpu
 
 pytestmark = pytest.mark.e2e
 

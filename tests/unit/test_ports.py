@@ -108,16 +108,20 @@ class FakeServer:
         self.events.append("stop")
 
 
-def test_a_start_that_lost_a_port_is_done_again_and_its_log_kept(tmp_path):
-    run_dir = tmp_path / "run"
-    failures = iter([PortInUseError("port 43459 taken"), None])
-    made: list[FakeServer] = []
+def servers_failing_with(failures: list, log_dir, made: list[FakeServer]):
+    """A `new` for start_on_fresh_ports: each call makes the next FakeServer, failing as listed."""
+    pending = iter(failures)
 
-    def new():
-        made.append(FakeServer(next(failures), run_dir))
+    def new() -> FakeServer:
+        made.append(FakeServer(next(pending), log_dir))
         return made[-1]
 
-    messages = []
+    return new
+
+
+def test_a_start_that_lost_a_port_is_done_again_and_its_log_kept(tmp_path):
+    run_dir, made, messages = tmp_path / "run", [], []
+    new = servers_failing_with([PortInUseError("port 43459 taken"), None], run_dir, made)
     server = start_on_fresh_ports(new, FakeServer.ready, keep=run_dir, progress=messages.append)
     assert server is made[1] and made[0].events == ["start", "stop"] and made[1].events == ["start"]
     kept = tmp_path / "run.attempt-1" / "torchserve.out"
@@ -128,11 +132,7 @@ def test_a_start_that_lost_a_port_is_done_again_and_its_log_kept(tmp_path):
 
 def test_a_port_lost_every_time_gives_up_after_the_last_attempt(tmp_path):
     made: list[FakeServer] = []
-
-    def new():
-        made.append(FakeServer(PortInUseError("taken"), tmp_path / "run"))
-        return made[-1]
-
+    new = servers_failing_with([PortInUseError("taken")] * START_ATTEMPTS, tmp_path / "run", made)
     with pytest.raises(PortInUseError, match="taken"):
         start_on_fresh_ports(new, FakeServer.ready, keep=tmp_path / "run", progress=lambda message: None)
     assert len(made) == START_ATTEMPTS and all(server.events == ["start", "stop"] for server in made)
@@ -141,11 +141,7 @@ def test_a_port_lost_every_time_gives_up_after_the_last_attempt(tmp_path):
 
 def test_any_other_failure_is_not_retried_and_the_server_is_stopped(tmp_path):
     made: list[FakeServer] = []
-
-    def new():
-        made.append(FakeServer(RuntimeError("model load failed"), tmp_path / "run"))
-        return made[-1]
-
+    new = servers_failing_with([RuntimeError("model load failed")], tmp_path / "run", made)
     with pytest.raises(RuntimeError, match="model load failed"):
         start_on_fresh_ports(new, FakeServer.ready, keep=tmp_path / "run", progress=lambda message: None)
     assert len(made) == 1 and made[0].events == ["start", "stop"]
