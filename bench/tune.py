@@ -94,6 +94,9 @@ def write_tuned_preset(name: str, results: list[RowResult], failed: list[RowFail
     layout, rows = fastest_layout(results)
     if layout["placement"] == Placement.PLAN:
         del layout["workers"]  # the plan decides them; threads, as measured, is its cores per worker
+    # The models measured, and no others: a model the run did not measure has no measured variant,
+    # and may have no archive of the one chosen for the others.
+    layout = {"models": sorted(rows), **layout}
     baselines = {r.model: r.requests_per_s for r in results if r.baseline}
     automatic = automatic_rows(results)
 

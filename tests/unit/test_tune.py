@@ -76,3 +76,25 @@ def test_the_preset_is_chosen_from_the_rows_that_ran_and_names_those_that_failed
     header = path.read_text().splitlines()[:2]
     assert header[1] == "# Chosen without the rows that failed: bert / plan backend variant=openvino"
     assert ServeConfig.from_preset(str(path)).variant.name == "inductor"
+
+
+def test_the_preset_serves_the_models_it_measured_only(tmp_path, monkeypatch):
+    """A mixed winner's majority variant has no archive for a model the run did not measure
+    (round 3 of a `make tune` here: inductor-mkl, and no inductor-mkl minilm.mar)."""
+    from bench import tune
+    from kit import serve_config
+
+    for preset in serve_config.PRESETS.glob("*.yaml"):
+        (tmp_path / preset.name).write_text(preset.read_text())
+    for module in (tune, serve_config):
+        monkeypatch.setattr(module, "PRESETS", tmp_path)
+    monkeypatch.setattr(tune, "CONFIG", tmp_path)
+    monkeypatch.setattr(tune, "STORE", tmp_path / "store")
+    linked = {}
+    monkeypatch.setattr(tune, "link_store", lambda archives, store: linked.update(archives))
+    results = [served("resnet50", "inductor-mkl", "tcmalloc", 40.0), served("bert", "openvino", "default", 16.0)]
+    path = tune.write_tuned_preset("tuned", results)
+    config = ServeConfig.from_preset(str(path))
+    assert config.models == ("bert", "resnet50") and config.variant.name == "inductor-mkl"
+    assert config.model_variants["bert"].name == "openvino"
+    assert set(linked) == {"bert", "resnet50"}
