@@ -12,17 +12,15 @@ VARIANT := $(BACKEND)
 endif
 BIND ?=
 VARIANTS ?= eager,inductor
-# Empty = every model of kit/models.py.
+# Empty = every model file in config/models/ (kit/models.py).
 MODELS ?=
-RESNET50_WEIGHTS ?=
-RESNET50_LABELS ?=
 PYTEST_ARGS ?=
 # The container image: its tag, and the variants whose archives it carries.
 IMAGE ?= localhost/kit-serve:latest
 IMAGE_VARIANTS ?= inductor
 export IMAGE
 
-.PHONY: help install install-ipex archive archive-custom serve itt-trace stop status image image-context image-start bench-preprocess test test-archives test-unit test-e2e lint format clean
+.PHONY: help install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess test test-archives test-unit test-e2e lint format clean
 
 help:
 	@echo "make serve [CONFIG=optimized|baseline|tuned|path.yaml] [VARIANT=name] [MODELS=resnet50,bert] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1] [ITT_TRACE=1]"
@@ -31,7 +29,8 @@ help:
 	@echo "make image [IMAGE=tag] [IMAGE_VARIANTS=inductor,aoti-int8] [BASE=image] | image-context (for docker build)"
 	@echo "make image-start [MODELS=...] [ROUNDS=N]   (container start to ready, per cold-start option)"
 	@echo "make bench [PLAN=quick|default|full] | tune | soak [SOAK_SECONDS=300] | bench-preprocess"
-	@echo "make doctor | profile [MODEL=resnet50|bert|minilm] [VARIANT=inductor]"
+	@echo "make model NAME=mine SRC=hf-dir|model.pt2 [TASK=image-classification|text-classification|feature-extraction] [FORCE=1]"
+	@echo "make doctor | profile MODEL=name [VARIANT=inductor]"
 	@echo "(BACKEND= is the old spelling of VARIANT=, still understood)"
 
 install:
@@ -42,14 +41,13 @@ install-ipex: install
 	@bash scripts/install_ipex.sh
 
 archive: install
-	@$(PY) -m model_store.build $(if $(MODELS),--models $(MODELS)) --variants $(VARIANTS) \
-		$(if $(RESNET50_WEIGHTS),--resnet50-weights $(RESNET50_WEIGHTS)) \
-		$(if $(RESNET50_LABELS),--resnet50-labels $(RESNET50_LABELS))
+	@$(PY) -m model_store.build $(if $(MODELS),--models $(MODELS)) --variants $(VARIANTS)
 
-# Your own model: make archive-custom NAME=mymodel EXPORTED=model.pt2 TASK=image|text-classification|embedding
-archive-custom: install
-	@test -n "$(NAME)" -a -n "$(EXPORTED)" || { echo "usage: make archive-custom NAME=... EXPORTED=file.pt2 [TASK=image]"; exit 2; }
-	@$(PY) -m model_store.build --custom $(NAME) --exported $(EXPORTED) --task $(or $(TASK),image) --variants $(VARIANTS)
+# Your own model: writes config/models/NAME.yaml, then builds its VARIANTS archives.
+model: install
+	@test -n "$(NAME)" -a -n "$(SRC)" || { echo "usage: make model NAME=mine SRC=hf-dir|model.pt2 [TASK=...] [FORCE=1]"; exit 2; }
+	@$(PY) -m model_store.model_file $(NAME) $(SRC) $(if $(TASK),--task $(TASK)) $(if $(FORCE),--force)
+	@$(PY) -m model_store.build --models $(NAME) --variants $(VARIANTS)
 
 # The preset's archives plus VARIANT's (ipex and ipex-compile are served from .venv-ipex).
 serve: VARIANTS := $(VARIANTS)$(if $(VARIANT),$(comma)$(VARIANT))
@@ -114,17 +112,18 @@ clean: stop
 
 PLAN ?= default
 
-.PHONY: bench tune soak doctor profile
-MODEL ?= resnet50
+.PHONY: bench tune soak doctor profile require-model
+require-model:
+	@test -n "$(MODEL)" || { echo "usage: make $(MAKECMDGOALS) MODEL=name [VARIANT=inductor] (a model of config/models/)"; exit 2; }
 SOAK_SECONDS ?= 300
 # Compare serving configurations with ab on the real server: bench/results/<time>/ (+ latest).
 # The bench builds the archives of the variants its plan names.
 bench: install
-	@$(PY) -m bench --plan $(PLAN)
+	@$(PY) -m bench --plan $(PLAN) $(if $(MODELS),--models $(MODELS))
 
 # Search the layout and write the winner as config/presets/tuned.yaml: `make serve CONFIG=tuned`.
 tune: install
-	@$(PY) -m bench --plan tune --write-preset tuned
+	@$(PY) -m bench --plan tune --write-preset tuned $(if $(MODELS),--models $(MODELS))
 
 # Soak at concurrency 8, kill -9 a worker under load, restart on a warm cache: bench/results/soak-<time>/.
 soak: archive
@@ -132,10 +131,12 @@ soak: archive
 
 # Which compiler stage breaks MODEL or changes its numbers; minified repro: logs/doctor/<model>-<time>/.
 doctor: VARIANTS := $(or $(VARIANT),inductor)
-doctor: archive
+doctor: MODELS := $(MODEL)
+doctor: require-model archive
 	@$(PY) -m diagnose doctor --model $(MODEL) --variant $(or $(VARIANT),inductor) $(if $(DEBUG_DUMP),--debug-dump)
 
 # Eager vs VARIANT (default inductor) under torch.profiler (+ top-down where perf can): logs/profile/<model>-<time>/.
 profile: VARIANTS := $(or $(VARIANT),inductor)
-profile: archive
+profile: MODELS := $(MODEL)
+profile: require-model archive
 	@$(PY) -m diagnose profile --model $(MODEL) --variant $(or $(VARIANT),inductor)

@@ -42,11 +42,12 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--plan", default="default", help="quick | default | full | tune | path/to/plan.yaml")
     parser.add_argument("--out", type=Path, default=None, help="results directory (default: bench/results/<time>)")
+    parser.add_argument("--models", default="", help="comma list: run the plan for these models instead of its own")
     parser.add_argument("--write-preset", default="", help="write the fastest layout as config/presets/NAME.yaml")
     args = parser.parse_args(argv)
     command = "python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     try:
-        plan = load_plan(args.plan)
+        plan = load_plan(args.plan, [m for m in args.models.split(",") if m])
     except PlanError as error:
         print(f"[bench] ERROR: {error}", file=sys.stderr)
         return 2

@@ -32,7 +32,7 @@ from pathlib import Path
 import psutil
 
 from bench.results import RunEnvironment
-from kit.models import MODEL_NAMES
+from kit.models import model_names
 
 RESULTS = Path(__file__).resolve().parent / "results"
 READY_LINE = "[run] serving"
@@ -101,7 +101,7 @@ def markdown(env: RunEnvironment, image: str, models: str, rows: list[dict]) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--image", default=os.environ.get("IMAGE", ""), help="image tag (make passes IMAGE)")
-    parser.add_argument("--models", default=",".join(MODEL_NAMES))
+    parser.add_argument("--models", default=",".join(model_names()))
     parser.add_argument("--rounds", type=int, default=1, help="starts per option (each cold one with a new cache)")
     args = parser.parse_args(argv)
     if not args.image:

@@ -1,7 +1,7 @@
 """Request bodies for the bench, by name: what people send to an image or a text model.
 
     payload = write_payload("phone", out_dir)      # Payload(name="phone", path=..., content_type="image/jpeg")
-    body = PAYLOADS[DEFAULT_PAYLOAD[Task.IMAGE]].body()
+    body = PAYLOADS[DEFAULT_PAYLOAD[Medium.IMAGE]].body()
 
 Images: a thumbnail, a photo-like 640x480 JPEG (the default), a 12 MP phone photo (a real
 photograph), a PNG with an alpha channel. Text: a short query, a typical 128-token passage (the
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from kit.models import Task
+from kit.models import Medium
 
 TEXT_TOKENS = 128  # including [CLS] and [SEP]: exactly the served max_length, nothing padded
 PARAGRAPH = (
@@ -91,7 +91,7 @@ def png_with_alpha(width: int = 640, height: int = 480) -> bytes:
 def sentence(tokens: int = TEXT_TOKENS) -> str:
     """The paragraph cut to exactly `tokens` bert-base-uncased tokens including [CLS]/[SEP]."""
     from handlers.text import load_tokenizer
-    from model_store.build import minilm_dir
+    from model_store.recipes import minilm_dir
 
     tokenizer = load_tokenizer(minilm_dir())
     tokenizer.no_truncation()  # the whole text, then cut here
@@ -112,7 +112,7 @@ class Body:
 
 @dataclasses.dataclass(frozen=True)
 class PayloadKind:
-    task: Task
+    medium: Medium
     content_type: str
     file_name: str
     make: Callable[[], bytes | str]
@@ -123,16 +123,16 @@ class PayloadKind:
 
 
 PAYLOADS = {
-    "thumbnail": PayloadKind(Task.IMAGE, "image/jpeg", "thumbnail.jpg", lambda: photo_jpeg(224, 168)),
-    "vga": PayloadKind(Task.IMAGE, "image/jpeg", "photo.jpg", photo_jpeg),
-    "phone": PayloadKind(Task.IMAGE, "image/jpeg", "phone.jpg", lambda: phone_jpeg("skimage/data/coffee.png")),
-    "png-alpha": PayloadKind(Task.IMAGE, "image/png", "alpha.png", png_with_alpha),
-    "short": PayloadKind(Task.TEXT, "text/plain", "short.txt", lambda: sentence(16)),
-    "typical": PayloadKind(Task.TEXT, "text/plain", "sentence.txt", sentence),
+    "thumbnail": PayloadKind(Medium.IMAGE, "image/jpeg", "thumbnail.jpg", lambda: photo_jpeg(224, 168)),
+    "vga": PayloadKind(Medium.IMAGE, "image/jpeg", "photo.jpg", photo_jpeg),
+    "phone": PayloadKind(Medium.IMAGE, "image/jpeg", "phone.jpg", lambda: phone_jpeg("skimage/data/coffee.png")),
+    "png-alpha": PayloadKind(Medium.IMAGE, "image/png", "alpha.png", png_with_alpha),
+    "short": PayloadKind(Medium.TEXT, "text/plain", "short.txt", lambda: sentence(16)),
+    "typical": PayloadKind(Medium.TEXT, "text/plain", "sentence.txt", sentence),
     # Four times the served max_length: the handler truncates (and says so in its answer).
-    "long": PayloadKind(Task.TEXT, "text/plain", "long.txt", lambda: sentence(4 * TEXT_TOKENS)),
+    "long": PayloadKind(Medium.TEXT, "text/plain", "long.txt", lambda: sentence(4 * TEXT_TOKENS)),
 }
-DEFAULT_PAYLOAD = {Task.IMAGE: "vga", Task.TEXT: "typical"}
+DEFAULT_PAYLOAD = {Medium.IMAGE: "vga", Medium.TEXT: "typical"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,9 +144,9 @@ class Payload:
     content_type: str
 
 
-def body_for(task: Task) -> Body:
-    """The task's default body."""
-    return PAYLOADS[DEFAULT_PAYLOAD[task]].body()
+def body_for(medium: Medium) -> Body:
+    """The default body of what a model takes."""
+    return PAYLOADS[DEFAULT_PAYLOAD[medium]].body()
 
 
 def write_payload(name: str, out_dir: Path) -> Payload:

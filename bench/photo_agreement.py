@@ -22,10 +22,17 @@ import torch
 from PIL import Image, ImageOps
 
 from bench.payloads import PHOTOS, photo, to_phone_jpeg
-from handlers.image import IMAGENET_MEAN, IMAGENET_STD, decode_image, image_to_tensor, normalise, resize_and_crop
-from handlers.settings import ImageSettings
+from handlers.image import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Preprocessing,
+    decode_image,
+    image_to_tensor,
+    normalise,
+    resize_and_crop,
+)
 
-RESIZE, CROP = ImageSettings().resize, ImageSettings().crop  # the served image models' recipe
+RESIZE, CROP = Preprocessing().resize, Preprocessing().crop  # the served image models' recipe
 # 4:3 framings of each photo, as a phone frames a scene wide or close; the smaller ones also at
 # the four corners, each also mirrored (242 views of 11 photos; 33 centred only).
 FRAMING_SCALES = (1.0, 0.75, 0.5)
@@ -35,8 +42,8 @@ DECISIVE_MARGIN = 0.05
 Preprocess = Callable[[bytes], torch.Tensor]
 REFERENCE = "whole decode (reference)"
 PATHS: dict[str, Preprocess] = {
-    REFERENCE: lambda data: image_to_tensor(data, RESIZE, CROP, reduce=False),
-    "reduced decode (the kit)": lambda data: image_to_tensor(data, RESIZE, CROP),
+    REFERENCE: lambda data: image_to_tensor(data, reduce=False),
+    "reduced decode (the kit)": lambda data: image_to_tensor(data),
     "whole decode, bicubic resize (noise floor)": lambda data: normalise(
         resize_and_crop(decode_image(data), RESIZE, CROP, Image.Resampling.BICUBIC)
     ),
@@ -86,7 +93,9 @@ def imagenet_classifier() -> Callable[[torch.Tensor], torch.Tensor]:
     model.eval()
 
     def probabilities(x: torch.Tensor) -> torch.Tensor:
-        pixels = (x * IMAGENET_STD + IMAGENET_MEAN) * 255.0  # undo the kit's normalisation, exactly
+        pixels = (
+            x * torch.tensor(IMAGENET_STD).view(3, 1, 1) + torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
+        ) * 255.0  # undo the kit's normalisation, exactly
         with torch.inference_mode():
             return torch.softmax(model((pixels - 127.0) / 128.0), dim=1)  # the model's own
 

@@ -34,7 +34,7 @@ from bench.payloads import DEFAULT_PAYLOAD, PAYLOADS
 from bench.peer_apps import Framework
 from bench.results import Precision
 from handlers.settings import SettingsError, parse_settings
-from kit.models import MODEL_NAMES, MODELS
+from kit.models import Model, check_models, model_names
 from kit.plan import thread_counts
 from kit.serve_config import ServeConfig
 from kit.topology import Topology, read_topology
@@ -110,7 +110,7 @@ class RunSettings:
     # Served rows record their workers' ITT ranges with the kit's collector (kit/itt.py): two
     # write(2)s per inference call, far below the run-to-run noise.
     itt: bool = True
-    models: tuple[str, ...] = MODEL_NAMES
+    models: tuple[str, ...] = dataclasses.field(default_factory=lambda: tuple(model_names()))
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -134,14 +134,14 @@ class Row:
 
 def row_payload(where: str, model: str, name: str | None) -> str:
     """The row's payload for this model: the named one (it must fit the model's task) or the task's default."""
-    task = MODELS[model].task
+    medium = Model.load(model).task.medium
     if name is None:
-        return DEFAULT_PAYLOAD[task]
+        return DEFAULT_PAYLOAD[medium]
     if name not in PAYLOADS:
         raise PlanError(f"{where}: unknown payload {name!r}; choose one of {sorted(PAYLOADS)}")
-    if PAYLOADS[name].task is not task:
-        fitting = sorted(n for n, kind in PAYLOADS.items() if kind.task is task)
-        raise PlanError(f"{where}: payload {name!r} is not a {task.value} body for {model}; use one of {fitting}")
+    if PAYLOADS[name].medium is not medium:
+        fitting = sorted(n for n, kind in PAYLOADS.items() if kind.medium is medium)
+        raise PlanError(f"{where}: payload {name!r} is not a {medium.value} body for {model}; use one of {fitting}")
     return name
 
 
@@ -188,6 +188,7 @@ def _expand(raw: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
 
 
 def _rows(index: int, raw: dict[str, Any], run: RunSettings, topology: Topology | None) -> list[Row]:
+    """The row's expansion over its list-valued keys and its models (those of the run it names)."""
     where = f"row {index + 1} ({raw.get('name', 'unnamed')!r})"
     if raw.get("threads") == THREADS_UP_TO_L3:  # none on a machine of one-core L3 domains
         raw = {**raw, "threads": thread_counts(topology or read_topology())}
@@ -202,7 +203,7 @@ def _rows(index: int, raw: dict[str, Any], run: RunSettings, topology: Topology 
     rows = []
     for values, suffix in _expand(raw):
         overrides = {k: v for k, v in values.items() if k in SERVE_KEYS}
-        for model in values.get("models", run.models):
+        for model in [m for m in values.get("models", run.models) if m in run.models]:
             try:
                 serve = ServeConfig.from_preset(values.get("preset", "optimized"), models=[model], **overrides)
             except SettingsError as error:
@@ -214,9 +215,18 @@ def _rows(index: int, raw: dict[str, Any], run: RunSettings, topology: Topology 
     return rows
 
 
-def parse_plan(name: str, raw: dict[str, Any], topology: Topology | None = None) -> Plan:
-    """`topology` (default: this machine's) sizes the rows that depend on it (`threads: up-to-l3`)."""
+def parse_plan(
+    name: str, raw: dict[str, Any], topology: Topology | None = None, models: list[str] | None = None
+) -> Plan:
+    """`topology` (default: this machine's) sizes the rows that depend on it (`threads: up-to-l3`).
+    `models` replaces the plan's: rows naming other models are left out, the others run for these."""
     raw = dict(raw or {})
+    if models:
+        try:
+            check_models(models)
+        except SettingsError as error:
+            raise PlanError(str(error)) from None
+        raw["models"] = list(models)
     row_specs = raw.pop("rows", None)
     if not row_specs:
         raise PlanError(f"plan {name!r} has no rows")
@@ -230,6 +240,8 @@ def parse_plan(name: str, raw: dict[str, Any], topology: Topology | None = None)
     except SettingsError as error:
         raise PlanError(f"plan {name!r}: {error}") from None
     rows = [row for index, spec in enumerate(row_specs) for row in _rows(index, spec, run, topology)]
+    if not rows:
+        raise PlanError(f"plan {name!r} has no row for the models {list(run.models)}")
     # All rows of a model together, models in the plan's order (stable: row order kept within).
     order = {model: i for i, model in enumerate(run.models)}
     rows.sort(key=lambda row: order.get(row.model, len(order)))
@@ -240,9 +252,9 @@ def parse_plan(name: str, raw: dict[str, Any], topology: Topology | None = None)
     return Plan(name, run, tuple(rows), peers, served_peers)
 
 
-def load_plan(name_or_path: str) -> Plan:
+def load_plan(name_or_path: str, models: list[str] | None = None) -> Plan:
     path = Path(name_or_path) if name_or_path.endswith((".yaml", ".yml")) else PLANS / f"{name_or_path}.yaml"
     if not path.is_file():
         choices = ", ".join(sorted(p.stem for p in PLANS.glob("*.yaml")))
         raise PlanError(f"plan {name_or_path!r} not found; choose one of: {choices}, or a path to a .yaml file")
-    return parse_plan(path.stem, yaml.safe_load(path.read_text()))
+    return parse_plan(path.stem, yaml.safe_load(path.read_text()), models=models)

@@ -12,7 +12,7 @@ from typing import Any
 
 from bench.payloads import DEFAULT_PAYLOAD
 from bench.results import BenchRun, InProcessResult, Precision, RowResult
-from kit.models import MODELS
+from kit.models import Model
 
 # Targets of the bench issue, checked on every run: (model, minimum speedup of the best row).
 SPEEDUP_TARGETS = {"resnet50": 3.0, "bert": 2.0}
@@ -32,7 +32,7 @@ class TargetCheck:
 
 def comparable(results: list[RowResult], model: str, kind: str = "served") -> list[RowResult]:
     """The model's error-free rows of `kind` on its default payload: what targets compare."""
-    payload = DEFAULT_PAYLOAD[MODELS[model].task]
+    payload = DEFAULT_PAYLOAD[Model.load(model).task.medium]
     return [r for r in results if r.model == model and r.kind == kind and r.payload == payload
             and r.non_2xx == 0 and r.failed == 0]  # fmt: skip
 

@@ -31,7 +31,7 @@ from bench.results import PRECISION_OF_DTYPE, BenchRun, InProcessResult, Measure
 from bench.served_peers import peer_log, row_name, run_served_peer
 from handlers.itt import parse_range_name
 from kit.itt import Range, chrome_trace, read_ranges
-from kit.models import MODELS
+from kit.models import Model
 from kit.procinfo import busy_fractions, cpu_times, live_process
 from kit.serve_config import ConfigError
 from kit.server import ServerError, start_ready
@@ -227,7 +227,7 @@ def record(run: BenchRun, failure: RowFailure, measure: Callable[[], RowResult])
 
 def run_served_peers(plan: Plan, out_dir: Path, run: BenchRun) -> None:
     for model in plan.run.models:
-        payload = write_payload(DEFAULT_PAYLOAD[MODELS[model].task], out_dir / "payloads")
+        payload = write_payload(DEFAULT_PAYLOAD[Model.load(model).task.medium], out_dir / "payloads")
         for peer in plan.served_peers:
             log(f"served peer {model} / {peer.name}: start, warm up, ab {plan.run.seconds}s")
             log_path = peer_log(peer, model, plan.run, out_dir)

@@ -44,7 +44,7 @@ from bench.soak_report import (
     markdown,
 )
 from handlers.settings import SettingsError, parse_settings
-from kit.models import MODELS
+from kit.models import Model
 from kit.paths import INDUCTOR_CACHE
 from kit.procinfo import mapped_files
 from kit.serve_config import ServeConfig
@@ -56,8 +56,8 @@ READY_LINE = re.compile(r"ready: backend=(\w+) ")
 
 
 def request_mix(models: tuple[str, ...]) -> list[Request]:
-    bodies = {task: body_for(task) for task in {MODELS[m].task for m in models}}
-    return [Request(m, bodies[MODELS[m].task].data, bodies[MODELS[m].task].content_type) for m in models]
+    bodies = {m: body_for(Model.load(m).task.medium) for m in models}
+    return [Request(m, bodies[m].data, bodies[m].content_type) for m in models]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -148,7 +148,7 @@ def full_rate_after(samples: list[Sample], killed_at: float, end: float, rate_be
 
 
 def kill_phase(server: Server, settings: SoakSettings, progress: Callable[[str], None]) -> KillPhase:
-    model = settings.kill_model
+    model = settings.killed
     workers = [w for w in server.workers() if w.model == model and w.process]
     victim, siblings = workers[0], workers[1:]
     mix = [r for r in request_mix(settings.models) if r.model == model]

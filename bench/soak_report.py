@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 from handlers.settings import SettingsError
-from kit.models import MODEL_NAMES
+from kit.models import model_names
 from kit.server import START_DEADLINE_S
 
 RECOVERED_FRACTION = 0.85  # of the pre-kill rate; run-to-run noise on 2 shared cores is ~10 %
@@ -20,10 +20,10 @@ RECOVERED_FRACTION = 0.85  # of the pre-kill rate; run-to-run noise on 2 shared 
 @dataclasses.dataclass(frozen=True)
 class SoakSettings:
     preset: str = "optimized"
-    models: tuple[str, ...] = MODEL_NAMES
+    models: tuple[str, ...] = dataclasses.field(default_factory=lambda: tuple(model_names()))
     seconds: int = 300  # soak length
     concurrency: int = 8
-    kill_model: str = "resnet50"
+    kill_model: str = ""  # "": the first served model
     before_kill_s: int = 10  # load before the kill: the reference rate
     after_recovery_s: int = 10  # load after the replacement is READY
     recovery_deadline_s: int = 300
@@ -32,8 +32,14 @@ class SoakSettings:
     start_deadline_s: float = START_DEADLINE_S
 
     def __post_init__(self) -> None:
-        if self.kill_model not in self.models:
-            raise SettingsError(f"kill_model {self.kill_model!r} is not among the served models {list(self.models)}")
+        if not self.models:
+            raise SettingsError("a soak needs at least one model to serve")
+        if self.killed not in self.models:
+            raise SettingsError(f"kill_model {self.killed!r} is not among the served models {list(self.models)}")
+
+    @property
+    def killed(self) -> str:
+        return self.kill_model or self.models[0]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m diagnose", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("command", choices=["doctor", "profile"])
-    parser.add_argument("--model", required=True, help="resnet50 | bert | minilm | a custom archive name")
+    parser.add_argument("--model", required=True, help="a model of config/models/ (kit/models.py)")
     parser.add_argument("--variant", default="inductor", help="model_store/<variant>/ (default: inductor)")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: one served worker)")

@@ -90,7 +90,7 @@ class OptimizedHandler(abc.ABC):
         if self.settings.traits.precompiled:
             model, checks = None, []
         else:
-            model, checks = load_model(self.settings.architecture, self.model_dir), self.checks(self.buckets[0])
+            model, checks = load_model(self.settings, self.model_dir), self.checks(self.buckets[0])
         load_seconds = time.perf_counter() - start
         self.optimized = optimize(
             model, self.settings, [self.example(size) for size in self.buckets], Path(self.model_dir), checks

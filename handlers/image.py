@@ -1,6 +1,8 @@
-"""JPEG/PNG bytes -> normalized [3, crop, crop] float tensor, the torchvision ImageNet recipe.
+"""JPEG/PNG bytes -> normalized [3, crop, crop] float tensor: torchvision's ImageNet recipe by default,
+or what a Hugging Face image processor says (model_store/huggingface.py derives a Preprocessing).
 
-x = image_to_tensor(open("cat.jpg", "rb").read(), resize=256, crop=224)
+x = image_to_tensor(open("cat.jpg", "rb").read())                       # resize 256, crop 224, ImageNet
+x = image_to_tensor(data, Preprocessing(resize=224, crop=224, fit=Fit.STRETCH, mean=(0.5,) * 3, std=(0.5,) * 3))  # ViT
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from handlers.payload import InvalidInput
+from handlers.settings import IMAGENET_MEAN, IMAGENET_STD, Fit, Preprocessing, Resample  # noqa: F401 - re-exported
 
-IMAGENET_MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
-IMAGENET_STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
+PIL_FILTERS = {r: Image.Resampling[r.name] for r in Resample}
+IMAGENET = Preprocessing()  # torchvision's recipe: what the bundled image model was trained with
+
 # 64 MP: far above any camera photo, far below what would exhaust worker memory (x3 bytes RGB).
 MAX_PIXELS = 64_000_000
 # A JPEG is decoded at the smallest of libjpeg's DCT scales (1/2, 1/4, 1/8) that keeps its shorter
@@ -81,12 +85,20 @@ def resize_and_crop(
     return image.resize((crop, crop), resample, box=box)
 
 
-def image_to_tensor(data: bytes, resize: int, crop: int, reduce: bool = True) -> torch.Tensor:
+def image_to_tensor(data: bytes, preprocessing: Preprocessing = IMAGENET, reduce: bool = True) -> torch.Tensor:
     """reduce=False decodes a large JPEG whole (the reference the reduced decode is checked against)."""
-    return normalise(resize_and_crop(decode_image(data, resize if reduce else None), resize, crop))
+    p = preprocessing
+    image = decode_image(data, p.resize if reduce else None)
+    if p.fit is Fit.CROP:
+        return normalise(resize_and_crop(image, p.resize, p.crop, PIL_FILTERS[p.resample]), p)
+    image = image.resize((p.resize, p.resize), PIL_FILTERS[p.resample])
+    offset = (p.resize - p.crop) // 2  # Hugging Face's center_crop: floor on both sides
+    return normalise(image.crop((offset, offset, offset + p.crop, offset + p.crop)), p)
 
 
-def normalise(image: Image.Image) -> torch.Tensor:
-    """RGB image -> [3, H, W] float tensor with ImageNet's mean and std."""
-    pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) / 255.0)  # [H, W, 3]
-    return (pixels.permute(2, 0, 1) - IMAGENET_MEAN) / IMAGENET_STD
+def normalise(image: Image.Image, preprocessing: Preprocessing = IMAGENET) -> torch.Tensor:
+    """RGB image -> [3, H, W] float tensor: rescaled, then the mean taken off and divided by the std."""
+    p = preprocessing
+    pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) * np.float32(p.rescale))  # [H, W, 3]
+    mean, std = torch.tensor(p.mean).view(3, 1, 1), torch.tensor(p.std).view(3, 1, 1)
+    return (pixels.permute(2, 0, 1) - mean) / std

@@ -26,13 +26,13 @@ class ImageClassificationHandler(OptimizedHandler):
 
     def decode(self, request: dict[str, Any]) -> Inputs:
         reduce = not self.diagnostics.whole_jpeg_decode
-        return (image_to_tensor(request_bytes(request), self.settings.resize, self.settings.crop, reduce),)
+        return (image_to_tensor(request_bytes(request), self.settings.preprocessing, reduce),)
 
     def example(self, batch_size: int) -> Inputs:
         return (torch.randn(batch_size, 3, self.settings.crop, self.settings.crop),)
 
     def sample(self, index: int) -> Inputs:
-        return (image_to_tensor(synthetic_photo(index), self.settings.resize, self.settings.crop),)
+        return (image_to_tensor(synthetic_photo(index), self.settings.preprocessing),)
 
     def format(self, output: torch.Tensor) -> dict[str, float]:
         probabilities = torch.softmax(output.float(), dim=0)

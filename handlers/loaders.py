@@ -1,14 +1,13 @@
 """Build an eval-mode nn.Module from the files of an extracted model archive.
 
-    model = load_model(Architecture.RESNET50, "/tmp/models/abc123")
+    model = load_model(settings, "/tmp/models/abc123")
 
-The archive says which loader to use (`architecture:` in model-config.yaml); the loader
-never guesses from file names.
+The archive says which loader to use (`architecture:` in model-config.yaml's handler settings);
+the loader never guesses from file names.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -16,11 +15,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from handlers.settings import Architecture
+from handlers.settings import Architecture, OptimizationSettings
 
 WEIGHTS_FILE = "model.pt"  # a state dict
 EXPORTED_FILE = "model.pt2"  # a torch.export ExportedProgram
-TEXT_CONFIG_FILE = "config.json"  # transformers BertConfig
+TEXT_CONFIG_FILE = "config.json"  # transformers' model config (BERT recipes, Hugging Face directories)
 
 
 def _require(model_dir: Path, name: str) -> Path:
@@ -34,7 +33,7 @@ def _state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(_require(model_dir, WEIGHTS_FILE), map_location="cpu", weights_only=True)
 
 
-def _load_resnet50(model_dir: Path) -> nn.Module:
+def _load_resnet50(model_dir: Path, settings) -> nn.Module:
     from handlers.architectures.resnet import resnet50
 
     model = resnet50()
@@ -42,35 +41,65 @@ def _load_resnet50(model_dir: Path) -> nn.Module:
     return model
 
 
-def _bert_config(model_dir: Path):
-    from transformers import BertConfig
+def _bert(class_name: str) -> Callable[[Path, OptimizationSettings], nn.Module]:
+    def load(model_dir: Path, settings) -> nn.Module:
+        from transformers import BertConfig
 
-    return BertConfig(**json.loads(_require(model_dir, TEXT_CONFIG_FILE).read_text()))
+        from handlers.architectures import text
+
+        config = BertConfig(**json.loads(_require(model_dir, TEXT_CONFIG_FILE).read_text()))
+        model = getattr(text, class_name)(config)
+        model.load_state_dict(_state_dict(model_dir))
+        return model
+
+    return load
 
 
-def _load_bert(model_dir: Path, class_name: str) -> nn.Module:
-    from handlers.architectures import text
-
-    model = getattr(text, class_name)(_bert_config(model_dir))
-    model.load_state_dict(_state_dict(model_dir))
-    return model
-
-
-def _load_exported_program(model_dir: Path) -> nn.Module:
+def _load_exported_program(model_dir: Path, settings) -> nn.Module:
     return torch.export.load(_require(model_dir, EXPORTED_FILE)).module()
 
 
-LOADERS: dict[Architecture, Callable[[Path], nn.Module]] = {
+def _pretrained(auto_class: str, model_dir: Path) -> nn.Module:
+    import transformers
+
+    _require(model_dir, TEXT_CONFIG_FILE)
+    # Offline by construction: a local directory, never a hub name.
+    return getattr(transformers, auto_class).from_pretrained(str(model_dir), local_files_only=True)
+
+
+def _load_hf_sequence_classifier(model_dir: Path, settings) -> nn.Module:
+    from handlers.architectures.auto import logits, text_model
+
+    return text_model(_pretrained("AutoModelForSequenceClassification", model_dir), settings, logits)
+
+
+def _load_hf_image_classifier(model_dir: Path, settings) -> nn.Module:
+    from handlers.architectures.auto import ImageClassifier
+
+    return ImageClassifier(_pretrained("AutoModelForImageClassification", model_dir))
+
+
+def _load_hf_feature_extractor(model_dir: Path, settings) -> nn.Module:
+    from handlers.architectures.auto import pooled, text_model
+
+    return text_model(_pretrained("AutoModel", model_dir), settings, pooled(settings))
+
+
+LOADERS: dict[Architecture, Callable[[Path, OptimizationSettings], nn.Module]] = {
     Architecture.RESNET50: _load_resnet50,
-    Architecture.BERT_CLASSIFIER: functools.partial(_load_bert, class_name="BertClassifier"),
-    Architecture.SENTENCE_EMBEDDER: functools.partial(_load_bert, class_name="SentenceEmbedder"),
+    Architecture.BERT_CLASSIFIER: _bert("BertClassifier"),
+    Architecture.SENTENCE_EMBEDDER: _bert("SentenceEmbedder"),
     Architecture.EXPORTED_PROGRAM: _load_exported_program,
+    Architecture.HF_SEQUENCE_CLASSIFIER: _load_hf_sequence_classifier,
+    Architecture.HF_IMAGE_CLASSIFIER: _load_hf_image_classifier,
+    Architecture.HF_FEATURE_EXTRACTOR: _load_hf_feature_extractor,
 }
 
 
-def load_model(architecture: Architecture, model_dir: str | Path) -> nn.Module:
-    model = LOADERS[architecture](Path(model_dir))
+def load_model(settings: OptimizationSettings, model_dir: str | Path) -> nn.Module:
+    """The archive's model for these handler settings (their `architecture` picks the loader)."""
+    model = LOADERS[settings.architecture](Path(model_dir), settings)
     # An ExportedProgram's module() refuses .eval(); it is already in inference form.
-    if architecture is not Architecture.EXPORTED_PROGRAM:
+    if settings.architecture is not Architecture.EXPORTED_PROGRAM:
         model.eval()
     return model

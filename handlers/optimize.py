@@ -152,6 +152,6 @@ def optimize(
             ) from error
         log.warning("backend %s failed, falling back to eager as configured: %s", settings.backend.value, reason)
         if prepared is None:
-            prepared = prepare(load_model(settings.architecture, spec.archive()), settings)
+            prepared = prepare(load_model(settings, spec.archive()), settings)
         eager = OptimizedModel(prepared, Backend.EAGER, settings.channels_last, fallback_reason=reason)
         return warm_up(eager, examples, settings.warmup_iterations)

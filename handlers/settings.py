@@ -28,6 +28,52 @@ class Architecture(enum.StrEnum):
     BERT_CLASSIFIER = "bert-classifier"
     SENTENCE_EMBEDDER = "sentence-embedder"
     EXPORTED_PROGRAM = "exported-program"
+    # A Hugging Face Transformers directory, through its Auto class (handlers/architectures/auto.py).
+    HF_SEQUENCE_CLASSIFIER = "hf-sequence-classifier"
+    HF_IMAGE_CLASSIFIER = "hf-image-classifier"
+    HF_FEATURE_EXTRACTOR = "hf-feature-extractor"
+
+
+class Pooling(enum.StrEnum):
+    """How a feature extractor turns token states [B, S, H] into one vector [B, H]."""
+
+    MEAN = "mean"  # over the real tokens (sentence-transformers' usual recipe)
+    CLS = "cls"  # the first token's state
+
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class Fit(enum.StrEnum):
+    """How the image reaches crop x crop."""
+
+    CROP = "crop"  # shorter side to `resize`, then the centre crop x crop (torchvision, ConvNeXt)
+    # Both sides to `resize` (aspect ratio not kept), then the centre crop x crop when smaller:
+    # Hugging Face's {height, width} resizing (ViT: resize = crop, DeiT: 256 then 224).
+    STRETCH = "stretch"
+
+
+class Resample(enum.StrEnum):
+    """PIL's resampling filters (handlers/image.py maps them to PIL's)."""
+
+    NEAREST = "nearest"
+    BILINEAR = "bilinear"
+    BICUBIC = "bicubic"
+    LANCZOS = "lanczos"
+
+
+@dataclasses.dataclass(frozen=True)
+class Preprocessing:
+    """Image bytes -> model input (handlers/image.py); torchvision's ImageNet recipe by default."""
+
+    resize: int = 256
+    crop: int = 224
+    fit: Fit = Fit.CROP
+    resample: Resample = Resample.BILINEAR
+    rescale: float = 1 / 255  # 8-bit pixel -> this scale, before mean and std
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
 
 
 class CompileMode(enum.StrEnum):
@@ -117,8 +163,14 @@ class ImageSettings(OptimizationSettings):
     top_k: int = 5
     # Optional JSON file in the archive: {"0": "tench", ...} or ["tench", ...].
     labels_file: str = ""
-    resize: int = 256
-    crop: int = 224
+    # handlers/image.py's Preprocessing; a Hugging Face model's come from its preprocessor_config.json.
+    resize: int = Preprocessing.resize
+    crop: int = Preprocessing.crop
+    fit: Fit = Preprocessing.fit
+    resample: Resample = Preprocessing.resample
+    rescale: float = Preprocessing.rescale
+    mean: tuple[float, ...] = Preprocessing.mean
+    std: tuple[float, ...] = Preprocessing.std
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -126,6 +178,12 @@ class ImageSettings(OptimizationSettings):
             raise SettingsError(f"need 0 < crop <= resize, got crop={self.crop} resize={self.resize}")
         if self.top_k < 1:
             raise SettingsError(f"top_k must be >= 1, got {self.top_k}")
+        if len(self.mean) != 3 or len(self.std) != 3 or not all(s > 0 for s in self.std):
+            raise SettingsError(f"mean and std need 3 values (R, G, B), std > 0; got mean={self.mean} std={self.std}")
+
+    @property
+    def preprocessing(self) -> Preprocessing:
+        return Preprocessing(self.resize, self.crop, self.fit, self.resample, self.rescale, self.mean, self.std)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +194,12 @@ class TextSettings(OptimizationSettings):
     # Every request is padded to this length: one static shape to compile, nothing to recompile.
     max_length: int = 128
     labels_file: str = ""
+    # What the model's forward takes, in its order; the tokenizer gives each (tokenizer.json).
+    input_names: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")
+    pad_token: str = "[PAD]"
+    # hf-feature-extractor only: token states -> one unit-length (normalize) vector.
+    pooling: Pooling = Pooling.MEAN
+    normalize: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -216,6 +280,10 @@ def parse_settings(cls: type[S], raw: Mapping[str, Any] | None) -> S:
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise SettingsError(f"unknown setting(s) {unknown} for {cls.__name__}; valid keys: {sorted(fields)}")
+    required = [name for name, f in fields.items() if f.default is f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in raw]
+    if missing:
+        raise SettingsError(f"missing setting(s) {missing} for {cls.__name__}; it needs {required}")
     hints = typing.get_type_hints(cls)
     values = {name: _coerce(name, hints[name], value) for name, value in raw.items()}
     return cls(**values)

@@ -1,38 +1,49 @@
-"""UTF-8 text -> BERT inputs padded to a fixed length (one static shape for the compiler).
+"""UTF-8 text -> a model's token inputs padded to a fixed length (one static shape for the compiler).
 
-tokenizer = load_tokenizer(model_dir)
-encoded = encode(tokenizer, "a sentence", max_length=128)  # encoded.inputs: 3 x [128]
+tokenizer = load_tokenizer(model_dir, pad_token="[PAD]")
+encoded = encode(tokenizer, "a sentence", max_length=128, names=("input_ids", "attention_mask"))
+encoded.inputs                      # 2 x [128] int64, in the order of `names`
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 TOKENIZER_FILE = "tokenizer.json"
+# What the Rust tokenizer's Encoding gives, under the names models' forwards take.
+ENCODING_FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Encoded:
-    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # input_ids, attention_mask, token_type_ids: [S]
+    inputs: tuple[torch.Tensor, ...]  # one [S] int64 tensor per input name
     truncated: bool
 
 
-def load_tokenizer(model_dir: str | Path):
-    # The Rust tokenizer alone (what transformers' BertTokenizerFast wraps): importing
-    # transformers for it cost a text worker's start ~0.8 s. tests/unit/test_text.py checks that
-    # both give the same ids, masks and truncation.
+def load_tokenizer(model_dir: str | Path, pad_token: str = "[PAD]"):
+    # The Rust tokenizer alone (what transformers' fast tokenizers wrap): importing transformers
+    # for it cost a text worker's start ~0.8 s. tests/unit/test_text.py checks that both give the
+    # same ids, masks and truncation.
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(Path(model_dir) / TOKENIZER_FILE))
+    tokenizer = Tokenizer.from_file(str(Path(model_dir) / TOKENIZER_FILE))
+    pad_id = tokenizer.token_to_id(pad_token)
+    if pad_id is None:
+        raise ValueError(
+            f"pad_token {pad_token!r} is not in the vocabulary of {TOKENIZER_FILE}; set the model's pad_token"
+        )
+    tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)
+    return tokenizer
 
 
-def encode(tokenizer, text: str, max_length: int) -> Encoded:
+def encode(tokenizer, text: str, max_length: int, names: Sequence[str] = tuple(ENCODING_FIELDS)) -> Encoded:
     tokenizer.enable_truncation(max_length)
-    tokenizer.enable_padding(length=max_length)
+    tokenizer.enable_padding(**{**tokenizer.padding, "length": max_length})  # the pad token load_tokenizer set
     encoding = tokenizer.encode(text)
-    inputs = tuple(torch.tensor(ids) for ids in (encoding.ids, encoding.attention_mask, encoding.type_ids))
+    inputs = tuple(torch.tensor(getattr(encoding, ENCODING_FIELDS[name])) for name in names)
     # The cut-off windows are only counted, to tell the caller the text was cut.
     return Encoded(inputs=inputs, truncated=bool(encoding.overflowing))

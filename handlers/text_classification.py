@@ -1,4 +1,4 @@
-"""TorchServe handler: UTF-8 text (or JSON {"text": ...}) -> {label: probability} (BERT).
+"""TorchServe handler: UTF-8 text (or JSON {"text": ...}) -> {label: probability} (BERT or any text classifier).
 
 torch-model-archiver --handler handlers/text_classification.py ...   (see model_store/build.py)
 """
@@ -6,6 +6,7 @@ torch-model-archiver --handler handlers/text_classification.py ...   (see model_
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -16,37 +17,43 @@ from handlers.calibration import SENTENCES
 from handlers.labels import Labels
 from handlers.payload import request_text
 from handlers.settings import TextSettings
-from handlers.text import encode, load_tokenizer
+from handlers.text import ENCODING_FIELDS, encode, load_tokenizer
 
 log = logging.getLogger(__name__)
 
 
-def text_example(batch_size: int, max_length: int) -> Inputs:
+def text_example(batch_size: int, max_length: int, names: Sequence[str] = tuple(ENCODING_FIELDS)) -> Inputs:
     # Half-padded rows: an all-ones mask would let the compiler specialise padding away.
-    ids = torch.randint(1000, 2000, (batch_size, max_length))
+    # Ids from a range every vocabulary has (BERT's ~30k, RoBERTa's ~50k, small test ones ~1k+).
     mask = torch.ones(batch_size, max_length, dtype=torch.long)
     mask[:, max_length // 2 :] = 0
-    return ids, mask, torch.zeros(batch_size, max_length, dtype=torch.long)
+    made = {
+        "input_ids": torch.randint(5, 100, (batch_size, max_length)),
+        "attention_mask": mask,
+        "token_type_ids": torch.zeros(batch_size, max_length, dtype=torch.long),
+    }
+    return tuple(made[name] for name in names)
 
 
 class TextClassificationHandler(OptimizedHandler):
     settings_class = TextSettings
 
     def setup(self, model_dir: str) -> None:
-        self.tokenizer = load_tokenizer(model_dir)
+        self.tokenizer = load_tokenizer(model_dir, self.settings.pad_token)
         self.labels = Labels.load(model_dir, self.settings.labels_file, prefix="LABEL_")
 
     def decode(self, request: dict[str, Any]) -> Inputs:
-        encoded = encode(self.tokenizer, request_text(request), self.settings.max_length)
+        encoded = encode(self.tokenizer, request_text(request), self.settings.max_length, self.settings.input_names)
         if encoded.truncated:
             log.info("%s: input truncated to %d tokens", self.model_name, self.settings.max_length)
         return encoded.inputs
 
     def example(self, batch_size: int) -> Inputs:
-        return text_example(batch_size, self.settings.max_length)
+        return text_example(batch_size, self.settings.max_length, self.settings.input_names)
 
     def sample(self, index: int) -> Inputs:
-        return encode(self.tokenizer, SENTENCES[index % len(SENTENCES)], self.settings.max_length).inputs
+        sentence = SENTENCES[index % len(SENTENCES)]
+        return encode(self.tokenizer, sentence, self.settings.max_length, self.settings.input_names).inputs
 
     def format(self, output: torch.Tensor) -> dict[str, float]:
         probabilities = torch.softmax(output.float(), dim=0)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kit import probe, supervise
 from kit.itt import chrome_trace, read_ranges
-from kit.models import MODEL_NAMES
+from kit.models import Medium, Model, model_names
 from kit.paths import LOGS
 from kit.plan import Demand, Objective, PlanError, plan_layout
 from kit.proxy import AuthProxy
@@ -83,6 +83,10 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# A request body per medium for the printed examples (curl needs a Content-Type: see README).
+TRY_BODY = {Medium.IMAGE: "-T photo.jpg", Medium.TEXT: "-H 'Content-Type: text/plain' --data 'a great movie'"}
+
+
 def print_endpoints(server: Server) -> None:
     c = server.config
     print(f"[serve] inference  {server.url('inference', '/predictions/<model>')}   models: {', '.join(c.models)}")
@@ -94,10 +98,9 @@ def print_endpoints(server: Server) -> None:
         print(f'  KEY=$(python3 -c \'import json; print(json.load(open("{key_file}"))["inference"]["key"])\')')
     auth = ' -H "Authorization: Bearer $KEY"' if c.token_auth_enabled else ""
     print("[serve] try:")
-    print(
-        f"  curl{auth} -H 'Content-Type: text/plain' --data 'a great movie' {server.url('inference', '/predictions/bert')}"
-    )
-    print("  .venv/bin/python -m client predict minilm 'a sentence to embed'")
+    for name in c.models:
+        body = TRY_BODY[Model.load(name).task.medium]
+        print(f"  curl{auth} {body} {server.url('inference', f'/predictions/{name}')}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -250,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     add_machine_options(plan_parser)
     plan_parser.add_argument(
         "--models",
-        default=",".join(MODEL_NAMES),
+        default=",".join(model_names()),
         help="comma list, each with an optional traffic share: resnet50,bert=2",
     )
     plan_parser.add_argument("--objective", type=Objective, default=Objective.THROUGHPUT, choices=list(Objective))

@@ -79,5 +79,5 @@ def archived_handler(model_dir: Path, overrides: dict | None = None) -> Optimize
 def load_archived(model_dir: Path, overrides: dict | None = None) -> ArchivedModel:
     """The model and settings of an extracted archive; `overrides` replace `handler:` keys."""
     handler = archived_handler(model_dir, overrides)
-    model = load_model(handler.settings.architecture, model_dir)
+    model = load_model(handler.settings, model_dir)
     return ArchivedModel(read_manifest(model_dir)["model"]["modelName"], model_dir, handler.settings, model, handler)

@@ -1,43 +1,179 @@
-"""The models the kit ships: the one list every command reads.
+"""The model registry: one declarative file per model, config/models/<name>.yaml, found like variants.
 
-    MODELS["bert"].handler        # handlers/text_classification.py
-    MODELS["bert"].task           # Task.TEXT: what a request body is (bench payloads, soak mix)
+    model = Model.load("mine")
+    model.task.handler            # "text_classification.py": the handler that serves it
+    model.task.medium             # Medium.TEXT: what a request body carries (bench payloads, soak)
+    model.source                  # Source(SourceKind.HUGGINGFACE, "/data/my-roberta")
+    model.serving                 # the TorchServe model-config.yaml its archives carry
+    model_names()                 # every model file, sorted
 
-Each has config/models/<name>.yaml (its model-config.yaml) and a weights recipe in
-model_store/build.py.
+A model file:
+
+    source: {huggingface: /data/my-roberta}   # or {exported: m.pt2} or {recipe: resnet50}
+    task: text-classification                 # image-classification | feature-extraction | tensor
+    handler: {max_length: 128}                # handler settings (handlers/settings.py), optional
+    responseTimeout: 120                      # any other key: TorchServe's model-config.yaml
+
+`make model NAME=... SRC=...` writes one (model_store/model_file.py); the bundled models are
+ordinary entries whose `recipe` makes their seeded weights (model_store/recipes.py).
+Torch-free: the bench, the planner and the server read it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from pathlib import Path
+from typing import Any
 
-from kit.paths import CONFIG
+import yaml
+
+from handlers.settings import SettingsError, parse_settings
+from kit.paths import CONFIG, ROOT
+
+MODELS_DIR = CONFIG / "models"
+# TorchServe waits this long for a worker's initialize() (load + compile + warm-up); the kit's
+# own start-up deadline (kit/server.py) is the same figure, so neither gives up first.
+STARTUP_TIMEOUT_S = 900
+SERVING_DEFAULTS = {"responseTimeout": 120, "startupTimeout": STARTUP_TIMEOUT_S}
+
+
+class Medium(enum.StrEnum):
+    """What a request body carries."""
+
+    IMAGE = "image"  # JPEG/PNG bytes
+    TEXT = "text"  # UTF-8 text or JSON {"text": ...}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskTraits:
+    handler: str  # file under handlers/
+    medium: Medium
 
 
 class Task(enum.StrEnum):
-    IMAGE = "image"  # JPEG/PNG bytes in
-    TEXT = "text"  # UTF-8 text or JSON {"text": ...} in
+    IMAGE_CLASSIFICATION = "image-classification"
+    TEXT_CLASSIFICATION = "text-classification"
+    FEATURE_EXTRACTION = "feature-extraction"
+
+    @property
+    def handler(self) -> str:
+        return TASKS[self].handler
+
+    @property
+    def medium(self) -> Medium:
+        return TASKS[self].medium
+
+
+TASKS = {
+    Task.IMAGE_CLASSIFICATION: TaskTraits("image_classification.py", Medium.IMAGE),
+    Task.TEXT_CLASSIFICATION: TaskTraits("text_classification.py", Medium.TEXT),
+    Task.FEATURE_EXTRACTION: TaskTraits("sentence_embedding.py", Medium.TEXT),
+}
+
+
+class SourceKind(enum.StrEnum):
+    RECIPE = "recipe"  # model_store/recipes.py makes the files (the bundled models)
+    HUGGINGFACE = "huggingface"  # a directory as transformers' save_pretrained writes it
+    EXPORTED = "exported"  # a torch.export.save()d ExportedProgram (.pt2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    kind: SourceKind
+    location: str  # the recipe's name, or a path (relative paths: from the repository root)
+
+    @property
+    def path(self) -> Path:
+        return ROOT / self.location
+
+    @classmethod
+    def parse(cls, raw: Any) -> Source:
+        if not (isinstance(raw, dict) and len(raw) == 1):
+            raise SettingsError(
+                f"source must be one of {[k.value for k in SourceKind]} with its value, "
+                f"e.g. {{huggingface: /data/my-model}}; got {raw!r}"
+            )
+        ((kind, location),) = raw.items()
+        try:
+            return cls(SourceKind(kind), str(location))
+        except ValueError:
+            raise SettingsError(f"source {kind!r} is unknown; choose one of: {', '.join(SourceKind)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """The kit's own keys of a model file; every other key is TorchServe's."""
+
+    source: dict
+    task: Task
+    # Paths of files the archive carries beside the weights (e.g. a recipe's trained state dict).
+    weights: str = ""
+    labels: str = ""  # JSON class names: ["tench", ...] or {"0": "tench"}
+
+
+KIT_KEYS = {f.name for f in dataclasses.fields(ModelSpec)}
 
 
 @dataclasses.dataclass(frozen=True)
 class Model:
     name: str
-    handler: str  # file under handlers/
     task: Task
+    source: Source
+    serving: dict[str, Any] = dataclasses.field(compare=False)  # TorchServe's model-config.yaml
+    weights: str = ""  # absolute paths (a model file's relative ones are from the repository root)
+    labels: str = ""
+
+    @classmethod
+    def load(cls, name: str) -> Model:
+        return _load(name)
 
     @property
-    def config(self) -> Path:
-        return CONFIG / "models" / f"{self.name}.yaml"
+    def file(self) -> Path:
+        return model_file(self.name)
+
+    @property
+    def handler_settings(self) -> dict[str, Any]:
+        return dict(self.serving.get("handler") or {})
+
+    @property
+    def inputs(self) -> list[Path]:
+        """Files outside the repository the archive is made from (their changes rebuild it)."""
+        paths = [Path(p) for p in (self.weights, self.labels) if p]
+        return paths if self.source.kind is SourceKind.RECIPE else [self.source.path, *paths]
 
 
-MODELS = {
-    m.name: m
-    for m in (
-        Model("resnet50", "image_classification.py", Task.IMAGE),
-        Model("bert", "text_classification.py", Task.TEXT),
-        Model("minilm", "sentence_embedding.py", Task.TEXT),
-    )
-}
-MODEL_NAMES = tuple(MODELS)
+def model_file(name: str) -> Path:
+    return MODELS_DIR / f"{name}.yaml"
+
+
+def model_names() -> list[str]:
+    return sorted(path.stem for path in MODELS_DIR.glob("*.yaml"))
+
+
+def parse_model(name: str, raw: dict[str, Any]) -> Model:
+    spec = parse_settings(ModelSpec, {k: v for k, v in raw.items() if k in KIT_KEYS})
+    serving = {**SERVING_DEFAULTS, **{k: v for k, v in raw.items() if k not in KIT_KEYS}}
+    weights, labels = (str(ROOT / p) if p else "" for p in (spec.weights, spec.labels))
+    return Model(name, spec.task, Source.parse(spec.source), serving, weights, labels)
+
+
+@functools.cache
+def _load(name: str) -> Model:
+    path = model_file(name)
+    if not path.is_file():
+        raise SettingsError(
+            f"model {name!r} is unknown; choose one of: {', '.join(model_names())} "
+            f"(or add yours: make model NAME={name} SRC=<Hugging Face directory or .pt2>)"
+        )
+    try:
+        return parse_model(name, yaml.safe_load(path.read_text()) or {})
+    except SettingsError as error:
+        raise SettingsError(f"{path}: {error}") from None
+
+
+def check_models(names: list[str] | tuple[str, ...]) -> None:
+    """Every name has a model file, or a SettingsError naming those that do not."""
+    for name in names:
+        Model.load(name)

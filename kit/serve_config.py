@@ -22,7 +22,7 @@ import yaml
 
 from handlers.settings import ITT_OPS_VAR, PROFILE_REQUESTS_VAR, WHOLE_JPEG_VAR, SettingsError, parse_settings
 from kit.itt import collector_environment
-from kit.models import MODEL_NAMES
+from kit.models import model_names
 from kit.paths import CONFIG
 from kit.plan import Demand, Layout, Objective, plan_layout
 from kit.ports import PORTS
@@ -80,7 +80,7 @@ def is_loopback(address: str) -> bool:
 class ServeConfig:
     # config/variants/<name>.yaml: presets name it, __post_init__ resolves the name once.
     variant: Variant = "inductor"
-    models: tuple[str, ...] = MODEL_NAMES
+    models: tuple[str, ...] = dataclasses.field(default_factory=lambda: tuple(model_names()))
     # Per model, a variant other than `variant` ({bert: openvino}): what `make tune` writes when
     # the backends win on different models. Every variant must run in one Python environment.
     model_variants: dict[str, Variant] = dataclasses.field(default_factory=dict, hash=False)

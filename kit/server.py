@@ -28,6 +28,7 @@ import requests
 
 from handlers.settings import parse_settings
 from kit.launch import LAYOUT_FILE, Launch
+from kit.models import STARTUP_TIMEOUT_S
 from kit.paths import INDUCTOR_CACHE
 from kit.plan import Layout
 from kit.ports import PortInUseError, bind_failure, start_on_fresh_ports
@@ -37,7 +38,7 @@ from kit.topology import read_topology
 
 STATE_FILE = "server.json"
 # Cold Inductor compiles of every worker on a few cores; a Kubernetes startupProbe allows as long.
-START_DEADLINE_S = 900
+START_DEADLINE_S = STARTUP_TIMEOUT_S
 # TorchServe's CPU launcher: with placement launcher it stays as every worker's parent.
 LAUNCHER_MODULE = "torch.backends.xeon.run_cpu"
 KEY_FILE = "key_file.json"  # written by TorchServe into its working directory when token auth is on

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kit.models import MODEL_NAMES
 from kit.serve_config import ServeConfig
 from kit.server import START_DEADLINE_S, Server, start_ready
 from kit.variant import Variant
+from tests.conftest import BUNDLED_MODELS
 
 
 def one_cpu() -> str:
@@ -28,7 +28,9 @@ def start_server(run_dir: Path, config: ServeConfig) -> Server:
 
 @pytest.fixture(scope="session")
 def optimized_server(tmp_path_factory) -> Server:
-    server = start_server(tmp_path_factory.mktemp("optimized"), ServeConfig.from_preset("optimized"))
+    server = start_server(
+        tmp_path_factory.mktemp("optimized"), ServeConfig.from_preset("optimized", models=BUNDLED_MODELS)
+    )
     yield server
     server.stop()
 
@@ -38,7 +40,7 @@ def extracted_archives(tmp_path_factory) -> dict[str, Path]:
     """The eager archives unpacked, for in-process references built from the same files."""
     root = tmp_path_factory.mktemp("archives")
     out = {}
-    for name in MODEL_NAMES:
+    for name in BUNDLED_MODELS:
         with zipfile.ZipFile(Variant.load("eager").archive(name)) as archive:
             archive.extractall(root / name)
         out[name] = root / name

@@ -12,7 +12,7 @@ import torch
 from handlers.calibration import SENTENCES, synthetic_photo
 from handlers.image import image_to_tensor
 from handlers.loaders import load_model
-from handlers.settings import Architecture
+from handlers.settings import Architecture, ImageSettings, TextSettings
 from handlers.text import encode, load_tokenizer
 from kit.serve_config import ServeConfig
 from kit.server import Server
@@ -63,7 +63,7 @@ def embed_all(server: Server, texts: list[str]) -> list[torch.Tensor]:
 
 
 def eager_embeddings(model_dir, texts: list[str]) -> torch.Tensor:
-    model = load_model(Architecture.SENTENCE_EMBEDDER, model_dir)
+    model = load_model(TextSettings(architecture=Architecture.SENTENCE_EMBEDDER), model_dir)
     tokenizer = load_tokenizer(model_dir)
     with torch.inference_mode():
         return torch.cat([model(*(t[None] for t in encode(tokenizer, text, 128).inputs)) for text in texts])
@@ -88,12 +88,12 @@ def test_int8_packages_serve_batches_close_to_eager(int8_batching, extracted_arc
     photos = [synthetic_photo(100 + i) for i in range(16)]
     with ThreadPoolExecutor(CLIENTS) as pool:
         responses = list(pool.map(lambda body: post(int8_batching, "resnet50", body, "image/jpeg"), photos))
-    model = load_model(Architecture.RESNET50, extracted_archives["resnet50"])
+    model = load_model(ImageSettings(), extracted_archives["resnet50"])
     agree = 0
     for response, photo in zip(responses, photos, strict=True):
         assert response.status_code == 200, response.text
         with torch.inference_mode():
-            expected_top = int(model(image_to_tensor(photo, 256, 224)[None])[0].argmax())
+            expected_top = int(model(image_to_tensor(photo)[None])[0].argmax())
         agree += int(next(iter(response.json())) == str(expected_top))
     assert agree / len(photos) >= 0.9, f"top-1 agreement with float32 eager {agree}/{len(photos)}"
     assert served_buckets(int8_batching, "minilm") - {1} and served_buckets(int8_batching, "resnet50") - {1}

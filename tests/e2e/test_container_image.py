@@ -24,7 +24,7 @@ import requests
 import torch
 
 from handlers.loaders import load_model
-from handlers.settings import Architecture
+from handlers.settings import Architecture, TextSettings
 from handlers.text import encode, load_tokenizer
 from tests.e2e.conftest import one_cpu
 from tests.e2e.test_placement import allowed_list
@@ -170,7 +170,7 @@ def test_the_served_embedding_equals_the_eager_reference(pod, extracted_archives
     assert response.status_code == 200, response.text
     served = torch.tensor(response.json())
     model_dir = extracted_archives["minilm"]
-    model = load_model(Architecture.SENTENCE_EMBEDDER, model_dir)
+    model = load_model(TextSettings(architecture=Architecture.SENTENCE_EMBEDDER), model_dir)
     inputs = tuple(t[None] for t in encode(load_tokenizer(model_dir), TEXT, 128).inputs)
     with torch.inference_mode():
         reference = model(*inputs)[0]

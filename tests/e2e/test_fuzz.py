@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from client import grpc_client
-from kit.models import MODEL_NAMES
+from tests.conftest import BUNDLED_MODELS
 from tests.e2e.test_bad_input import assert_still_served_by
 from tests.e2e.test_serving import worker_pids
 from tests.fuzz import FuzzCase, fuzz_cases
@@ -93,14 +93,14 @@ def test_generated_bodies_cost_at_most_their_own_answer(optimized_server, seed, 
     report(capsys, f"{protocol}: seed {seed}; replay with FUZZ_SEED={seed} make test PYTEST_ARGS='-k fuzz'")
     outcome = rest_outcome if protocol == "rest" else grpc_outcome
     rng = random.Random(f"{seed}-{protocol}")
-    pids = {model: worker_pids(optimized_server, model) for model in MODEL_NAMES}
+    pids = {model: worker_pids(optimized_server, model) for model in BUNDLED_MODELS}
     tally: collections.Counter = collections.Counter()
-    for model in MODEL_NAMES:
+    for model in BUNDLED_MODELS:
         for case in fuzz_cases(rng, CASES_PER_MODEL):
             started = time.monotonic()
             result = outcome(optimized_server, model, case)
             assert time.monotonic() - started < DEADLINE_S, f"{model} {case.kind}: no answer in {DEADLINE_S}s"
             tally[result] += 1
-    report(capsys, f"{protocol}: {sum(tally.values())} cases over {len(MODEL_NAMES)} models: {dict(tally)}")
-    for model in MODEL_NAMES:
+    report(capsys, f"{protocol}: {sum(tally.values())} cases over {len(BUNDLED_MODELS)} models: {dict(tally)}")
+    for model in BUNDLED_MODELS:
         assert_still_served_by(optimized_server, model, pids[model])

@@ -11,8 +11,9 @@ import pytest
 
 from bench.payloads import body_for
 from client import grpc_client
-from kit.models import MODELS
+from kit.models import Model
 from kit.server import Server
+from tests.conftest import BUNDLED_MODELS
 from tests.e2e.test_serving import PROBABILITY_ATOL, post, worker_pids
 
 pytestmark = pytest.mark.e2e
@@ -30,16 +31,16 @@ def flat(answer) -> list[float]:
     return sorted(answer.values()) if isinstance(answer, dict) else answer
 
 
-@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("model", BUNDLED_MODELS)
 def test_grpc_answers_as_rest_does(optimized_server, model):
-    body = body_for(MODELS[model].task)
+    body = body_for(Model.load(model).task.medium)
     rest = post(optimized_server, model, body.data, body.content_type)
     assert rest.status_code == 200, rest.text
     answer = json.loads(grpc_client.predict(target(optimized_server), model, body.data))
     assert flat(answer) == pytest.approx(flat(rest.json()), abs=PROBABILITY_ATOL)
 
 
-@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("model", BUNDLED_MODELS)
 def test_bad_input_is_invalid_argument_with_the_message(optimized_server, model):
     before = worker_pids(optimized_server, model)
     with pytest.raises(grpc.RpcError) as raised:
@@ -52,10 +53,10 @@ def test_bad_input_is_invalid_argument_with_the_message(optimized_server, model)
     assert worker_pids(optimized_server, model) == before
 
 
-@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("model", BUNDLED_MODELS)
 def test_stream_predictions_answers_once_and_keeps_the_worker(optimized_server, model):
     before = worker_pids(optimized_server, model)
-    body = body_for(MODELS[model].task).data
+    body = body_for(Model.load(model).task.medium).data
     (streamed,) = grpc_client.stream_predict(target(optimized_server), model, body)
     single = grpc_client.predict(target(optimized_server), model, body)
     assert flat(json.loads(streamed)) == pytest.approx(flat(json.loads(single)), abs=PROBABILITY_ATOL)

@@ -10,8 +10,9 @@ import pytest
 import requests
 
 from bench.payloads import body_for
-from kit.models import MODELS
+from kit.models import Model
 from kit.serve_config import ServeConfig
+from tests.conftest import BUNDLED_MODELS
 from tests.e2e.conftest import start_server
 
 pytestmark = pytest.mark.e2e
@@ -27,7 +28,7 @@ def allowed_list(pid: int) -> str:
 
 def test_a_one_cpu_set_gets_one_worker_per_model_on_that_cpu(tmp_path):
     # Precompiled int8 archives: workers start in seconds on one CPU.
-    config = ServeConfig.from_preset("optimized", variant="aoti-int8")
+    config = ServeConfig.from_preset("optimized", variant="aoti-int8", models=BUNDLED_MODELS)
     allowed = os.sched_getaffinity(0)
     cpu = max(allowed)
     os.sched_setaffinity(0, {cpu})  # as `taskset -c CPU` would start the kit; its children inherit it
@@ -37,13 +38,13 @@ def test_a_one_cpu_set_gets_one_worker_per_model_on_that_cpu(tmp_path):
         os.sched_setaffinity(0, allowed)
     try:
         workers = server.workers()
-        assert sorted(w.model for w in workers) == sorted(MODELS)  # one each
+        assert sorted(w.model for w in workers) == list(BUNDLED_MODELS)  # one each
         for worker in workers:
             assert allowed_list(worker.process.pid) == str(cpu), worker
         for process in server.process_tree():  # the frontend and the torchserve CLI too
             assert allowed_list(process.pid) == str(cpu), process.cmdline()[:3]
-        for name, model in MODELS.items():
-            body = body_for(model.task)
+        for name in BUNDLED_MODELS:
+            body = body_for(Model.load(name).task.medium)
             response = requests.post(
                 server.url("inference", f"/predictions/{name}"),
                 data=body.data,

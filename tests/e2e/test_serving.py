@@ -11,7 +11,7 @@ from bench.metrics import parse_prometheus
 from bench.payloads import photo_jpeg
 from handlers.image import image_to_tensor
 from handlers.loaders import load_model
-from handlers.settings import Architecture
+from handlers.settings import Architecture, ImageSettings, TextSettings
 from handlers.text import encode, load_tokenizer
 from kit.server import Server
 
@@ -43,9 +43,9 @@ def assert_resnet50_matches_eager(server: Server, extracted_archives) -> None:
     served = response.json()
     assert len(served) == 5
 
-    model = load_model(Architecture.RESNET50, extracted_archives["resnet50"])
+    model = load_model(ImageSettings(), extracted_archives["resnet50"])
     with torch.inference_mode():
-        probabilities = torch.softmax(model(image_to_tensor(jpeg, 256, 224)[None])[0], 0)
+        probabilities = torch.softmax(model(image_to_tensor(jpeg)[None])[0], 0)
     top = torch.topk(probabilities, 5)
     assert list(served) == [str(int(i)) for i in top.indices]
     assert list(served.values()) == pytest.approx(top.values.tolist(), abs=PROBABILITY_ATOL)
@@ -62,7 +62,7 @@ def assert_bert_matches_eager(server: Server, extracted_archives) -> None:
     served = response.json()
 
     model_dir = extracted_archives["bert"]
-    model = load_model(Architecture.BERT_CLASSIFIER, model_dir)
+    model = load_model(TextSettings(), model_dir)
     inputs = tuple(t[None] for t in encode(load_tokenizer(model_dir), text, 128).inputs)
     with torch.inference_mode():
         probabilities = torch.softmax(model(*inputs)[0], 0)
@@ -84,7 +84,7 @@ def test_minilm_matches_eager_reference(optimized_server, extracted_archives):
     text = "A man is playing a guitar."
     served = embed(optimized_server, text)
     model_dir = extracted_archives["minilm"]
-    model = load_model(Architecture.SENTENCE_EMBEDDER, model_dir)
+    model = load_model(TextSettings(architecture=Architecture.SENTENCE_EMBEDDER), model_dir)
     inputs = tuple(t[None] for t in encode(load_tokenizer(model_dir), text, 128).inputs)
     with torch.inference_mode():
         reference = model(*inputs)[0]

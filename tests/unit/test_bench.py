@@ -16,7 +16,7 @@ from bench.payloads import DEFAULT_PAYLOAD
 from bench.plan import PLANS, Peer, PlanError, Runtime, load_plan, parse_plan
 from bench.report import check_targets, write_report
 from bench.results import BenchRun, InProcessResult, Precision, RowResult, RunEnvironment, add_derived
-from kit.models import MODELS
+from kit.models import Model
 from kit.topology import parse_topology
 
 LSCPU = Path(__file__).resolve().parent.parent / "fixtures" / "lscpu"
@@ -198,7 +198,7 @@ def row_result(**overrides) -> RowResult:
         cpu_affinity=[[0], [1]], worker_rss_mb=[600.0, 600.0], launcher_rss_mb=0.0, worker_count=2, ab_command="ab -k ...",
     )  # fmt: skip
     values.update(overrides)
-    values.setdefault("payload", DEFAULT_PAYLOAD[MODELS[values["model"]].task])
+    values.setdefault("payload", DEFAULT_PAYLOAD[Model.load(values["model"]).task.medium])
     return RowResult(**values)
 
 
@@ -418,7 +418,7 @@ def test_the_run_fails_only_when_a_row_its_result_depends_on_failed(tmp_path, mo
     import bench.__main__ as bench_main
 
     fake_rows(monkeypatch, failing)
-    monkeypatch.setattr(bench_main, "load_plan", lambda name: quick_plan_without_references())
+    monkeypatch.setattr(bench_main, "load_plan", lambda name, models: quick_plan_without_references())
     monkeypatch.setattr(bench_main, "build_archives", lambda plan: True)
     monkeypatch.setattr(bench_main.RunEnvironment, "capture", classmethod(lambda cls: ENVIRONMENT))
     out = tmp_path / "run"

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from torch._dynamo.utils import counters
 from ts.context import Context, RequestProcessor
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
@@ -23,7 +22,7 @@ from handlers.sentence_embedding import SentenceEmbeddingHandler
 from handlers.settings import parse_settings
 from handlers.text import TOKENIZER_FILE, encode, load_tokenizer
 from handlers.text_classification import TextClassificationHandler
-from model_store.build import minilm_dir
+from model_store.recipes import minilm_dir
 from tests.conftest import encode_image
 
 METRICS_CONFIG = Path(__import__("ts").__file__).parent / "configs" / "metrics.yaml"
@@ -80,7 +79,7 @@ def test_batch_with_one_bad_request(image_archive, tiny_cnn):
     assert responses[1]["code"] == 400 and "not a decodable image" in responses[1]["message"]
     for response, data in zip((responses[0], responses[2]), good, strict=True):
         with torch.inference_mode():
-            expected = torch.softmax(tiny_cnn(image_to_tensor(data, 256, 224)[None])[0], 0)
+            expected = torch.softmax(tiny_cnn(image_to_tensor(data)[None])[0], 0)
         top = torch.topk(expected, 3)
         assert list(response) == [str(int(i)) for i in top.indices]
         assert list(response.values()) == pytest.approx(top.values.tolist(), abs=1e-5)
@@ -96,7 +95,7 @@ def test_compiled_buckets_pad_and_match_eager(image_archive, tiny_cnn):
     assert statuses(context) == [200, 200, 200]
     for response, data in zip(responses, images, strict=True):
         with torch.inference_mode():
-            expected = torch.softmax(tiny_cnn(image_to_tensor(data, 256, 224)[None])[0], 0)
+            expected = torch.softmax(tiny_cnn(image_to_tensor(data)[None])[0], 0)
         got = torch.tensor([response[str(i)] for i in range(10)])
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
@@ -221,19 +220,20 @@ def test_batch_buckets(max_batch, buckets):
     assert batch_buckets(max_batch) == buckets
 
 
-def test_model_config_files_parse_into_settings():
+def test_model_files_parse_into_settings():
     from kit.archive import handler_class
-    from kit.models import MODELS
+    from kit.models import Model, SourceKind, model_names
     from kit.variant import Variant, variant_names
-    from model_store.build import WRITERS, merged_config
+    from model_store.build import merged_config
+    from model_store.recipes import RECIPES
 
-    assert WRITERS.keys() == MODELS.keys(), "every model of kit/models.py needs a weights recipe"
-    for model in MODELS.values():
-        base = yaml.safe_load(model.config.read_text())
+    for model in map(Model.load, model_names()):
+        if model.source.kind is SourceKind.RECIPE:
+            assert model.source.location in RECIPES, f"{model.file}: no recipe {model.source.location!r}"
         for name in variant_names():
             variant = Variant.load(name)
-            merged = merged_config(base, variant.overlay)
-            settings = parse_settings(handler_class(model.handler).settings_class, merged["handler"])  # raises
+            merged = merged_config(model.serving, variant.overlay)
+            settings = parse_settings(handler_class(model.task.handler).settings_class, merged["handler"])  # raises
             assert (settings.backend, settings.dtype) == (variant.backend, variant.dtype)
 
 

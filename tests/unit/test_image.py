@@ -10,17 +10,19 @@ from handlers.image import IMAGENET_MEAN, IMAGENET_STD, MAX_PIXELS, image_to_ten
 from handlers.payload import InvalidInput
 from tests.conftest import encode_image
 
+MEAN, STD = torch.tensor(IMAGENET_MEAN).view(3, 1, 1), torch.tensor(IMAGENET_STD).view(3, 1, 1)
+
 
 def test_jpeg_becomes_normalized_crop(jpeg_bytes):
-    x = image_to_tensor(jpeg_bytes, resize=256, crop=224)
+    x = image_to_tensor(jpeg_bytes)
     assert x.shape == (3, 224, 224)
     assert x.dtype == torch.float32
 
 
 def test_normalization_is_imagenet():
     # A flat colour survives resize/crop exactly (PNG: lossless), so each channel is a known constant.
-    x = image_to_tensor(encode_image("RGB", (300, 200), "PNG", color=(255, 128, 0)), resize=256, crop=224)
-    expected = (torch.tensor([255, 128, 0]).view(3, 1, 1) / 255.0 - IMAGENET_MEAN) / IMAGENET_STD
+    x = image_to_tensor(encode_image("RGB", (300, 200), "PNG", color=(255, 128, 0)))
+    expected = (torch.tensor([255, 128, 0]).view(3, 1, 1) / 255.0 - MEAN) / STD
     torch.testing.assert_close(x, expected.expand(3, 224, 224), rtol=0, atol=1e-6)
 
 
@@ -31,9 +33,9 @@ def test_shorter_side_resize_then_center_crop():
     image.paste((255, 255, 255), (200, 0, 400, 200))
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
-    x = image_to_tensor(buffer.getvalue(), resize=256, crop=224)
-    white = (1.0 - IMAGENET_MEAN[0, 0, 0]) / IMAGENET_STD[0, 0, 0]
-    black = (0.0 - IMAGENET_MEAN[0, 0, 0]) / IMAGENET_STD[0, 0, 0]
+    x = image_to_tensor(buffer.getvalue())
+    white = (1.0 - MEAN[0, 0, 0]) / STD[0, 0, 0]
+    black = (0.0 - MEAN[0, 0, 0]) / STD[0, 0, 0]
     assert torch.isclose(x[0, 112, 0], black, atol=1e-5)
     assert torch.isclose(x[0, 112, 223], white, atol=1e-5)
 
@@ -62,11 +64,11 @@ def test_resizing_only_the_crop_equals_resizing_the_whole_image(size):
     ids=["gray", "cmyk", "rgba", "png"],
 )
 def test_other_colour_modes_are_converted(mode, fmt):
-    assert image_to_tensor(encode_image(mode, (64, 48), fmt), 256, 224).shape == (3, 224, 224)
+    assert image_to_tensor(encode_image(mode, (64, 48), fmt)).shape == (3, 224, 224)
 
 
 def test_one_pixel_image_is_served():
-    assert image_to_tensor(encode_image("RGB", (1, 1), "PNG"), 256, 224).shape == (3, 224, 224)
+    assert image_to_tensor(encode_image("RGB", (1, 1), "PNG")).shape == (3, 224, 224)
 
 
 @pytest.mark.parametrize(
@@ -78,12 +80,12 @@ def test_one_pixel_image_is_served():
 )
 def test_garbage_is_invalid_input(data, message):
     with pytest.raises(InvalidInput, match=message):
-        image_to_tensor(data, 256, 224)
+        image_to_tensor(data)
 
 
 def test_truncated_jpeg_is_invalid_input(jpeg_bytes):
     with pytest.raises(InvalidInput, match="not a decodable image"):
-        image_to_tensor(jpeg_bytes[: len(jpeg_bytes) // 2], 256, 224)
+        image_to_tensor(jpeg_bytes[: len(jpeg_bytes) // 2])
 
 
 def test_decompression_bomb_is_refused_before_decoding(monkeypatch):
@@ -94,13 +96,13 @@ def test_decompression_bomb_is_refused_before_decoding(monkeypatch):
     bomb = encode_image("L", (20000, 20000), "PNG", color=0)
     assert len(bomb) < 2_000_000
     with pytest.raises(InvalidInput, match=f"too large to decode: 20000x20000 pixels, over the limit of {MAX_PIXELS}"):
-        image_to_tensor(bomb, 256, 224)
+        image_to_tensor(bomb)
 
 
 def test_pil_bomb_guard_gives_the_same_answer():
     # With PIL's default guard on, open() refuses 400 MP itself (over 2x its limit).
     with pytest.raises(InvalidInput, match="too large to decode .*400000000 pixels"):
-        image_to_tensor(encode_image("L", (20000, 20000), "PNG", color=0), 256, 224)
+        image_to_tensor(encode_image("L", (20000, 20000), "PNG", color=0))
 
 
 def test_a_phone_photo_is_decoded_at_a_quarter_and_a_small_one_whole():
@@ -115,7 +117,7 @@ def test_reduced_decoding_stays_close_to_the_whole_decode_in_pixels():
     # Within 0.01 (mean) of the whole decode after normalisation, about 0.6/255.
     for name in PHOTOS:
         data = phone_jpeg(name)
-        difference = (image_to_tensor(data, 256, 224) - image_to_tensor(data, 256, 224, reduce=False)).abs()
+        difference = (image_to_tensor(data) - image_to_tensor(data, reduce=False)).abs()
         assert difference.mean() < 0.01 and difference.max() < 0.25, f"{name}: {difference.mean():.4f}"
 
 

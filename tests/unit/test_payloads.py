@@ -10,8 +10,8 @@ from PIL import Image
 from bench.payloads import DEFAULT_PAYLOAD, PAYLOADS, TEXT_TOKENS, body_for, write_payload
 from handlers.image import image_to_tensor
 from handlers.text import encode, load_tokenizer
-from kit.models import Task
-from model_store.build import minilm_dir
+from kit.models import Medium
+from model_store.recipes import minilm_dir
 
 IMAGES = {  # name -> (format, mode, size)
     "thumbnail": ("JPEG", "RGB", (224, 168)),
@@ -28,7 +28,7 @@ def test_image_payloads_are_what_they_say_and_decode(name):
     image = Image.open(io.BytesIO(body.data))
     assert (image.format, image.mode, image.size) == IMAGES[name]
     assert body.content_type == f"image/{image.format.lower()}"
-    assert image_to_tensor(body.data, 256, 224).shape == (3, 224, 224)
+    assert image_to_tensor(body.data).shape == (3, 224, 224)
 
 
 @pytest.mark.parametrize("name", sorted(TEXTS))
@@ -40,8 +40,8 @@ def test_text_payloads_have_their_length(name):
 
 
 def test_every_task_has_a_default_and_written_files_keep_their_bytes(tmp_path):
-    assert {PAYLOADS[name].task for name in DEFAULT_PAYLOAD.values()} == set(Task)
-    assert {kind.task for kind in PAYLOADS.values()} == set(Task)
+    assert {PAYLOADS[name].medium for name in DEFAULT_PAYLOAD.values()} == set(Medium)
+    assert {kind.medium for kind in PAYLOADS.values()} == set(Medium)
     payload = write_payload("thumbnail", tmp_path)
     assert payload.path.read_bytes() == PAYLOADS["thumbnail"].body().data
-    assert body_for(Task.IMAGE).data == PAYLOADS["vga"].body().data
+    assert body_for(Medium.IMAGE).data == PAYLOADS["vga"].body().data

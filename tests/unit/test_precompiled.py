@@ -76,7 +76,7 @@ def test_precompiled_archive_serves_batches_close_to_eager(exported_cnn, tiny_cn
     handler = bare_handler("image_classification.py", config, exported_cnn)
     from handlers.loaders import load_model
 
-    precompile(handler, load_model(handler.settings.architecture, exported_cnn), exported_cnn, progress=print)
+    precompile(handler, load_model(handler.settings, exported_cnn), exported_cnn, progress=print)
 
     served, context = image_handler(exported_cnn, batch_size=2, top_k=10, **settings)
     assert served.buckets == [1, 2]
@@ -89,7 +89,7 @@ def test_precompiled_archive_serves_batches_close_to_eager(exported_cnn, tiny_cn
 
     for response, data in zip(responses, images, strict=True):
         with torch.inference_mode():
-            expected = torch.softmax(tiny_cnn(image_to_tensor(data, 256, 224)[None])[0], 0)
+            expected = torch.softmax(tiny_cnn(image_to_tensor(data)[None])[0], 0)
         got = torch.tensor([response[str(i)] for i in range(10)])
         # float32: kernels differ by summation order only; int8: the same ranking, close values.
         tolerance = 0.02 if settings.get("dtype") == "int8" else 1e-4
@@ -102,7 +102,7 @@ def aoti_archive(exported_cnn):
     handler = bare_handler("image_classification.py", settings, exported_cnn)
     from handlers.loaders import load_model
 
-    precompile(handler, load_model(handler.settings.architecture, exported_cnn), exported_cnn, progress=print)
+    precompile(handler, load_model(handler.settings, exported_cnn), exported_cnn, progress=print)
     return exported_cnn
 
 

@@ -8,6 +8,7 @@ from handlers.settings import Diagnostics, parse_settings
 from kit.paths import STORE
 from kit.serve_config import Allocator, ConfigError, Placement, ServeConfig, launcher_args, render, worker_environment
 from kit.topology import parse_topology
+from tests.conftest import BUNDLED_MODELS
 
 
 def properties(text: str) -> dict[str, str]:
@@ -19,7 +20,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "lscpu"
 
 
 def test_optimized_preset_renders_the_planned_workers():
-    config = ServeConfig.from_preset("optimized")
+    config = ServeConfig.from_preset("optimized", models=BUNDLED_MODELS)
     xeon = parse_topology((FIXTURES / "xeon-2s-28c-smt.txt").read_text())
     layout = config.layout(xeon)
     props = properties(render(config, Path("/store"), layout))
@@ -27,7 +28,7 @@ def test_optimized_preset_renders_the_planned_workers():
     assert props["cpu_launcher_enable"] == "false" and "cpu_launcher_args" not in props
     models = json.loads(props["models"])
     # 56 cores, 7 for the frontend: 49 single-threaded workers split between three models.
-    assert [models[m]["1.0"]["minWorkers"] for m in ("resnet50", "bert", "minilm")] == [17, 16, 16]
+    assert [models[m]["1.0"]["minWorkers"] for m in ("bert", "minilm", "resnet50")] == [17, 16, 16]
     assert all(w.threads == 1 for m in layout.models.values() for w in m.workers)
     assert props["inference_address"] == "http://127.0.0.1:8080"
     assert props["management_address"] == "http://127.0.0.1:8081"
@@ -37,7 +38,7 @@ def test_optimized_preset_renders_the_planned_workers():
     assert props["enable_model_api"] == "false"
     assert props["allowed_urls"] == r"file://\\Q/store\\E/.*"  # only the local model store (Java-escaped)
     assert props["max_request_size"] == str(16 * 1024 * 1024)
-    assert props["load_models"] == "resnet50.mar,bert.mar,minilm.mar"
+    assert props["load_models"] == "bert.mar,minilm.mar,resnet50.mar"
 
 
 def test_fixed_launcher_preset_renders_torchserve_launcher():

@@ -5,7 +5,7 @@ import torch
 
 from handlers.payload import InvalidInput, request_bytes, request_text
 from handlers.text import encode, load_tokenizer
-from model_store.build import minilm_dir
+from model_store.recipes import minilm_dir
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,78 @@
+"""Write a model file for your own model: config/models/<name>.yaml (what `make model` runs).
+
+    .venv/bin/python -m model_store.model_file mine /data/my-roberta               # task from config.json
+    .venv/bin/python -m model_store.model_file net /data/net.pt2 --task image-classification
+
+A directory is a Hugging Face Transformers directory (save_pretrained); a file, a torch.export
+program. What the source already says (labels, tokenizer, image preprocessing) is read from it
+when the archives are built; the file holds only what it does not say, and your overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from handlers.settings import SettingsError
+from kit.models import Model, SourceKind, Task, model_file, parse_model
+from model_store import huggingface
+
+NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")  # a TorchServe model name, a URL path segment, a file stem
+
+
+def source_of(path: Path) -> SourceKind:
+    if path.is_dir():
+        return SourceKind.HUGGINGFACE
+    if path.is_file() and path.suffix == ".pt2":
+        return SourceKind.EXPORTED
+    raise SettingsError(f"SRC {path} is neither a Hugging Face directory nor a .pt2 file (torch.export.save)")
+
+
+def model_document(name: str, source: Path, task: Task | None) -> dict:
+    if not NAME.fullmatch(name):
+        raise SettingsError(f"NAME {name!r} must be lower-case letters, digits, '-' or '_' (it is a URL path)")
+    kind = source_of(source)
+    if task is None and kind is SourceKind.EXPORTED:
+        raise SettingsError(f"an exported program does not say its task; give TASK={' | '.join(Task)}")
+    task = task or huggingface.guess_task(source)
+    document = {"source": {kind.value: str(source.resolve())}, "task": task.value}
+    if kind is SourceKind.HUGGINGFACE:
+        huggingface.derive(source, task)  # refuse now, by name, what the build would refuse
+    parse_model(name, document)  # the file the registry will read: valid before it is written
+    return document
+
+
+def write_model_file(name: str, source: Path, task: Task | None, force: bool = False) -> Path:
+    path = model_file(name)
+    if path.exists() and not force:
+        existing = Model.load(name)
+        raise SettingsError(f"{path} already exists ({existing.source.kind.value} {existing.source.location}); pass FORCE=1 to replace it")
+    document = model_document(name, source, task)
+    header = (
+        f"# {name}: written by `make model`. Add TorchServe keys (responseTimeout, ...) or a `handler:`\n"
+        "# section (handlers/settings.py: max_length, top_k, ...) to override what the source says.\n"
+    )
+    path.write_text(header + yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("name")
+    parser.add_argument("source", type=Path, help="a Hugging Face directory or a .pt2 file")
+    parser.add_argument("--task", type=Task, choices=list(Task), default=None)
+    parser.add_argument("--force", action="store_true", help="replace an existing model file")
+    args = parser.parse_args(argv)
+    try:
+        path = write_model_file(args.name, args.source, args.task, args.force)
+    except SettingsError as error:
+        sys.exit(f"[model] ERROR: {error}")
+    print(f"[model] wrote {path}: serve it with make serve MODELS={args.name}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

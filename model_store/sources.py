@@ -1,0 +1,79 @@
+"""A model file's source -> the files its archives carry, and the handler settings they imply.
+
+    settings = write_source(staging, Model.load("mine"))   # {"architecture": "hf-sequence-classifier", ...}
+
+One writer per source kind (kit/models.py SourceKind): a recipe of the bundled models, a Hugging
+Face directory (model_store/huggingface.py reads it), or a torch.export program. The model file's
+own `handler:` settings are laid over what the source implies.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from handlers.loaders import EXPORTED_FILE
+from handlers.settings import Architecture, SettingsError
+from handlers.text import TOKENIZER_FILE
+from kit.models import Medium, Model, SourceKind
+from model_store import huggingface
+from model_store.recipes import RECIPES, bundled_tokenizer
+
+LABELS_FILE = "labels.json"
+# Weights of other frameworks a Hugging Face directory may also hold: not needed, often large.
+FOREIGN_WEIGHTS = ("*.h5", "*.msgpack", "*.onnx", "*.ot", "*.tflite", ".git")
+
+
+def log(message: str) -> None:
+    print(f"[archive] {message}", flush=True)
+
+
+def require(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise SettingsError(f"{what} {path} does not exist; fix `source:` in the model file")
+    return path
+
+
+def write_recipe(staging: Path, model: Model) -> dict[str, Any]:
+    recipe = model.source.location
+    if recipe not in RECIPES:
+        raise SettingsError(f"recipe {recipe!r} is unknown; the kit has: {', '.join(sorted(RECIPES))}")
+    RECIPES[recipe](staging, model)
+    return {}
+
+
+def write_exported(staging: Path, model: Model) -> dict[str, Any]:
+    shutil.copy(require(model.source.path, "exported program"), staging / EXPORTED_FILE)
+    if model.task.medium is Medium.TEXT:
+        shutil.copy(bundled_tokenizer(), staging / TOKENIZER_FILE)
+        log(f"{model.name}: an exported text model gets bert-base-uncased's vocabulary ({TOKENIZER_FILE})")
+    return {"architecture": Architecture.EXPORTED_PROGRAM.value}
+
+
+def write_huggingface(staging: Path, model: Model) -> dict[str, Any]:
+    directory = require(model.source.path, "Hugging Face directory")
+    derived = huggingface.derive(directory, model.task)
+    shutil.copytree(directory, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*FOREIGN_WEIGHTS))
+    if derived.labels:
+        (staging / LABELS_FILE).write_text(json.dumps(list(derived.labels)))
+        return {**derived.settings, "labels_file": LABELS_FILE}
+    return derived.settings
+
+
+WRITERS: dict[SourceKind, Callable[[Path, Model], dict[str, Any]]] = {
+    SourceKind.RECIPE: write_recipe,
+    SourceKind.EXPORTED: write_exported,
+    SourceKind.HUGGINGFACE: write_huggingface,
+}
+
+
+def write_source(staging: Path, model: Model) -> dict[str, Any]:
+    """Write the model's files into staging; returns its handler settings (the model file's win)."""
+    settings = WRITERS[model.source.kind](staging, model)
+    if model.labels:  # the model file's own class names replace any the source has
+        shutil.copy(require(Path(model.labels), "labels file"), staging / LABELS_FILE)
+        settings = {**settings, "labels_file": LABELS_FILE}
+    return {**settings, **model.handler_settings}

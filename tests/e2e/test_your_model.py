@@ -1,0 +1,128 @@
+"""Your own model, as the README says: `make model` from a Hugging Face directory, then a real
+TorchServe serves it with each variant; answers equal transformers.pipeline's over REST and gRPC.
+
+The models are architectures the kit does not bundle (random weights, saved with save_pretrained):
+a DistilBERT classifier, whose forward takes no token_type_ids, and a ViT with its image processor.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from client import grpc_client
+from handlers.calibration import CALIBRATION_COUNT, SENTENCES, synthetic_photo
+from kit.models import model_file
+from kit.paths import ROOT, STORE
+from kit.serve_config import ServeConfig
+from kit.server import Server
+from tests.e2e.conftest import one_cpu, start_server
+from tests.e2e.test_serving import post, worker_pids
+from tests.hf_models import distilbert_classifier, vit_classifier
+
+pytestmark = pytest.mark.e2e
+
+# fp32 everywhere; compilers reorder sums and fuse kernels: probabilities agreed to <1e-6 here.
+PROBABILITY_ATOL = 1e-4
+VARIANTS = ("eager", "inductor", "aoti", "openvino", "ipex")
+TEXT, IMAGE = "test-yours-distilbert", "test-yours-vit"
+# Held-out inputs (not the calibration ones); 320x240 photos: decoded whole, as the pipeline does.
+TEXTS = SENTENCES[CALIBRATION_COUNT : CALIBRATION_COUNT + 3]
+PHOTOS = [synthetic_photo(100 + seed) for seed in range(3)]
+
+
+def remove_model(name: str) -> None:
+    model_file(name).unlink(missing_ok=True)
+    for path in [*STORE.glob(f"*/{name}.mar"), *STORE.glob(f"*/.{name}.digest")]:
+        path.unlink()
+
+
+@pytest.fixture(scope="module")
+def your_models(tmp_path_factory):
+    """`make model` for both directories, with every variant this test serves."""
+    root = tmp_path_factory.mktemp("yours")
+    sources = {TEXT: distilbert_classifier(root / "distilbert"), IMAGE: vit_classifier(root / "vit")}
+    try:
+        for name, source in sources.items():
+            command = [
+                "make",
+                "--no-print-directory",
+                "model",
+                f"NAME={name}",
+                f"SRC={source}",
+                f"VARIANTS={','.join(VARIANTS)}",
+            ]
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            assert f"wrote {model_file(name)}" in done.stdout
+        yield sources
+    finally:
+        for name in sources:
+            remove_model(name)
+
+
+def pipeline_answers(sources: dict[str, Path]) -> dict[str, list[dict[str, float]]]:
+    from transformers import pipeline
+
+    text = pipeline("text-classification", model=str(sources[TEXT]), top_k=None)
+    image = pipeline("image-classification", model=str(sources[IMAGE]), top_k=5)
+    return {
+        TEXT: [{a["label"]: a["score"] for a in answers} for answers in text(list(TEXTS))],
+        IMAGE: [{a["label"]: a["score"] for a in image(Image.open(io.BytesIO(p)))} for p in PHOTOS],
+    }
+
+
+def assert_same_answer(served: dict[str, float], expected: dict[str, float], where: str) -> None:
+    assert list(served) == list(expected) or set(served) == set(expected), f"{where}: labels {served} vs {expected}"
+    for label, probability in expected.items():
+        assert served[label] == pytest.approx(probability, abs=PROBABILITY_ATOL), f"{where}: {label}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_your_models_answer_as_transformers_pipeline_does(your_models, variant, tmp_path):
+    expected = pipeline_answers(your_models)
+    config = ServeConfig.from_preset("optimized", variant=variant, models=[TEXT, IMAGE], cpus=one_cpu())
+    server = start_server(tmp_path, config)
+    try:
+        bodies = {TEXT: [t.encode() for t in TEXTS], IMAGE: PHOTOS}
+        target = f"127.0.0.1:{server.config.grpc_inference_port}"
+        for name, inputs in bodies.items():
+            for index, body in enumerate(inputs):
+                response = post(server, name, body, "application/octet-stream")
+                assert response.status_code == 200, response.text
+                assert_same_answer(response.json(), expected[name][index], f"{variant} {name} REST #{index}")
+                answer = json.loads(grpc_client.predict(target, name, body))
+                assert_same_answer(answer, expected[name][index], f"{variant} {name} gRPC #{index}")
+        assert_bad_input_is_refused_and_served_on(server)
+    finally:
+        server.stop()
+
+
+def assert_bad_input_is_refused_and_served_on(server: Server) -> None:
+    pids = {name: worker_pids(server, name) for name in (TEXT, IMAGE)}
+    refused = post(server, IMAGE, b"a sentence is not an image", "text/plain")
+    assert refused.status_code == 400 and "not a decodable image" in refused.text
+    refused = post(server, TEXT, PHOTOS[0], "image/jpeg")
+    assert refused.status_code == 400, refused.text
+    assert post(server, TEXT, TEXTS[0].encode(), "text/plain").status_code == 200
+    assert {name: worker_pids(server, name) for name in (TEXT, IMAGE)} == pids
+
+
+def test_your_model_is_refused_by_name_when_the_kit_cannot_honour_it(tmp_path):
+    source = vit_classifier(tmp_path / "vit")
+    processor = json.loads((source / "preprocessor_config.json").read_text())
+    (source / "preprocessor_config.json").write_text(json.dumps({**processor, "do_pad": True}))
+    name = "test-yours-refused"
+    try:
+        command = ["make", "--no-print-directory", "model", f"NAME={name}", f"SRC={source}"]
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode != 0
+        assert "options ['do_pad'] are not reproduced" in done.stderr
+        assert not model_file(name).exists()
+    finally:
+        remove_model(name)

@@ -1,0 +1,25 @@
+"""Tiny Hugging Face Transformers models of architectures the kit does not bundle (bench/example_models.py
+at test size), random weights, saved with save_pretrained as a user's directory is.
+
+    text_dir = distilbert_classifier(tmp_path / "distil")   # forward takes no token_type_ids
+    image_dir = vit_classifier(tmp_path / "vit")              # with its ViTImageProcessor
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.example_models import ANIMALS, SENTIMENT, distilbert, vit
+
+LABELS, IMAGE_LABELS = SENTIMENT, ANIMALS
+# Weights this large give peaked outputs: a comparison of probabilities means something only
+# when they differ (the default 0.02 leaves every class near 1/n).
+INIT = 0.3
+
+
+def distilbert_classifier(directory: Path) -> Path:
+    return distilbert(directory, dim=64, layers=2, heads=4, init=INIT)
+
+
+def vit_classifier(directory: Path) -> Path:
+    return vit(directory, size=64, patch=16, dim=64, layers=2, heads=4, init=INIT)

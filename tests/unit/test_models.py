@@ -1,0 +1,170 @@
+"""The model registry (kit/models.py), model files written by `make model` (model_store/model_file.py)
+and what a Hugging Face directory implies (model_store/huggingface.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from handlers.settings import ImageSettings, SettingsError, TextSettings, parse_settings
+from kit import models
+from kit.models import Medium, Model, SourceKind, Task, model_names, parse_model
+from model_store import huggingface
+from model_store.huggingface import SourceError, derive, guess_task
+from model_store.model_file import write_model_file
+from tests.conftest import BUNDLED_MODELS
+from tests.hf_models import IMAGE_LABELS, LABELS, distilbert_classifier, vit_classifier
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    """An empty model directory in place of config/models/."""
+    monkeypatch.setattr(models, "MODELS_DIR", tmp_path / "models")
+    (tmp_path / "models").mkdir()
+    models._load.cache_clear()
+    yield tmp_path / "models"
+    models._load.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf")
+    return {"text": distilbert_classifier(root / "distil"), "image": vit_classifier(root / "vit")}
+
+
+def test_bundled_models_are_ordinary_model_files():
+    assert set(BUNDLED_MODELS) <= set(model_names())
+    for model in map(Model.load, BUNDLED_MODELS):
+        assert model.source.kind is SourceKind.RECIPE
+        # Kit keys stay out of the TorchServe config the archives carry; its defaults are filled in.
+        assert not {"source", "task"} & set(model.serving)
+        assert model.serving["startupTimeout"] == models.STARTUP_TIMEOUT_S
+    assert Model.load("resnet50").task.medium is Medium.IMAGE
+    assert Model.load("minilm").task.handler == "sentence_embedding.py"
+
+
+def test_a_model_file_is_checked_and_errors_say_how_to_fix_it(registry):
+    with pytest.raises(SettingsError, match=r"model 'nope' is unknown; choose one of: .*make model NAME=nope"):
+        Model.load("nope")
+    with pytest.raises(SettingsError, match=r"task 'image' is unknown; choose one of: image-classification"):
+        parse_model("m", {"source": {"exported": "m.pt2"}, "task": "image"})
+    with pytest.raises(SettingsError, match=r"source 'hub' is unknown; choose one of: recipe, huggingface, exported"):
+        parse_model("m", {"source": {"hub": "bert-base"}, "task": "text-classification"})
+    with pytest.raises(SettingsError, match=r"source must be one of .* got 'm.pt2'"):
+        parse_model("m", {"source": "m.pt2", "task": "text-classification"})
+    (registry / "bad.yaml").write_text("source: {exported: m.pt2}\n")
+    with pytest.raises(SettingsError, match=r"bad.yaml: .*task"):
+        Model.load("bad")
+
+
+def test_make_model_writes_a_file_the_registry_reads(registry, hf_dirs, tmp_path):
+    path = write_model_file("mine", hf_dirs["text"], task=None)
+    model = Model.load("mine")
+    assert path == registry / "mine.yaml" and model_names() == ["mine"]
+    assert model.task is Task.TEXT_CLASSIFICATION  # from config.json's DistilBertForSequenceClassification
+    assert (model.source.kind, model.source.path) == (SourceKind.HUGGINGFACE, hf_dirs["text"])
+    with pytest.raises(SettingsError, match="already exists .*FORCE=1"):
+        write_model_file("mine", hf_dirs["image"], task=None)
+    write_model_file("mine", hf_dirs["image"], task=None, force=True)
+    exported = tmp_path / "net.pt2"
+    exported.write_bytes(b"")
+    with pytest.raises(SettingsError, match="an exported program does not say its task; give TASK="):
+        write_model_file("net", exported, task=None)
+    assert yaml.safe_load(write_model_file("net", exported, Task.IMAGE_CLASSIFICATION).read_text()) == {
+        "source": {"exported": str(exported)},
+        "task": "image-classification",
+    }
+    with pytest.raises(SettingsError, match="NAME 'My Model' must be lower-case"):
+        write_model_file("My Model", exported, Task.IMAGE_CLASSIFICATION)
+    with pytest.raises(SettingsError, match="neither a Hugging Face directory nor a .pt2"):
+        write_model_file("x", tmp_path / "weights.bin", Task.IMAGE_CLASSIFICATION)
+
+
+def test_a_text_classifier_directory_gives_its_labels_inputs_and_tokenizer(hf_dirs):
+    derived = derive(hf_dirs["text"], guess_task(hf_dirs["text"]))
+    assert derived.labels == tuple(LABELS.values())
+    settings = parse_settings(TextSettings, derived.settings)
+    assert settings.input_names == ("input_ids", "attention_mask")  # DistilBERT takes no token_type_ids
+    assert (settings.pad_token, settings.max_length) == ("[PAD]", 128)  # served at most at the kit's default
+
+
+def test_an_image_processor_config_becomes_the_kits_preprocessing(hf_dirs):
+    derived = derive(hf_dirs["image"], Task.IMAGE_CLASSIFICATION)
+    assert derived.labels == tuple(IMAGE_LABELS.values())
+    settings = parse_settings(ImageSettings, derived.settings)
+    assert (settings.resize, settings.crop, settings.fit.value, settings.resample.value) == (
+        64,
+        64,
+        "stretch",
+        "bilinear",
+    )
+    assert settings.mean == settings.std == (0.5, 0.5, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"do_pad": True}, r"options \['do_pad'\] are not reproduced"),
+        ({"size": {"height": 64, "width": 48}}, r"size .* is not square"),
+        ({"do_resize": False}, "do_resize false"),
+        ({"size": {"shortest_edge": 64}}, "keeps the aspect ratio"),
+    ],
+)
+def test_an_image_processor_option_the_kit_cannot_reproduce_is_refused_by_name(hf_dirs, tmp_path, change, refusal):
+    directory = tmp_path / "vit"
+    directory.mkdir()
+    processor = {**json.loads((hf_dirs["image"] / huggingface.PREPROCESSOR_FILE).read_text()), **change}
+    (directory / huggingface.PREPROCESSOR_FILE).write_text(json.dumps(processor))
+    (directory / huggingface.CONFIG_FILE).write_text((hf_dirs["image"] / huggingface.CONFIG_FILE).read_text())
+    with pytest.raises(SourceError, match=refusal):
+        derive(directory, Task.IMAGE_CLASSIFICATION)
+
+
+def test_a_centre_cropped_processor_keeps_its_aspect_ratio_then_crops(tmp_path):
+    (tmp_path / huggingface.PREPROCESSOR_FILE).write_text(
+        json.dumps({"size": {"shortest_edge": 224}, "crop_pct": 0.875, "resample": 3})  # ConvNeXt's
+    )
+    settings = huggingface.image_settings(tmp_path)
+    assert (settings["resize"], settings["crop"], settings["fit"], settings["resample"]) == (
+        256,
+        224,
+        "crop",
+        "bicubic",
+    )
+
+
+def test_a_classifier_the_kit_would_answer_wrongly_is_refused(hf_dirs, tmp_path):
+    config = json.loads((hf_dirs["text"] / huggingface.CONFIG_FILE).read_text())
+    with pytest.raises(SourceError, match="problem_type 'multi_label_classification' is not served"):
+        huggingface.labels({**config, "problem_type": "multi_label_classification"})
+    with pytest.raises(SourceError, match="1 label"):
+        huggingface.labels({**config, "id2label": {"0": "score"}})
+    (tmp_path / huggingface.CONFIG_FILE).write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(SourceError, match=r"architectures \['GPT2LMHeadModel'\] name no task .* TASK="):
+        guess_task(tmp_path)
+
+
+def test_sentence_transformers_pooling_is_read_from_its_modules(tmp_path):
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    assert huggingface.pooling(tmp_path) == {"pooling": "cls", "normalize": False}
+    assert guess_task(tmp_path) is Task.FEATURE_EXTRACTION
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_max_tokens": True}))
+    with pytest.raises(SourceError, match=r"pooling \['pooling_mode_max_tokens'\] is not reproduced"):
+        huggingface.pooling(tmp_path)
+
+
+def test_building_an_unknown_model_names_the_known_ones_and_how_to_add_one():
+    from model_store import build
+
+    with pytest.raises(
+        SystemExit, match=r"\[archive\] ERROR: model 'nope' is unknown; choose one of: .*bert.*make model"
+    ):
+        build.main(["--models", "nope", "--variants", "eager"])
