@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from handlers.base import OptimizedHandler
-from handlers.calibration import CALIBRATION_COUNT
 
 HELD_OUT = 16
 
@@ -28,16 +27,12 @@ class Agreement:
     top1_agreement: float  # share of inputs whose arg-max equals float32 eager's
 
 
-def held_out(handler: OptimizedHandler, count: int = HELD_OUT) -> list[tuple[torch.Tensor, ...]]:
-    return [tuple(t.unsqueeze(0) for t in handler.sample(CALIBRATION_COUNT + i)) for i in range(count)]
-
-
 def agreement(
     run: Callable[..., torch.Tensor], reference: nn.Module, handler: OptimizedHandler, count: int = HELD_OUT
 ) -> Agreement:
     cosines, same = [], 0
     with torch.inference_mode():
-        for inputs in held_out(handler, count):
+        for inputs in handler.held_out(count):
             expected = reference(*inputs).float().flatten()
             actual = run(*inputs).float().flatten()
             cosines.append(torch.nn.functional.cosine_similarity(actual, expected, dim=0).item())

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench.results import Measured
-from kit.archive import extract
+from handlers.archive import extract
 from kit.paths import ROOT, process_environment
 from kit.pin_worker import allocator_library
 from kit.serve_config import Placement, ServeConfig, worker_environment
@@ -98,9 +98,9 @@ def run_child(model_dir: Path, batch: int, seconds: int, cpus: str) -> None:
     import torch
 
     from bench.accuracy import agreement
+    from handlers.archive import load_archived
     from handlers.backends.common import to_layout
     from handlers.optimize import optimize
-    from kit.archive import load_archived
 
     if cpus:
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})

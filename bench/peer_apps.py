@@ -17,7 +17,6 @@ FastAPI as an object, and a string annotation would not resolve there.
 """
 
 import argparse
-import enum
 import os
 from pathlib import Path
 from typing import Annotated, Any
@@ -27,10 +26,11 @@ import numpy as np
 import torch
 from fastapi import Body, FastAPI, HTTPException, Request
 
+from bench.plan import Framework
+from handlers.archive import archived_handler, read_manifest
 from handlers.backends.common import Inputs
 from handlers.backends.openvino import IR_FILE, PRECISION_HINT
 from handlers.payload import InvalidInput
-from kit.archive import archived_handler, read_manifest
 
 # The fastapi app is built by uvicorn in each worker process (an import string + factory), so
 # its arguments travel in the environment.
@@ -38,11 +38,6 @@ MODEL_DIR_VAR = "PEER_MODEL_DIR"
 THREADS_VAR = "PEER_THREADS"
 HOST = "127.0.0.1"
 BATCH_TIMEOUT_S = 0.005  # litserve with batch > 1: as the kit's max_batch_delay_ms default
-
-
-class Framework(enum.StrEnum):
-    FASTAPI = "fastapi"
-    LITSERVE = "litserve"
 
 
 HEALTH_PATH = {Framework.FASTAPI: "/ping", Framework.LITSERVE: "/health"}

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from bench.plan import Peer, Runtime
 from bench.results import Measured, Precision
-from kit.archive import extract
+from handlers.archive import extract
 from kit.paths import ROOT, process_environment
 from kit.topology import read_topology
 
@@ -93,11 +93,10 @@ def run_child(model_dir: Path, runtime: Runtime, precision: Precision, batch: in
     import torch
 
     from bench.accuracy import agreement
-    from handlers.precompile import calibration_batches
-    from kit.archive import load_archived
+    from handlers.archive import load_archived
 
     archived = load_archived(model_dir)
-    calibration = calibration_batches(archived.handler)
+    calibration = archived.handler.calibration()
     run, queue = PEER_BUILDERS[runtime](
         archived.model, archived.settings, archived.example(2), calibration, precision, model_dir
     )

@@ -31,7 +31,6 @@ from typing import Any
 import yaml
 
 from bench.payloads import DEFAULT_PAYLOAD, PAYLOADS
-from bench.peer_apps import Framework
 from bench.results import Precision
 from handlers.settings import SettingsError, parse_settings
 from kit.models import Model, check_models, model_names
@@ -56,6 +55,14 @@ class PlanError(SettingsError):
 class Runtime(enum.StrEnum):
     ONNXRUNTIME = "onnxruntime"
     OPENVINO = "openvino"
+
+
+class Framework(enum.StrEnum):
+    """The servers a user would write instead (bench/peer_apps.py; declared here, where plans
+    name them, so reading a plan imports neither torch nor LitServe)."""
+
+    FASTAPI = "fastapi"
+    LITSERVE = "litserve"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,13 +14,10 @@ from bench.payloads import DEFAULT_PAYLOAD
 from bench.results import BenchRun, InProcessResult, Precision, RowResult
 from kit.models import Model
 
-# Targets of the bench issue, checked on every run: (model, minimum speedup of the best row).
-SPEEDUP_TARGETS = {"resnet50": 3.0, "bert": 2.0}
+# Per-model targets (speedup, int8 agreement) are in the model files: kit/models.py Targets.
 SERVED_VS_IN_PROCESS_TARGET = 0.90
 # A new worker of a precompiled backend (nothing compiles in the worker) is READY within this.
 COLD_START_TARGET_S = 5.0
-# int8 against float32 eager on held-out inputs: (model, metric, minimum).
-INT8_ACCURACY_TARGETS = (("resnet50", "top1_agreement", 0.95), ("minilm", "cosine_mean", 0.99))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,15 +77,16 @@ def peer_checks(results: list[RowResult], references: list[InProcessResult]) -> 
 
 def accuracy_checks(references: list[InProcessResult]) -> list[TargetCheck]:
     checks = []
-    for model, metric, minimum in INT8_ACCURACY_TARGETS:
-        for r in references:
-            if r.model == model and r.precision == Precision.INT8:
-                value = getattr(r, metric)
-                checks.append(
-                    TargetCheck(
-                        f"{model} int8 {metric} >= {minimum} ({r.kind} {r.name})", f"{value:.4f}", value >= minimum
-                    )
+    for r in (r for r in references if r.precision == Precision.INT8):
+        targets = Model.load(r.model).targets
+        minimums = {"top1_agreement": targets.int8_top1_agreement, "cosine_mean": targets.int8_cosine_mean}
+        for metric, minimum in ((m, v) for m, v in minimums.items() if v is not None):
+            value = getattr(r, metric)
+            checks.append(
+                TargetCheck(
+                    f"{r.model} int8 {metric} >= {minimum} ({r.kind} {r.name})", f"{value:.4f}", value >= minimum
                 )
+            )
     return checks
 
 
@@ -108,9 +106,9 @@ def cold_start_checks(results: list[RowResult]) -> list[TargetCheck]:
 
 def check_targets(results: list[RowResult], references: list[InProcessResult] = ()) -> list[TargetCheck]:
     checks = []
-    for model, target in SPEEDUP_TARGETS.items():
-        best = best_row(results, model)
-        if best is None or best.speedup_vs_baseline is None:
+    for model in sorted({r.model for r in results}):
+        target, best = Model.load(model).targets.speedup, best_row(results, model)
+        if target is None or best is None or best.speedup_vs_baseline is None:
             continue
         checks.append(
             TargetCheck(

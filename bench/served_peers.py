@@ -24,7 +24,7 @@ from bench.payloads import Payload
 from bench.peer_apps import BATCH_TIMEOUT_S, HEALTH_PATH, HOST
 from bench.plan import RunSettings, ServedPeer
 from bench.results import RowResult
-from kit.archive import extract
+from handlers.archive import extract
 from kit.paths import ROOT, process_environment
 from kit.ports import PORTS, PortInUseError, bind_failure, start_on_fresh_ports
 from kit.procinfo import busy_fractions, cpu_times, live_process, process_tree

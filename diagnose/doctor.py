@@ -143,7 +143,7 @@ def debug_dump(model_dir: Path, out_dir: Path) -> Path:
     target = out_dir / "compile_debug"
     env = {**os.environ, "TORCH_COMPILE_DEBUG": "1", "TORCH_COMPILE_DEBUG_DIR": str(target)}
     code = (
-        "import sys; from pathlib import Path; from kit.archive import load_archived; "
+        "import sys; from pathlib import Path; from handlers.archive import load_archived; "
         "from handlers.optimize import optimize; a = load_archived(Path(sys.argv[1])); "
         "optimize(a.model, a.settings, [a.example(1)])"
     )

@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from handlers.archive import ArchivedModel
 from handlers.backends import Backend
 from handlers.backends.common import Inputs
 from handlers.optimize import OptimizedModel, optimize
-from kit.archive import ArchivedModel
 
 WAIT, WARMUP, ACTIVE = 1, 3, 10  # profiler schedule, in steps (one step = one batch)
 TIMED_SECONDS = 5.0  # unprofiled loop for the end-to-end latency

@@ -114,10 +114,21 @@ class OptimizedHandler(abc.ABC):
         )
         self.initialized = True
 
-    def checks(self, size: int, batches: int = 4) -> list[Inputs]:
-        """Representative inputs for the accuracy guard: held-out samples in full batches of `size`."""
-        first = CALIBRATION_COUNT  # not seen by int8 calibration
+    def sample_batches(self, first: int, batches: int, size: int = 1) -> list[Inputs]:
+        """`batches` batches of `size` consecutive samples from index `first` (handlers/calibration.py)."""
         return [collate([self.sample(first + b * size + i) for i in range(size)], size) for b in range(batches)]
+
+    def calibration(self) -> list[Inputs]:
+        """What int8 calibration sees: the first CALIBRATION_COUNT samples, one per batch."""
+        return self.sample_batches(0, CALIBRATION_COUNT)
+
+    def held_out(self, batches: int, size: int = 1) -> list[Inputs]:
+        """Samples int8 calibration never saw: for the accuracy guard and the bench's agreement."""
+        return self.sample_batches(CALIBRATION_COUNT, batches, size)
+
+    def checks(self, size: int, batches: int = 4) -> list[Inputs]:
+        """The accuracy guard's inputs: held-out samples in full batches of `size`."""
+        return self.held_out(batches, size)
 
     # -- task hooks ---------------------------------------------------------------------------
     def setup(self, model_dir: str) -> None:  # noqa: B027 - an optional hook, not abstract

@@ -16,14 +16,8 @@ from torch import nn
 
 from handlers.accuracy import Reference
 from handlers.backends import precompiler
-from handlers.backends.common import Inputs, prepare
+from handlers.backends.common import prepare
 from handlers.base import OptimizedHandler
-from handlers.calibration import CALIBRATION_COUNT
-
-
-def calibration_batches(handler: OptimizedHandler) -> list[Inputs]:
-    """Batches of one representative input each, in the order of handlers/calibration.py."""
-    return [tuple(t.unsqueeze(0) for t in handler.sample(index)) for index in range(CALIBRATION_COUNT)]
 
 
 def precompile(handler: OptimizedHandler, model: nn.Module, out_dir: Path, progress: Callable[[str], None] = print):
@@ -31,7 +25,7 @@ def precompile(handler: OptimizedHandler, model: nn.Module, out_dir: Path, progr
     settings = handler.settings
     if not settings.traits.precompiled:
         return
-    precompiler(settings.backend)(model, settings, handler.example, calibration_batches(handler), out_dir, progress)
+    precompiler(settings.backend)(model, settings, handler.example, handler.calibration(), out_dir, progress)
     # What the worker's accuracy guard compares the artifact with, at the smallest served batch.
     size = settings.serving_buckets(1)[0]
     Reference.of(prepare(model, settings), handler.checks(size), settings.channels_last).save(out_dir)

@@ -10,8 +10,9 @@
 A model file:
 
     source: {huggingface: /data/my-roberta}   # or {exported: m.pt2} or {recipe: resnet50}
-    task: text-classification                 # image-classification | feature-extraction | tensor
+    task: text-classification                 # or image-classification | feature-extraction
     handler: {max_length: 128}                # handler settings (handlers/settings.py), optional
+    targets: {speedup: 2.0}                   # what `make bench` checks (Targets), optional
     responseTimeout: 120                      # any other key: TorchServe's model-config.yaml
 
 `make model NAME=... SRC=...` writes one (model_store/model_file.py); the bundled models are
@@ -103,6 +104,15 @@ class Source:
 
 
 @dataclasses.dataclass(frozen=True)
+class Targets:
+    """What `make bench` checks for the model on every run (bench/report.py); null: no check."""
+
+    speedup: float | None = None  # the best served row's req/s over the plan's baseline row
+    int8_top1_agreement: float | None = None  # int8 against float32 eager, held-out samples
+    int8_cosine_mean: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """The kit's own keys of a model file; every other key is TorchServe's."""
 
@@ -111,6 +121,7 @@ class ModelSpec:
     # Paths of files the archive carries beside the weights (e.g. a recipe's trained state dict).
     weights: str = ""
     labels: str = ""  # JSON class names: ["tench", ...] or {"0": "tench"}
+    targets: dict = dataclasses.field(default_factory=dict)  # Targets
 
 
 KIT_KEYS = {f.name for f in dataclasses.fields(ModelSpec)}
@@ -124,6 +135,7 @@ class Model:
     serving: dict[str, Any] = dataclasses.field(compare=False)  # TorchServe's model-config.yaml
     weights: str = ""  # absolute paths (a model file's relative ones are from the repository root)
     labels: str = ""
+    targets: Targets = Targets()
 
     @classmethod
     def load(cls, name: str) -> Model:
@@ -156,7 +168,8 @@ def parse_model(name: str, raw: dict[str, Any]) -> Model:
     spec = parse_settings(ModelSpec, {k: v for k, v in raw.items() if k in KIT_KEYS})
     serving = {**SERVING_DEFAULTS, **{k: v for k, v in raw.items() if k not in KIT_KEYS}}
     weights, labels = (str(ROOT / p) if p else "" for p in (spec.weights, spec.labels))
-    return Model(name, spec.task, Source.parse(spec.source), serving, weights, labels)
+    targets = parse_settings(Targets, spec.targets)
+    return Model(name, spec.task, Source.parse(spec.source), serving, weights, labels, targets)
 
 
 @functools.cache

@@ -58,7 +58,7 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     """Precompiled backends (aoti, openvino): compile and calibrate now, ship the artifact."""
     from handlers.loaders import load_model
     from handlers.precompile import precompile
-    from kit.archive import bare_handler
+    from handlers.archive import bare_handler
 
     handler = bare_handler(handler_file, handler_config, staging)
     if not handler.settings.traits.precompiled:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.accuracy import agreement
+from handlers.archive import extract, load_archived
 from handlers.optimize import optimize
-from kit.archive import extract, load_archived
 from kit.topology import cpuinfo
 from kit.variant import Variant
 

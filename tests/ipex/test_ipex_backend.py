@@ -11,10 +11,10 @@ import torch
 pytest.importorskip("intel_extension_for_pytorch", reason="needs .venv-ipex: run `make install-ipex`")
 
 from handlers.architectures.text import BertClassifier  # noqa: E402
+from handlers.archive import extract, load_archived  # noqa: E402
 from handlers.optimize import optimize  # noqa: E402
 from handlers.settings import ImageSettings, SettingsError, TextSettings, parse_settings  # noqa: E402
 from handlers.text_classification import text_example  # noqa: E402
-from kit.archive import extract, load_archived  # noqa: E402
 from kit.variant import Variant  # noqa: E402
 
 # ipex.optimize folds BN and prepacks oneDNN weights, like Inductor's freezing: fp32 to ~1e-5.

@@ -30,9 +30,12 @@ def test_every_backend_is_selected_by_a_variant():
     assert selected == set(Backend), f"backends without a config/variants/*.yaml: {set(Backend) - selected}"
 
 
-def test_the_serving_side_reads_the_registry_without_torch():
+def test_the_serving_side_and_plans_are_read_without_torch():
+    # Every module of kit/ (the server, planner, registries) and reading a bench plan: torch and
+    # the peers' servers cost seconds of import and belong to workers and bench children.
+    kit_modules = sorted(f"kit.{path.stem}" for path in (ROOT / "kit").glob("*.py") if path.stem != "__init__")
     code = (
-        "import sys, handlers.backends, handlers.settings, kit.variant, kit.serve_config, kit.server; "
-        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))"
+        f"import sys, handlers.backends, handlers.settings, bench.plan, {', '.join(kit_modules)}; "
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'litserve')); assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

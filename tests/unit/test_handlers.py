@@ -221,7 +221,7 @@ def test_batch_buckets(max_batch, buckets):
 
 
 def test_model_files_parse_into_settings():
-    from kit.archive import handler_class
+    from handlers.archive import handler_class
     from kit.models import Model, SourceKind, model_names
     from kit.variant import Variant, variant_names
     from model_store.build import merged_config

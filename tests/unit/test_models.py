@@ -168,3 +168,10 @@ def test_building_an_unknown_model_names_the_known_ones_and_how_to_add_one():
         SystemExit, match=r"\[archive\] ERROR: model 'nope' is unknown; choose one of: .*bert.*make model"
     ):
         build.main(["--models", "nope", "--variants", "eager"])
+
+
+def test_bench_targets_are_declared_in_the_model_files():
+    assert Model.load("resnet50").targets.speedup == 3.0
+    assert Model.load("minilm").targets.int8_cosine_mean == 0.99
+    with pytest.raises(SettingsError, match=r"unknown setting\(s\) \['speed'\] for Targets"):
+        parse_model("m", {"source": {"recipe": "bert"}, "task": "text-classification", "targets": {"speed": 2}})

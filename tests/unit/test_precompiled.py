@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from handlers.accuracy import AccuracyError, Reference, cosine_distance, relative_error
+from handlers.archive import bare_handler
 from handlers.backends import aoti
 from handlers.backends.aoti import CPU_SUPPORTS, package_name
 from handlers.backends.common import BuildSpec
 from handlers.precompile import precompile
 from handlers.settings import ImageSettings, SettingsError, parse_settings
-from kit.archive import bare_handler
 from tests.conftest import encode_image
 from tests.unit.test_handlers import image_handler, serve, statuses
 
