@@ -91,9 +91,9 @@ def png_with_alpha(width: int = 640, height: int = 480) -> bytes:
 def sentence(tokens: int = TEXT_TOKENS) -> str:
     """The paragraph cut to exactly `tokens` bert-base-uncased tokens including [CLS]/[SEP]."""
     from handlers.text import load_tokenizer
-    from model_store.recipes import minilm_dir
+    from model_store.recipes import bundled_tokenizer
 
-    tokenizer = load_tokenizer(minilm_dir())
+    tokenizer = load_tokenizer(bundled_tokenizer().parent)
     tokenizer.no_truncation()  # the whole text, then cut here
     tokenizer.no_padding()
     text = " ".join([PARAGRAPH] * (1 + tokens // 150))  # the paragraph is ~180 tokens
