@@ -45,8 +45,8 @@ archive: install
 
 # Your own model: writes config/models/NAME.yaml, then builds its VARIANTS archives.
 model: install
-	@test -n "$(NAME)" -a -n "$(SRC)" || { echo "usage: make model NAME=mine SRC=hf-dir|model.pt2 [TASK=...] [FORCE=1]"; exit 2; }
-	@$(PY) -m model_store.model_file $(NAME) $(SRC) $(if $(TASK),--task $(TASK)) $(if $(FORCE),--force)
+	@test -n "$(NAME)" -a -n "$(SRC)" || { echo "usage: make model NAME=mine SRC=hf-dir|model.pt2 [TASK=...] [SAMPLES=...] [FORCE=1]"; exit 2; }
+	@$(PY) -m model_store.model_file $(NAME) $(SRC) $(if $(TASK),--task $(TASK)) $(if $(SAMPLES),--samples $(SAMPLES)) $(if $(FORCE),--force)
 	@$(PY) -m model_store.build --models $(NAME) --variants $(VARIANTS)
 
 # The preset's archives plus VARIANT's (ipex and ipex-compile are served from .venv-ipex).

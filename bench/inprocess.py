@@ -97,7 +97,7 @@ def measure_in_process(archive: Path, model: str, config: ServeConfig, seconds: 
 def run_child(model_dir: Path, batch: int, seconds: int, cpus: str) -> None:
     import torch
 
-    from bench.accuracy import agreement
+    from handlers.accuracy import agreement
     from handlers.archive import load_archived
     from handlers.backends.common import to_layout
     from handlers.optimize import optimize

@@ -1,24 +1,29 @@
 """Request bodies for the bench, by name: what people send to an image or a text model.
 
-    payload = write_payload("phone", out_dir)      # Payload(name="phone", path=..., content_type="image/jpeg")
-    body = PAYLOADS[DEFAULT_PAYLOAD[Medium.IMAGE]].body()
+    payload = write_payload("phone", model, out_dir)   # Payload(name="phone", path=..., content_type="image/jpeg")
+    body = body_for(Model.load("mine"))                 # the default body of what the model takes
 
 Images: a thumbnail, a photo-like 640x480 JPEG (the default), a 12 MP phone photo (a real
 photograph), a PNG with an alpha channel. Text: a short query, a typical 128-token passage (the
 default: exactly the served max_length), an over-length document (truncated by the handler).
+Tensor models: one request shaped as the model file declares. A model with samples of its own
+(`make model ... SAMPLES=`) is sent the first of them by default (`sample`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from kit.models import Medium
+from handlers.settings import SettingsError, TensorSettings, TensorType, parse_settings
+from kit.models import Medium, Model
+from kit.samples import Body, read_samples
 
 TEXT_TOKENS = 128  # including [CLS] and [SEP]: exactly the served max_length, nothing padded
 PARAGRAPH = (
@@ -101,38 +106,54 @@ def sentence(tokens: int = TEXT_TOKENS) -> str:
     return tokenizer.decode(ids[: tokens - 2])
 
 
-@dataclasses.dataclass(frozen=True)
-class Body:
-    """A request body as bytes: what the soak's clients, the tests and the bench's files send."""
+def tensor_request(model: Model) -> str:
+    """One request of a tensor model, shaped as its file declares: seeded normal floats, zero ids."""
+    settings = parse_settings(TensorSettings, model.handler_settings)
+    rng = np.random.default_rng(7)
+    inputs = [
+        rng.normal(size=shape).round(4) if dtype is TensorType.FLOAT32 else np.zeros(shape, dtype=dtype.value)
+        for shape, dtype in zip(settings.input_shapes, settings.input_dtypes, strict=True)
+    ]
+    return json.dumps({"inputs": [array.tolist() for array in inputs]})
 
-    data: bytes
-    content_type: str
-    file_name: str
+
+def own_sample(model: Model) -> bytes:
+    """The first of the model's own samples (SAMPLES=): a request like its traffic."""
+    if not model.samples:
+        raise SettingsError(f"payload 'sample' needs samples of {model.name}'s own: make model ... SAMPLES=")
+    return read_samples(Path(model.samples), model.task.medium)[0].data
 
 
 @dataclasses.dataclass(frozen=True)
 class PayloadKind:
-    medium: Medium
+    medium: Medium | None  # None: fits every model (one with samples)
     content_type: str
-    file_name: str
-    make: Callable[[], bytes | str]
+    file_name: str  # "{model}" in it: the body depends on the model
+    make: Callable[[Model], bytes | str]
 
-    def body(self) -> Body:
-        data = self.make()
-        return Body(data.encode() if isinstance(data, str) else data, self.content_type, self.file_name)
+    def fits(self, model: Model) -> bool:
+        return self.medium is model.task.medium if self.medium else bool(model.samples)
+
+    def body(self, model: Model) -> Body:
+        data = self.make(model)
+        file_name = self.file_name.format(model=model.name)
+        return Body(data.encode() if isinstance(data, str) else data, self.content_type, file_name)
 
 
 PAYLOADS = {
-    "thumbnail": PayloadKind(Medium.IMAGE, "image/jpeg", "thumbnail.jpg", lambda: photo_jpeg(224, 168)),
-    "vga": PayloadKind(Medium.IMAGE, "image/jpeg", "photo.jpg", photo_jpeg),
-    "phone": PayloadKind(Medium.IMAGE, "image/jpeg", "phone.jpg", lambda: phone_jpeg("skimage/data/coffee.png")),
-    "png-alpha": PayloadKind(Medium.IMAGE, "image/png", "alpha.png", png_with_alpha),
-    "short": PayloadKind(Medium.TEXT, "text/plain", "short.txt", lambda: sentence(16)),
-    "typical": PayloadKind(Medium.TEXT, "text/plain", "sentence.txt", sentence),
+    "thumbnail": PayloadKind(Medium.IMAGE, "image/jpeg", "thumbnail.jpg", lambda _: photo_jpeg(224, 168)),
+    "vga": PayloadKind(Medium.IMAGE, "image/jpeg", "photo.jpg", lambda _: photo_jpeg()),
+    "phone": PayloadKind(Medium.IMAGE, "image/jpeg", "phone.jpg", lambda _: phone_jpeg("skimage/data/coffee.png")),
+    "png-alpha": PayloadKind(Medium.IMAGE, "image/png", "alpha.png", lambda _: png_with_alpha()),
+    "short": PayloadKind(Medium.TEXT, "text/plain", "short.txt", lambda _: sentence(16)),
+    "typical": PayloadKind(Medium.TEXT, "text/plain", "sentence.txt", lambda _: sentence()),
     # Four times the served max_length: the handler truncates (and says so in its answer).
-    "long": PayloadKind(Medium.TEXT, "text/plain", "long.txt", lambda: sentence(4 * TEXT_TOKENS)),
+    "long": PayloadKind(Medium.TEXT, "text/plain", "long.txt", lambda _: sentence(4 * TEXT_TOKENS)),
+    "tensor": PayloadKind(Medium.TENSOR, "application/json", "{model}.json", tensor_request),
+    # Every handler takes raw bytes: an image, UTF-8 text, a JSON document.
+    "sample": PayloadKind(None, "application/octet-stream", "{model}-sample", own_sample),
 }
-DEFAULT_PAYLOAD = {Medium.IMAGE: "vga", Medium.TEXT: "typical"}
+DEFAULT_PAYLOAD = {Medium.IMAGE: "vga", Medium.TEXT: "typical", Medium.TENSOR: "tensor"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,16 +165,21 @@ class Payload:
     content_type: str
 
 
-def body_for(medium: Medium) -> Body:
+def default_payload(model: Model) -> str:
+    """A model's own samples when it has them, else the usual body of its medium."""
+    return "sample" if model.samples else DEFAULT_PAYLOAD[model.task.medium]
+
+
+def body_for(model: Model) -> Body:
     """The default body of what a model takes."""
-    return PAYLOADS[DEFAULT_PAYLOAD[medium]].body()
+    return PAYLOADS[default_payload(model)].body(model)
 
 
-def write_payload(name: str, out_dir: Path) -> Payload:
-    """The named body as a file for ab (written once per run directory)."""
-    kind = PAYLOADS[name]
+def write_payload(name: str, model: Model, out_dir: Path) -> Payload:
+    """The named body for `model` as a file for ab (written once per run directory)."""
+    body = PAYLOADS[name].body(model)
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / kind.file_name
+    path = out_dir / body.file_name
     if not path.is_file():
-        path.write_bytes(kind.body().data)
-    return Payload(name, path, kind.content_type)
+        path.write_bytes(body.data)
+    return Payload(name, path, body.content_type)

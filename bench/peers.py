@@ -92,7 +92,7 @@ def run_child(model_dir: Path, runtime: Runtime, precision: Precision, batch: in
     import numpy as np
     import torch
 
-    from bench.accuracy import agreement
+    from handlers.accuracy import agreement
     from handlers.archive import load_archived
 
     archived = load_archived(model_dir)

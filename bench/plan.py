@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from bench.payloads import DEFAULT_PAYLOAD, PAYLOADS
+from bench.payloads import PAYLOADS, default_payload
 from bench.results import Precision
 from handlers.settings import SettingsError, parse_settings
 from kit.models import Model, check_models, model_names
@@ -140,15 +140,17 @@ class Row:
 
 
 def row_payload(where: str, model: str, name: str | None) -> str:
-    """The row's payload for this model: the named one (it must fit the model's task) or the task's default."""
-    medium = Model.load(model).task.medium
+    """The row's payload for this model: the named one (it must fit the model) or the model's default."""
+    loaded = Model.load(model)
     if name is None:
-        return DEFAULT_PAYLOAD[medium]
+        return default_payload(loaded)
     if name not in PAYLOADS:
         raise PlanError(f"{where}: unknown payload {name!r}; choose one of {sorted(PAYLOADS)}")
-    if PAYLOADS[name].medium is not medium:
-        fitting = sorted(n for n, kind in PAYLOADS.items() if kind.medium is medium)
-        raise PlanError(f"{where}: payload {name!r} is not a {medium.value} body for {model}; use one of {fitting}")
+    if not PAYLOADS[name].fits(loaded):
+        fitting = sorted(n for n, kind in PAYLOADS.items() if kind.fits(loaded))
+        raise PlanError(
+            f"{where}: payload {name!r} does not fit {model} ({loaded.task.medium.value}); use one of {fitting}"
+        )
     return name
 
 

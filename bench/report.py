@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.payloads import DEFAULT_PAYLOAD
+from bench.payloads import default_payload
 from bench.results import BenchRun, InProcessResult, Precision, RowResult
 from kit.models import Model
 
@@ -29,7 +29,7 @@ class TargetCheck:
 
 def comparable(results: list[RowResult], model: str, kind: str = "served") -> list[RowResult]:
     """The model's error-free rows of `kind` on its default payload: what targets compare."""
-    payload = DEFAULT_PAYLOAD[Model.load(model).task.medium]
+    payload = default_payload(Model.load(model))
     return [r for r in results if r.model == model and r.kind == kind and r.payload == payload
             and r.non_2xx == 0 and r.failed == 0]  # fmt: skip
 

@@ -24,7 +24,7 @@ from bench.ab import measure_ab, warm_up
 from bench.cpu_accounting import group_of
 from bench.inprocess import measure_in_process, worker_cpus
 from bench.metrics import requests_total, scrape, scrape_text, server_latency, worker_load_seconds
-from bench.payloads import DEFAULT_PAYLOAD, Payload, write_payload
+from bench.payloads import Payload, default_payload, write_payload
 from bench.peers import measure_peer
 from bench.plan import EAGER_VARIANT, Peer, Plan, Row
 from bench.results import PRECISION_OF_DTYPE, BenchRun, InProcessResult, Measured, RowFailure, RowResult, add_derived
@@ -227,7 +227,7 @@ def record(run: BenchRun, failure: RowFailure, measure: Callable[[], RowResult])
 
 def run_served_peers(plan: Plan, out_dir: Path, run: BenchRun) -> None:
     for model in plan.run.models:
-        payload = write_payload(DEFAULT_PAYLOAD[Model.load(model).task.medium], out_dir / "payloads")
+        payload = write_payload(default_payload(Model.load(model)), Model.load(model), out_dir / "payloads")
         for peer in plan.served_peers:
             log(f"served peer {model} / {peer.name}: start, warm up, ab {plan.run.seconds}s")
             log_path = peer_log(peer, model, plan.run, out_dir)
@@ -238,7 +238,7 @@ def run_served_peers(plan: Plan, out_dir: Path, run: BenchRun) -> None:
 def measure_row(row: Row, plan: Plan, out_dir: Path, in_process: dict[tuple[Any, ...], Measured],
                 run: BenchRun) -> RowResult:  # fmt: skip
     """The served row, and (once per model and layout) the same archive in-process beside it."""
-    result = run_row(row, plan, out_dir, write_payload(row.payload, out_dir / "payloads"))
+    result = run_row(row, plan, out_dir, write_payload(row.payload, Model.load(row.model), out_dir / "payloads"))
     if plan.run.in_process:
         key = in_process_key(row)
         if key not in in_process:

@@ -56,7 +56,7 @@ READY_LINE = re.compile(r"ready: backend=(\w+) ")
 
 
 def request_mix(models: tuple[str, ...]) -> list[Request]:
-    bodies = {m: body_for(Model.load(m).task.medium) for m in models}
+    bodies = {m: body_for(Model.load(m)) for m in models}
     return [Request(m, bodies[m].data, bodies[m].content_type) for m in models]
 
 

@@ -2,6 +2,7 @@
 
     reference = Reference.of(prepared, check_inputs, channels_last)   # or Reference.load(model_dir)
     error = accuracy_error(optimized, reference, settings.dtype)       # AccuracyError above tolerance
+    agreement(optimized, model, handler)    # Agreement(cosine_mean=0.999, cosine_min=0.998, top1_agreement=1.0)
 
 Backends compiled in the worker build the Reference there. Precompiled ones ship it in the
 archive (handlers/precompile.py runs the same eager model), so their workers never build that
@@ -14,14 +15,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from handlers.base import OptimizedHandler
 
 from handlers.backends import DType
 from handlers.backends.common import CompileError, Inputs, to_layout
 
 REFERENCE_FILE = "reference.pt"  # in precompiled archives
+ACCURACY_FILE = "accuracy.json"  # in precompiled archives: what the build measured (handlers/precompile.py)
 
 
 class AccuracyError(CompileError):
@@ -92,3 +98,30 @@ def require_accuracy(
             "component, or set `fallback_to_eager: true` in model-config.yaml"
         )
     return error
+
+
+# -- agreement on held-out samples: what the build records and the bench reports ------------------
+# Held-out = the samples after the int8 calibration set (OptimizedHandler.held_out), one per call.
+# Top-1 agreement is meaningful for classifiers (random weights: a near-tie between logits can
+# flip, so it is a pessimistic figure), cosine for every output.
+HELD_OUT = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    cosine_mean: float  # cosine similarity of output rows to float32 eager, averaged
+    cosine_min: float  # the lowest one
+    top1_agreement: float  # share of inputs whose arg-max equals float32 eager's
+
+
+def agreement(
+    run: Callable[..., torch.Tensor], reference: nn.Module, handler: OptimizedHandler, count: int = HELD_OUT
+) -> Agreement:
+    cosines, same = [], 0
+    with torch.inference_mode():
+        for inputs in handler.held_out(count):
+            expected = reference(*inputs).float().flatten()
+            actual = run(*inputs).float().flatten()
+            cosines.append(torch.nn.functional.cosine_similarity(actual, expected, dim=0).item())
+            same += int(actual.argmax() == expected.argmax())
+    return Agreement(round(sum(cosines) / len(cosines), 5), round(min(cosines), 5), same / len(cosines))

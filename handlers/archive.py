@@ -32,7 +32,7 @@ class ArchivedModel:
     model_dir: Path
     settings: OptimizationSettings  # the archive's `handler:` section, parsed as the worker does
     model: nn.Module  # eval mode, as loaded: no layout, dtype or backend applied
-    handler: OptimizedHandler  # set up, not initialized: its example(), sample() and checks()
+    handler: OptimizedHandler  # set up, not initialized: its example(), calibration() and held_out()
 
     def example(self, batch_size: int) -> Inputs:
         return self.handler.example(batch_size)
@@ -61,11 +61,11 @@ def handler_class(handler_file: str) -> type[OptimizedHandler]:
 
 
 def bare_handler(handler_file: str, handler_config: dict, model_dir: Path) -> OptimizedHandler:
-    """A handler with settings parsed and setup() done, not initialized: for example()/sample()."""
+    """A handler with settings parsed and its files loaded, not initialized: for example()/calibration()."""
     cls = handler_class(handler_file)
     handler = cls()
     handler.settings = parse_settings(cls.settings_class, handler_config)
-    handler.setup(str(model_dir))
+    handler.load_files(str(model_dir))
     return handler
 
 

@@ -1,7 +1,8 @@
 """The shared TorchServe handler: load -> optimize -> warm up in `initialize`, then batched serving.
 
 Task handlers subclass `OptimizedHandler`, set `settings_class`, and implement
-`decode` (one request -> unbatched tensors), `example` (warm-up inputs) and `format`
+`decode` (one request -> unbatched tensors), `example` (warm-up inputs), `synthetic`
+(representative inputs when the model has no samples of its own) and `format`
 (one output row -> JSON). A bad request gets a 400 with a message; the rest of its batch
 is still served.
 """
@@ -20,7 +21,7 @@ import torch
 from ts.utils.util import PredictionException
 
 from handlers.backends.common import Inputs
-from handlers.calibration import CALIBRATION_COUNT
+from handlers.calibration import CALIBRATION_COUNT, UserSamples
 from handlers.diagnostics import RequestProfiler, op_ranges
 from handlers.itt import inference_range
 from handlers.loaders import load_model
@@ -68,6 +69,7 @@ class OptimizedHandler(abc.ABC):
     """
 
     settings_class: type[OptimizationSettings] = OptimizationSettings
+    samples: UserSamples | None = None  # the archive's own (SAMPLES=), set by load_files
     initialized = False
     diagnostics = Diagnostics()  # a handler used outside TorchServe (bench, tests) has none set
 
@@ -82,7 +84,7 @@ class OptimizedHandler(abc.ABC):
         self.profiler = RequestProfiler(
             self.diagnostics.profile_requests, self.diagnostics.profile_dir, self.model_name
         )
-        self.setup(self.model_dir)
+        self.load_files(self.model_dir)
 
         start = time.perf_counter()
         # A precompiled backend's artifact is the model, and its accuracy guard's Reference (inputs
@@ -114,17 +116,32 @@ class OptimizedHandler(abc.ABC):
         )
         self.initialized = True
 
-    def sample_batches(self, first: int, batches: int, size: int = 1) -> list[Inputs]:
-        """`batches` batches of `size` consecutive samples from index `first` (handlers/calibration.py)."""
-        return [collate([self.sample(first + b * size + i) for i in range(size)], size) for b in range(batches)]
+    def load_files(self, model_dir: str) -> None:
+        """What decoding and the samples need from the archive (also for a bare handler)."""
+        self.samples = UserSamples.load(Path(model_dir))
+        self.setup(model_dir)
+
+    def decode_sample(self, body: bytes) -> Inputs:
+        try:
+            return self.decode({"body": body})
+        except InvalidInput as error:
+            raise InvalidInput(f"a sample given with SAMPLES= cannot be served: {error}") from None
 
     def calibration(self) -> list[Inputs]:
-        """What int8 calibration sees: the first CALIBRATION_COUNT samples, one per batch."""
-        return self.sample_batches(0, CALIBRATION_COUNT)
+        """What int8 calibration sees, one sample per batch: your samples, else CALIBRATION_COUNT synthetic ones."""
+        if self.samples:
+            return [collate([self.decode_sample(body)], 1) for body in self.samples.calibration]
+        return [collate([self.synthetic(index)], 1) for index in range(CALIBRATION_COUNT)]
+
+    def held_out_sample(self, index: int) -> Inputs:
+        """A sample int8 calibration never saw (they repeat when there are fewer than asked for)."""
+        if self.samples:
+            return self.decode_sample(self.samples.held_out[index % len(self.samples.held_out)])
+        return self.synthetic(CALIBRATION_COUNT + index)
 
     def held_out(self, batches: int, size: int = 1) -> list[Inputs]:
-        """Samples int8 calibration never saw: for the accuracy guard and the bench's agreement."""
-        return self.sample_batches(CALIBRATION_COUNT, batches, size)
+        """Held-out samples in batches: for the accuracy guard and the build's and bench's agreement."""
+        return [collate([self.held_out_sample(b * size + i) for i in range(size)], size) for b in range(batches)]
 
     def checks(self, size: int, batches: int = 4) -> list[Inputs]:
         """The accuracy guard's inputs: held-out samples in full batches of `size`."""
@@ -143,8 +160,9 @@ class OptimizedHandler(abc.ABC):
         """Batched warm-up inputs with the exact shapes and dtypes served."""
 
     @abc.abstractmethod
-    def sample(self, index: int) -> Inputs:
-        """A representative unbatched input (handlers/calibration.py): int8 calibration, accuracy."""
+    def synthetic(self, index: int) -> Inputs:
+        """The kit's representative unbatched input number `index` (handlers/calibration.py), for a
+        model given no samples of its own."""
 
     @abc.abstractmethod
     def format(self, output: torch.Tensor) -> Any:

@@ -31,7 +31,7 @@ class ImageClassificationHandler(OptimizedHandler):
     def example(self, batch_size: int) -> Inputs:
         return (torch.randn(batch_size, 3, self.settings.crop, self.settings.crop),)
 
-    def sample(self, index: int) -> Inputs:
+    def synthetic(self, index: int) -> Inputs:
         return (image_to_tensor(synthetic_photo(index), self.settings.preprocessing),)
 
     def format(self, output: torch.Tensor) -> dict[str, float]:

@@ -82,6 +82,19 @@ def request_text(request: Mapping[str, Any], field: str = "text") -> str:
     return body
 
 
+def request_json(request: Mapping[str, Any]) -> Any:
+    """A JSON body: already parsed (application/json), or bytes/text sent without that type."""
+    body = request_body(request)
+    if isinstance(body, (bytes, str)):
+        try:
+            return json.loads(body)
+        except UnicodeDecodeError:
+            raise InvalidInput("body is not JSON: it is not even UTF-8 (an image?)") from None
+        except json.JSONDecodeError as error:
+            raise InvalidInput(f"body is not JSON ({error.msg} at character {error.pos})") from None
+    return body
+
+
 def status_phrase(message: str) -> str:
     """`message` as a safe HTTP reason phrase: printable ASCII (others as escapes), bounded."""
     escaped = message.encode("ascii", "backslashreplace").decode("ascii")

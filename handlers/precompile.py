@@ -1,6 +1,7 @@
 """Archive-time compilation for the precompiled backends (the registry's `precompiled` trait).
 
-    precompile(handler, model, staging_dir)   # called by model_store/build.py
+    precompile(handler, model, staging_dir)           # called by model_store/build.py
+    record = check_artifact(handler, model, staging_dir)   # the worker's guard, now; AccuracyError if it fails
 
 The handler supplies what the artifact must fit: its settings, the served example shapes
 and representative inputs (`sample`) for int8 calibration, decoded as requests are. Beside
@@ -9,12 +10,14 @@ the artifact goes the accuracy guard's Reference, so a worker never needs the fl
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 from torch import nn
 
-from handlers.accuracy import Reference
+from handlers.accuracy import ACCURACY_FILE, Reference, agreement
 from handlers.backends import precompiler
 from handlers.backends.common import prepare
 from handlers.base import OptimizedHandler
@@ -29,3 +32,23 @@ def precompile(handler: OptimizedHandler, model: nn.Module, out_dir: Path, progr
     # What the worker's accuracy guard compares the artifact with, at the smallest served batch.
     size = settings.serving_buckets(1)[0]
     Reference.of(prepare(model, settings), handler.checks(size), settings.channels_last).save(out_dir)
+
+
+def check_artifact(handler: OptimizedHandler, model: nn.Module, out_dir: Path) -> dict:
+    """Load the artifact as a worker does and run its accuracy guard: a variant that fails is
+    refused here (AccuracyError), not by every worker that starts it. Returns what is recorded
+    in the archive (ACCURACY_FILE): the guard's error and the agreement on held-out samples."""
+    from handlers.optimize import optimize
+
+    settings = handler.settings
+    optimized = optimize(None, settings, [handler.example(settings.serving_buckets(1)[0])], out_dir)
+    agreed = agreement(optimized, model, handler)
+    record = {
+        "backend": optimized.backend.value,
+        "dtype": settings.dtype.value,
+        "guard_error": optimized.accuracy_error,
+        "tolerance": settings.tolerance,
+        **dataclasses.asdict(agreed),
+    }
+    (out_dir / ACCURACY_FILE).write_text(json.dumps(record, indent=1))
+    return record

@@ -207,6 +207,36 @@ class TextSettings(OptimizationSettings):
             raise SettingsError(f"max_length must be in [8, 512] (BERT positions), got {self.max_length}")
 
 
+class TensorType(enum.StrEnum):
+    """The element types a tensor model's inputs may have (JSON numbers or booleans)."""
+
+    FLOAT32 = "float32"
+    INT64 = "int64"
+    INT32 = "int32"
+    BOOL = "bool"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSettings(OptimizationSettings):
+    """A torch.export program served as JSON numbers in, numbers out (handlers/tensor.py)."""
+
+    architecture: Architecture = Architecture.EXPORTED_PROGRAM
+    # One entry per forward argument, in order: its shape without the batch dimension and its
+    # element type. `make model` reads both from the program (model_store/exported.py).
+    input_shapes: tuple[tuple[int, ...], ...] = ()
+    input_dtypes: tuple[TensorType, ...] = ()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.input_shapes or len(self.input_shapes) != len(self.input_dtypes):
+            raise SettingsError(
+                f"a tensor model needs input_shapes and input_dtypes, one per input (got {len(self.input_shapes)} "
+                f"shapes, {len(self.input_dtypes)} dtypes); `make model` reads them from the program"
+            )
+        if any(size < 1 for shape in self.input_shapes for size in shape):
+            raise SettingsError(f"input_shapes need sizes >= 1, got {self.input_shapes}")
+
+
 # Serve-time diagnostics (handlers/diagnostics.py), set per server through the environment.
 PROFILE_REQUESTS_VAR = "KIT_PROFILE_REQUESTS"
 ITT_OPS_VAR = "KIT_ITT_OPS"
@@ -244,7 +274,11 @@ def _coerce(name: str, kind: Any, value: Any) -> Any:
     if typing.get_origin(kind) is tuple:
         if not isinstance(value, (list, tuple)):
             raise SettingsError(f"{name} must be a list, got {value!r}")
-        return tuple(value)
+        args = typing.get_args(kind)
+        kinds = [args[0]] * len(value) if args[1:] == (Ellipsis,) else list(args)
+        if len(kinds) != len(value):
+            raise SettingsError(f"{name} needs {len(kinds)} values, got {value!r}")
+        return tuple(_coerce(f"{name}[{i}]", k, item) for i, (k, item) in enumerate(zip(kinds, value, strict=True)))
     if typing.get_origin(kind) is dict:
         key_kind, value_kind = typing.get_args(kind)
         if not isinstance(value, Mapping):

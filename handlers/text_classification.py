@@ -51,7 +51,7 @@ class TextClassificationHandler(OptimizedHandler):
     def example(self, batch_size: int) -> Inputs:
         return text_example(batch_size, self.settings.max_length, self.settings.input_names)
 
-    def sample(self, index: int) -> Inputs:
+    def synthetic(self, index: int) -> Inputs:
         sentence = SENTENCES[index % len(SENTENCES)]
         return encode(self.tokenizer, sentence, self.settings.max_length, self.settings.input_names).inputs
 

@@ -84,7 +84,12 @@ def serve(args: argparse.Namespace) -> int:
 
 
 # A request body per medium for the printed examples (curl needs a Content-Type: see README).
-TRY_BODY = {Medium.IMAGE: "-T photo.jpg", Medium.TEXT: "-H 'Content-Type: text/plain' --data 'a great movie'"}
+TRY_BODY = {
+    Medium.IMAGE: "-T photo.jpg",
+    Medium.TEXT: "-H 'Content-Type: text/plain' --data 'a great movie'",
+    # One sample, shaped as the model file's input_shapes say (handlers/tensor.py).
+    Medium.TENSOR: "-H 'Content-Type: application/json' --data '{\"inputs\": [...]}'",
+}
 
 
 def print_endpoints(server: Server) -> None:

@@ -10,8 +10,9 @@
 A model file:
 
     source: {huggingface: /data/my-roberta}   # or {exported: m.pt2} or {recipe: resnet50}
-    task: text-classification                 # or image-classification | feature-extraction
+    task: text-classification                 # or image-classification | feature-extraction | tensor
     handler: {max_length: 128}                # handler settings (handlers/settings.py), optional
+    samples: /data/my-queries.txt             # request bodies like your traffic (kit/samples.py), optional
     targets: {speedup: 2.0}                   # what `make bench` checks (Targets), optional
     responseTimeout: 120                      # any other key: TorchServe's model-config.yaml
 
@@ -45,6 +46,7 @@ class Medium(enum.StrEnum):
 
     IMAGE = "image"  # JPEG/PNG bytes
     TEXT = "text"  # UTF-8 text or JSON {"text": ...}
+    TENSOR = "tensor"  # JSON numbers: an array, or {"inputs": [array, ...]} (handlers/tensor.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +59,7 @@ class Task(enum.StrEnum):
     IMAGE_CLASSIFICATION = "image-classification"
     TEXT_CLASSIFICATION = "text-classification"
     FEATURE_EXTRACTION = "feature-extraction"
+    TENSOR = "tensor"  # anything else an exported program computes: numbers in, numbers out
 
     @property
     def handler(self) -> str:
@@ -71,6 +74,7 @@ TASKS = {
     Task.IMAGE_CLASSIFICATION: TaskTraits("image_classification.py", Medium.IMAGE),
     Task.TEXT_CLASSIFICATION: TaskTraits("text_classification.py", Medium.TEXT),
     Task.FEATURE_EXTRACTION: TaskTraits("sentence_embedding.py", Medium.TEXT),
+    Task.TENSOR: TaskTraits("tensor.py", Medium.TENSOR),
 }
 
 
@@ -121,6 +125,9 @@ class ModelSpec:
     # Paths of files the archive carries beside the weights (e.g. a recipe's trained state dict).
     weights: str = ""
     labels: str = ""  # JSON class names: ["tench", ...] or {"0": "tench"}
+    # Request bodies like your traffic (kit/samples.py): int8 calibrates on them, the accuracy
+    # guard checks on the held-out ones, the bench sends them. None: the kit's synthetic ones.
+    samples: str = ""
     targets: dict = dataclasses.field(default_factory=dict)  # Targets
 
 
@@ -135,6 +142,7 @@ class Model:
     serving: dict[str, Any] = dataclasses.field(compare=False)  # TorchServe's model-config.yaml
     weights: str = ""  # absolute paths (a model file's relative ones are from the repository root)
     labels: str = ""
+    samples: str = ""
     targets: Targets = Targets()
 
     @classmethod
@@ -152,7 +160,7 @@ class Model:
     @property
     def inputs(self) -> list[Path]:
         """Files outside the repository the archive is made from (their changes rebuild it)."""
-        paths = [Path(p) for p in (self.weights, self.labels) if p]
+        paths = [Path(p) for p in (self.weights, self.labels, self.samples) if p]
         return paths if self.source.kind is SourceKind.RECIPE else [self.source.path, *paths]
 
 
@@ -167,9 +175,9 @@ def model_names() -> list[str]:
 def parse_model(name: str, raw: dict[str, Any]) -> Model:
     spec = parse_settings(ModelSpec, {k: v for k, v in raw.items() if k in KIT_KEYS})
     serving = {**SERVING_DEFAULTS, **{k: v for k, v in raw.items() if k not in KIT_KEYS}}
-    weights, labels = (str(ROOT / p) if p else "" for p in (spec.weights, spec.labels))
+    weights, labels, samples = (str(ROOT / p) if p else "" for p in (spec.weights, spec.labels, spec.samples))
     targets = parse_settings(Targets, spec.targets)
-    return Model(name, spec.task, Source.parse(spec.source), serving, weights, labels, targets)
+    return Model(name, spec.task, Source.parse(spec.source), serving, weights, labels, samples, targets)
 
 
 @functools.cache

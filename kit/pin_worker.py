@@ -28,13 +28,15 @@ from pathlib import Path
 LAYOUT_VAR = "KIT_LAYOUT"  # the plan: run_dir/layout.json
 PYTHON_VAR = "KIT_WORKER_PYTHON"  # the environment's python that runs the worker
 ALLOCATOR_DIR_VAR = "KIT_ALLOCATOR_DIR"  # where lib<allocator>.so are: the environment's lib/
-DEFAULT_ALLOCATOR = "default"  # glibc malloc: nothing preloaded
+# Allocator.DEFAULT's value (kit/plan.py), glibc malloc: nothing preloaded. Spelled out because
+# this script imports nothing of the kit; tests/unit/test_pin_worker.py keeps the two equal.
+GLIBC_MALLOC = "default"
 
 
 def allocator_library(lib_dir: Path, allocator: str) -> Path | None:
     """The library to preload for `allocator`; None for glibc malloc. make install links these
     names into every environment (TorchServe's launcher looks there too)."""
-    return None if allocator == DEFAULT_ALLOCATOR else Path(lib_dir) / f"lib{allocator}.so"
+    return None if allocator == GLIBC_MALLOC else Path(lib_dir) / f"lib{allocator}.so"
 
 
 def claim_slot(slots_dir: Path, model: str, count: int) -> tuple[int, int]:

@@ -32,7 +32,17 @@ from kit.topology import Core, Topology
 FRONTEND_FRACTION = 0.125
 MIN_CORES_TO_RESERVE = 8
 MIN_CORES_PER_MODEL = 4
-DEFAULT_ALLOCATOR = "tcmalloc"  # measured: ties glibc on ResNet-50, ahead of jemalloc (docs/benchmarks.md)
+
+
+class Allocator(enum.StrEnum):
+    DEFAULT = "default"  # glibc malloc: nothing preloaded
+    JEMALLOC = "jemalloc"
+    TCMALLOC = "tcmalloc"
+
+
+# What a preset preloads unless it says otherwise (kit/serve_config.py). Measured: ties glibc on
+# ResNet-50, ahead of jemalloc (docs/benchmarks.md).
+PREFERRED_ALLOCATOR = Allocator.TCMALLOC
 
 
 class PlanError(ValueError):
@@ -48,7 +58,7 @@ class Objective(enum.StrEnum):
 class Demand:
     model: str
     share: float = 1.0  # relative traffic: bert=2 gets twice resnet50's cores
-    allocator: str = DEFAULT_ALLOCATOR  # preloaded into its workers (its backend's; OpenVINO: "default")
+    allocator: str = PREFERRED_ALLOCATOR.value  # preloaded into its workers (its backend's; OpenVINO: "default")
 
     @classmethod
     def parse(cls, text: str) -> Demand:
@@ -76,7 +86,7 @@ class WorkerPlan:
 @dataclasses.dataclass(frozen=True)
 class ModelPlan:
     workers: tuple[WorkerPlan, ...]
-    allocator: str = DEFAULT_ALLOCATOR
+    allocator: str = PREFERRED_ALLOCATOR.value
     batch_size: int = 1
 
     def to_dict(self) -> dict:

@@ -24,7 +24,7 @@ from handlers.settings import ITT_OPS_VAR, PROFILE_REQUESTS_VAR, WHOLE_JPEG_VAR,
 from kit.itt import collector_environment
 from kit.models import model_names
 from kit.paths import CONFIG
-from kit.plan import Demand, Layout, Objective, plan_layout
+from kit.plan import PREFERRED_ALLOCATOR, Allocator, Demand, Layout, Objective, plan_layout
 from kit.ports import PORTS
 from kit.topology import Topology, TopologyError, format_cpus, parse_cpus
 from kit.variant import Variant
@@ -34,12 +34,6 @@ TEMPLATE = CONFIG / "config.properties.template"
 
 
 ConfigError = SettingsError  # one error type for every typed config in the kit
-
-
-class Allocator(enum.StrEnum):
-    DEFAULT = "default"
-    JEMALLOC = "jemalloc"
-    TCMALLOC = "tcmalloc"
 
 
 class Placement(enum.StrEnum):
@@ -104,7 +98,7 @@ class ServeConfig:
     # Per worker. plan: cores per worker (null: the objective decides); launcher: cores per
     # worker; none: OMP_NUM_THREADS (null: torch's default, all cores).
     threads: int | None = None
-    allocator: Allocator = Allocator.TCMALLOC
+    allocator: Allocator = PREFERRED_ALLOCATOR
     omp_wait_policy: OmpWaitPolicy = OmpWaitPolicy.PASSIVE
     batch_size: int = 1
     max_batch_delay_ms: int = 5

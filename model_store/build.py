@@ -25,7 +25,8 @@ from pathlib import Path
 import yaml
 
 from handlers.settings import SettingsError
-from kit.models import Model, check_models, model_names
+from handlers.backends import DEFAULT_ENVIRONMENT
+from kit.models import Model, SourceKind, check_models, model_names
 from kit.paths import ROOT, process_environment
 from kit.variant import Variant, variant_names
 from model_store.sources import write_source
@@ -33,6 +34,19 @@ from model_store.sources import write_source
 # The largest archive (bert, aoti-int8) is 1.2 GB and exists three times while it is built: the
 # staged files, torch-model-archiver's copy of them under TMPDIR, and the .mar being written.
 MIN_FREE_GB = 4
+
+
+class VariantRefused(Exception):
+    """A variant cannot serve the model (its accuracy guard failed, or it cannot load it): no archive."""
+
+
+# IPEX's environment runs torch 2.8 (handlers/backends: `environment`); measured: its
+# torch.export.load stops at "There is no item named 'version' in the archive".
+OTHER_TORCH_CANNOT_LOAD = (
+    "its workers run another torch (IPEX needs torch 2.8, in .venv-ipex), which cannot read a .pt2 that "
+    "torch 2.13 wrote (the archive format changed); serve it with inductor, aoti or openvino, or give "
+    "the model as a Hugging Face directory, which every variant loads"
+)
 
 
 def log(message: str) -> None:
@@ -57,7 +71,8 @@ def inputs_digest(*parts: object) -> str:
 def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label: str) -> None:
     """Precompiled backends (aoti, openvino): compile and calibrate now, ship the artifact."""
     from handlers.loaders import load_model
-    from handlers.precompile import precompile
+    from handlers.accuracy import AccuracyError
+    from handlers.precompile import check_artifact, precompile
     from handlers.archive import bare_handler
 
     handler = bare_handler(handler_file, handler_config, staging)
@@ -67,6 +82,16 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     model = load_model(handler.settings, staging)
     precompile(handler, model, staging, progress=lambda message: log(f"{label}: {message}"))
     log(f"{label}: precompiled for {handler.settings.backend.value} in {time.perf_counter() - start:.0f}s")
+    try:
+        record = check_artifact(handler, model, staging)
+    except AccuracyError as error:
+        raise VariantRefused(f"{label} is not installed: {error}") from None
+    error = "n/a (fell back to eager)" if record["guard_error"] is None else f"{record['guard_error']:.3g}"
+    log(
+        f"{label}: against float32 eager, guard error {error} (tolerance {record['tolerance']:.3g}); "
+        f"held-out cosine mean {record['cosine_mean']:.4f} min {record['cosine_min']:.4f}, "
+        f"top-1 agreement {record['top1_agreement']:.0%}"
+    )
 
 
 def require_free_space(paths: list[Path], what: str) -> None:
@@ -97,6 +122,8 @@ def archive(model: Model, variant: Variant) -> Path:
     start = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
     mar.unlink(missing_ok=True)  # stale; its space is needed for the new one
+    if model.source.kind is SourceKind.EXPORTED and variant.traits.environment != DEFAULT_ENVIRONMENT:
+        raise VariantRefused(f"{variant.name}/{name} is not installed: {OTHER_TORCH_CANNOT_LOAD}")
     require_free_space([out_dir, Path(tempfile.gettempdir())], f"{variant.name}/{name}.mar")
     with tempfile.TemporaryDirectory(prefix=f"kit-{name}-") as tmp:
         staging = Path(tmp) / "files"
@@ -140,11 +167,23 @@ def main(argv: list[str] | None = None) -> None:
         models = options.models.split(",")
         check_models(models)
         variants = [Variant.load(name) for name in options.variants.split(",")]
-        for variant in variants:
-            for name in models:
-                archive(Model.load(name), variant)
     except SettingsError as error:
         sys.exit(f"[archive] ERROR: {error}")
+    refused = []
+    for variant in variants:
+        for name in models:
+            try:
+                archive(Model.load(name), variant)
+            except SettingsError as error:
+                sys.exit(f"[archive] ERROR: {error}")
+            except VariantRefused as refusal:
+                log(f"REFUSED {refusal}")
+                refused.append(str(refusal))
+    if refused:
+        sys.exit(
+            f"[archive] ERROR: {len(refused)} archive(s) failed the accuracy guard and were not installed (above); "
+            "serve a float variant, or calibrate int8 on samples like your traffic"
+        )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     .venv/bin/python -m model_store.model_file mine /data/my-roberta               # task from config.json
     .venv/bin/python -m model_store.model_file net /data/net.pt2 --task image-classification
+    .venv/bin/python -m model_store.model_file ranker /data/ranker.pt2 --task tensor  # JSON numbers
 
 A directory is a Hugging Face Transformers directory (save_pretrained); a file, a torch.export
 program. What the source already says (labels, tokenizer, image preprocessing) is read from it
@@ -19,7 +20,8 @@ import yaml
 
 from handlers.settings import SettingsError
 from kit.models import Model, SourceKind, Task, model_file, parse_model
-from model_store import huggingface
+from kit.samples import read_samples
+from model_store import exported, huggingface
 
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]*")  # a TorchServe model name, a URL path segment, a file stem
 
@@ -32,7 +34,7 @@ def source_of(path: Path) -> SourceKind:
     raise SettingsError(f"SRC {path} is neither a Hugging Face directory nor a .pt2 file (torch.export.save)")
 
 
-def model_document(name: str, source: Path, task: Task | None) -> dict:
+def model_document(name: str, source: Path, task: Task | None, samples: Path | None = None) -> dict:
     if not NAME.fullmatch(name):
         raise SettingsError(f"NAME {name!r} must be lower-case letters, digits, '-' or '_' (it is a URL path)")
     kind = source_of(source)
@@ -40,18 +42,26 @@ def model_document(name: str, source: Path, task: Task | None) -> dict:
         raise SettingsError(f"an exported program does not say its task; give TASK={' | '.join(Task)}")
     task = task or huggingface.guess_task(source)
     document = {"source": {kind.value: str(source.resolve())}, "task": task.value}
+    if task is Task.TENSOR:
+        if kind is not SourceKind.EXPORTED:
+            raise SettingsError("TASK=tensor serves a torch.export program: give SRC=<file.pt2>")
+        # What one request sends: the file says it, so you can read it and clients can be written.
+        document["handler"] = exported.tensor_inputs(source)
     if kind is SourceKind.HUGGINGFACE:
         huggingface.derive(source, task)  # refuse now, by name, what the build would refuse
+    if samples is not None:
+        read_samples(samples, task.medium)  # the form fits the task, and there are enough
+        document["samples"] = str(samples.resolve())
     parse_model(name, document)  # the file the registry will read: valid before it is written
     return document
 
 
-def write_model_file(name: str, source: Path, task: Task | None, force: bool = False) -> Path:
+def write_model_file(name: str, source: Path, task: Task | None, force: bool = False, samples: Path | None = None) -> Path:
     path = model_file(name)
     if path.exists() and not force:
         existing = Model.load(name)
         raise SettingsError(f"{path} already exists ({existing.source.kind.value} {existing.source.location}); pass FORCE=1 to replace it")
-    document = model_document(name, source, task)
+    document = model_document(name, source, task, samples)
     header = (
         f"# {name}: written by `make model`. Add TorchServe keys (responseTimeout, ...) or a `handler:`\n"
         "# section (handlers/settings.py: max_length, top_k, ...) to override what the source says.\n"
@@ -66,9 +76,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("source", type=Path, help="a Hugging Face directory or a .pt2 file")
     parser.add_argument("--task", type=Task, choices=list(Task), default=None)
     parser.add_argument("--force", action="store_true", help="replace an existing model file")
+    parser.add_argument("--samples", type=Path, default=None, help="request bodies like your traffic (kit/samples.py)")
     args = parser.parse_args(argv)
     try:
-        path = write_model_file(args.name, args.source, args.task, args.force)
+        path = write_model_file(args.name, args.source, args.task, args.force, args.samples)
     except SettingsError as error:
         sys.exit(f"[model] ERROR: {error}")
     print(f"[model] wrote {path}: serve it with make serve MODELS={args.name}", flush=True)

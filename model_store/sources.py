@@ -15,11 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from handlers.calibration import SAMPLES_DIR
 from handlers.loaders import EXPORTED_FILE
 from handlers.settings import Architecture, SettingsError
 from handlers.text import TOKENIZER_FILE
-from kit.models import Medium, Model, SourceKind
-from model_store import huggingface
+from kit.models import Medium, Model, SourceKind, Task
+from kit.samples import Body, read_samples
+from model_store import exported, huggingface
 from model_store.recipes import RECIPES, bundled_tokenizer
 
 LABELS_FILE = "labels.json"
@@ -46,7 +48,15 @@ def write_recipe(staging: Path, model: Model) -> dict[str, Any]:
 
 
 def write_exported(staging: Path, model: Model) -> dict[str, Any]:
-    shutil.copy(require(model.source.path, "exported program"), staging / EXPORTED_FILE)
+    path = require(model.source.path, "exported program")
+    if model.task is Task.TENSOR:
+        declared = {key: model.handler_settings.get(key) for key in ("input_shapes", "input_dtypes")}
+        if declared != exported.tensor_inputs(path):
+            raise SettingsError(
+                f"{model.file} declares inputs {declared}, but {path} takes {exported.tensor_inputs(path)}; "
+                f"rewrite the model file: make model NAME={model.name} SRC={path} TASK=tensor FORCE=1"
+            )
+    shutil.copy(path, staging / EXPORTED_FILE)
     if model.task.medium is Medium.TEXT:
         shutil.copy(bundled_tokenizer(), staging / TOKENIZER_FILE)
         log(f"{model.name}: an exported text model gets bert-base-uncased's vocabulary ({TOKENIZER_FILE})")
@@ -63,6 +73,13 @@ def write_huggingface(staging: Path, model: Model) -> dict[str, Any]:
     return derived.settings
 
 
+def write_samples(directory: Path, bodies: list[Body]) -> None:
+    directory.mkdir()
+    for index, body in enumerate(bodies):
+        (directory / str(index)).write_bytes(body.data)
+    log(f"{len(bodies)} samples of your own: int8 calibrates on them, the accuracy guard checks on some held out")
+
+
 WRITERS: dict[SourceKind, Callable[[Path, Model], dict[str, Any]]] = {
     SourceKind.RECIPE: write_recipe,
     SourceKind.EXPORTED: write_exported,
@@ -73,6 +90,8 @@ WRITERS: dict[SourceKind, Callable[[Path, Model], dict[str, Any]]] = {
 def write_source(staging: Path, model: Model) -> dict[str, Any]:
     """Write the model's files into staging; returns its handler settings (the model file's win)."""
     settings = WRITERS[model.source.kind](staging, model)
+    if model.samples:
+        write_samples(staging / SAMPLES_DIR, read_samples(Path(model.samples), model.task.medium))
     if model.labels:  # the model file's own class names replace any the source has
         shutil.copy(require(Path(model.labels), "labels file"), staging / LABELS_FILE)
         settings = {**settings, "labels_file": LABELS_FILE}

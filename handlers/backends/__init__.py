@@ -19,6 +19,8 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+DEFAULT_ENVIRONMENT = ".venv"  # torch 2.13: the kit's own
+
 
 class Backend(enum.StrEnum):
     EAGER = "eager"
@@ -51,7 +53,7 @@ class BackendTraits:
     builder: str = "build"  # the module's function that returns the runner
     # Compiled (and quantized) by `make archive`: a worker only loads the artifact, in seconds.
     precompiled: bool = False
-    environment: str = ".venv"  # the Python environment (repository-relative) its workers run in
+    environment: str = DEFAULT_ENVIRONMENT  # the Python environment (repository-relative) its workers run in
     preloaded_allocator: bool = True  # runs with tcmalloc/jemalloc LD_PRELOADed by the launcher
     batch_sizes: BatchSizes = BatchSizes.BUCKETS
 

@@ -33,7 +33,7 @@ def flat(answer) -> list[float]:
 
 @pytest.mark.parametrize("model", BUNDLED_MODELS)
 def test_grpc_answers_as_rest_does(optimized_server, model):
-    body = body_for(Model.load(model).task.medium)
+    body = body_for(Model.load(model))
     rest = post(optimized_server, model, body.data, body.content_type)
     assert rest.status_code == 200, rest.text
     answer = json.loads(grpc_client.predict(target(optimized_server), model, body.data))
@@ -56,7 +56,7 @@ def test_bad_input_is_invalid_argument_with_the_message(optimized_server, model)
 @pytest.mark.parametrize("model", BUNDLED_MODELS)
 def test_stream_predictions_answers_once_and_keeps_the_worker(optimized_server, model):
     before = worker_pids(optimized_server, model)
-    body = body_for(Model.load(model).task.medium).data
+    body = body_for(Model.load(model)).data
     (streamed,) = grpc_client.stream_predict(target(optimized_server), model, body)
     single = grpc_client.predict(target(optimized_server), model, body)
     assert flat(json.loads(streamed)) == pytest.approx(flat(json.loads(single)), abs=PROBABILITY_ATOL)

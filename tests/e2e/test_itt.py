@@ -9,9 +9,10 @@ import json
 
 import pytest
 
-from bench.payloads import PAYLOADS
+from bench.payloads import body_for
 from handlers.itt import parse_range_name
 from kit.itt import chrome_trace, read_ranges
+from kit.models import Model
 from kit.serve_config import ServeConfig
 from tests.e2e.conftest import start_server
 from tests.e2e.test_serving import post, worker_pids
@@ -28,7 +29,7 @@ def test_each_inference_call_is_one_itt_range_in_the_collector(tmp_path):
                                      itt_trace_dir=str(itt_dir))  # fmt: skip
     server = start_server(tmp_path / "run", config)
     try:
-        image, text = PAYLOADS["vga"].body(), PAYLOADS["typical"].body()
+        image, text = body_for(Model.load("resnet50")), body_for(Model.load("bert"))
         for _ in range(IMAGES):
             assert post(server, "resnet50", image.data, image.content_type).status_code == 200
         for _ in range(TEXTS):

@@ -36,7 +36,7 @@ def test_models_of_different_variants_share_one_server(tmp_path):
         # OpenVINO crashes under a preloaded allocator: its worker keeps glibc malloc.
         assert workers["bert"].allocator == "default" and "libopenvino" in maps(workers["bert"].pid)
         for name in workers:
-            body = body_for(Model.load(name).task.medium)
+            body = body_for(Model.load(name))
             response = requests.post(server.url("inference", f"/predictions/{name}"), data=body.data,
                                      headers={"Content-Type": body.content_type}, timeout=60)  # fmt: skip
             assert response.status_code == 200, response.text

@@ -44,7 +44,7 @@ def test_a_one_cpu_set_gets_one_worker_per_model_on_that_cpu(tmp_path):
         for process in server.process_tree():  # the frontend and the torchserve CLI too
             assert allowed_list(process.pid) == str(cpu), process.cmdline()[:3]
         for name in BUNDLED_MODELS:
-            body = body_for(Model.load(name).task.medium)
+            body = body_for(Model.load(name))
             response = requests.post(
                 server.url("inference", f"/predictions/{name}"),
                 data=body.data,

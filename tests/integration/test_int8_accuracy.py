@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.accuracy import agreement
+from handlers.accuracy import agreement
 from handlers.archive import extract, load_archived
 from handlers.optimize import optimize
 from kit.topology import cpuinfo

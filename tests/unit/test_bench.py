@@ -329,7 +329,7 @@ def test_rows_name_their_payload_and_it_fits_the_model():
         ("photos payload=phone", "phone"),
     ]
     with pytest.raises(
-        PlanError, match=r"payload 'phone' is not a text body for bert; use one of \['long', 'short', 'typical'\]"
+        PlanError, match=r"payload 'phone' does not fit bert \(text\); use one of \['long', 'short', 'typical'\]"
     ):
         parse_plan("p", {"rows": [{"name": "x", "models": ["bert"], "payload": "phone"}]})
     with pytest.raises(PlanError, match="unknown payload 'huge'; choose one of"):

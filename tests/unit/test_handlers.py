@@ -317,3 +317,43 @@ def test_status_phrase_escapes_and_bounds_text():
     assert status_phrase("got keys ['tëxt']") == "got keys ['t\\xebxt']"
     assert status_phrase("line\nbreak\x00") == "line break "
     assert len(status_phrase("é" * 1000)) == PHRASE_LIMIT
+
+
+@pytest.fixture
+def tensor_archive(tmp_path):
+    from tests.tensor_models import tabular_program
+
+    tabular_program(tmp_path / "model.pt2")
+    return tmp_path
+
+
+def test_tensor_model_answers_numbers_and_refuses_bad_json_by_name(tensor_archive):
+    from handlers.tensor import TensorHandler
+    from model_store.exported import tensor_inputs
+    from tests.tensor_models import tabular_model
+
+    settings = tensor_inputs(tensor_archive / "model.pt2")
+    assert settings == {"input_shapes": [[8], [3]], "input_dtypes": ["float32", "int64"]}
+    context = make_context(tensor_archive, {"backend": "eager", **settings}, batch_size=2)
+    handler = TensorHandler()
+    handler.initialize(context)
+    features, ids = [[0.5 * i for i in range(8)], [-1.0] * 8], [[1, 2, 3], [0, 0, 19]]
+    requests = [{"body": json.dumps({"inputs": [features[i], ids[i]]}).encode()} for i in range(2)]
+    answers = serve(handler, context, requests)
+    expected = tabular_model()(torch.tensor(features), torch.tensor(ids))
+    assert statuses(context) == [200, 200]
+    torch.testing.assert_close(torch.tensor(answers), expected, atol=1e-6, rtol=0)
+    bad = {
+        b"\xff\xd8\xff not json": "body is not JSON",
+        b"[1, 2]": 'this model takes 2 inputs: send {"inputs": [...]}',
+        b'{"inputs": [[1, 2], [1, 2, 3]]}': "input 0 has shape [2]; the model takes [8]",
+        json.dumps({"inputs": [features[0], [1.5, 2, 3]]}).encode(): "input 1 must hold int64 values, got non-integer",
+        json.dumps({"inputs": [["a"] * 8, [1, 2, 3]]}).encode(): "input 0 must hold float32 values, got non-numbers",
+        json.dumps({"inputs": [[[1], [1, 2]], [1, 2, 3]]}).encode(): "input 0 is not a rectangular array",
+        b'{"features": []}': 'JSON object needs "inputs"',
+    }
+    for body, message in bad.items():
+        answers = serve(handler, context, [{"body": body}, requests[0]])
+        assert statuses(context) == [400, 200], body
+        assert message in answers[0]["message"], answers[0]
+        torch.testing.assert_close(torch.tensor(answers[1]), expected[0], atol=1e-6, rtol=0)

@@ -175,3 +175,21 @@ def test_bench_targets_are_declared_in_the_model_files():
     assert Model.load("minilm").targets.int8_cosine_mean == 0.99
     with pytest.raises(SettingsError, match=r"unknown setting\(s\) \['speed'\] for Targets"):
         parse_model("m", {"source": {"recipe": "bert"}, "task": "text-classification", "targets": {"speed": 2}})
+
+
+def test_a_tensor_model_file_declares_what_one_request_sends(registry, hf_dirs, tmp_path):
+    import torch
+
+    from tests.tensor_models import FEATURES, tabular_model, tabular_program
+
+    program = tabular_program(tmp_path / "ranker.pt2")
+    document = yaml.safe_load(write_model_file("ranker", program, Task.TENSOR).read_text())
+    assert document["handler"] == {"input_shapes": [[FEATURES], [3]], "input_dtypes": ["float32", "int64"]}
+    assert Model.load("ranker").task.medium is Medium.TENSOR
+    static = torch.export.export(tabular_model(), (torch.randn(2, FEATURES), torch.zeros(2, 3, dtype=torch.long)))
+    torch.export.save(static, tmp_path / "static.pt2")
+    with pytest.raises(SettingsError, match=r"input 'features' has no dynamic batch dimension .*Dim\('batch'\)"):
+        write_model_file("static", tmp_path / "static.pt2", Task.TENSOR)
+    with pytest.raises(SettingsError, match="TASK=tensor serves a torch.export program"):
+        write_model_file("hf", hf_dirs["text"], Task.TENSOR)
+    assert model_names() == ["ranker"]

@@ -52,3 +52,11 @@ def test_each_model_gets_its_planned_cpus_and_allocator(tmp_path):
     assert resnet50["omp"] == "1" and resnet50["args"] == "--sock-type unix"  # the worker's own arguments passed on
     bert = start_worker(tmp_path / "b", "bert", layout)
     assert bert["allocator"] == "default" and bert["cpus"] == str(cpu)
+
+
+def test_glibc_malloc_is_spelled_as_the_allocator_enum_spells_it(tmp_path):
+    from kit.plan import Allocator
+
+    assert Allocator.DEFAULT.value == pin_worker.GLIBC_MALLOC
+    assert pin_worker.allocator_library(tmp_path, Allocator.DEFAULT.value) is None
+    assert pin_worker.allocator_library(tmp_path, Allocator.JEMALLOC.value) == tmp_path / "libjemalloc.so"

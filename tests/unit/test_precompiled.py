@@ -142,3 +142,47 @@ def test_a_recompile_while_serving_is_logged(exported_cnn, caplog):
             handler.optimized(torch.randn(3, 3, 224, 224))
         handler.check_no_recompile(3, 3)
     assert "recompiled while serving (1 new graph(s), batch of 3" in caplog.text
+
+
+def test_the_build_checks_the_artifact_on_your_samples_and_records_the_agreement(exported_cnn):
+    import json
+
+    from handlers.accuracy import ACCURACY_FILE
+    from handlers.calibration import SAMPLES_DIR
+    from handlers.loaders import load_model
+    from handlers.precompile import check_artifact
+
+    (exported_cnn / SAMPLES_DIR).mkdir()
+    photos = [encode_image("RGB", (100 + 7 * i, 80)) for i in range(8)]
+    for index, photo in enumerate(photos):
+        (exported_cnn / SAMPLES_DIR / str(index)).write_bytes(photo)
+    settings = {"architecture": "exported-program", "backend": "openvino", "dtype": "int8"}
+    handler = bare_handler("image_classification.py", settings, exported_cnn)
+    assert len(handler.calibration()) == 6  # 8 samples: a quarter held out for the guard
+    held = handler.held_out(3)
+    torch.testing.assert_close(held[0][0][0], handler.decode({"body": photos[6]})[0])
+    torch.testing.assert_close(held[2][0][0], held[0][0][0])  # fewer held out than asked: they repeat
+    model = load_model(handler.settings, exported_cnn)
+    precompile(handler, model, exported_cnn, progress=print)
+
+    record = check_artifact(handler, model, exported_cnn)
+    assert json.loads((exported_cnn / ACCURACY_FILE).read_text()) == record
+    assert record["dtype"] == "int8" and 0 <= record["guard_error"] <= record["tolerance"] == 0.02
+    assert record["cosine_min"] > 0.98 and 0 <= record["top1_agreement"] <= 1
+
+    reference = Reference.load(exported_cnn)  # a reference the artifact cannot match: refused
+    Reference(reference.inputs, [-output for output in reference.outputs]).save(exported_cnn)
+    with pytest.raises(AccuracyError, match="backend 'openvino' differs from eager by"):
+        check_artifact(handler, model, exported_cnn)
+
+
+def test_a_sample_the_handler_cannot_decode_stops_the_build_by_name(exported_cnn):
+    from handlers.calibration import SAMPLES_DIR
+    from handlers.payload import InvalidInput
+
+    (exported_cnn / SAMPLES_DIR).mkdir()
+    for index in range(4):
+        (exported_cnn / SAMPLES_DIR / str(index)).write_bytes(b"not an image")
+    handler = bare_handler("image_classification.py", {"architecture": "exported-program"}, exported_cnn)
+    with pytest.raises(InvalidInput, match="a sample given with SAMPLES= cannot be served: .*not a decodable image"):
+        handler.calibration()
