@@ -17,7 +17,7 @@ from pathlib import Path
 
 import requests
 
-DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_URL = "http://127.0.0.1:8080"  # kit/ports.py INFERENCE_PORT; the client imports nothing of the kit
 
 
 def payload(value: str) -> tuple[bytes, str]:

@@ -263,6 +263,15 @@ class Diagnostics:
             int(raw), log_dir / "profile", environ.get(ITT_OPS_VAR, "") == "1", environ.get(WHOLE_JPEG_VAR, "") == "1"
         )
 
+    def environment(self) -> dict[str, str]:
+        """What from_environment reads back (the server sets it; the profile directory follows LOG_LOCATION)."""
+        switches = {
+            PROFILE_REQUESTS_VAR: str(self.profile_requests) if self.profile_requests else "",
+            ITT_OPS_VAR: "1" if self.itt_ops else "",
+            WHOLE_JPEG_VAR: "1" if self.whole_jpeg_decode else "",
+        }
+        return {name: value for name, value in switches.items() if value}
+
 
 S = TypeVar("S", bound=OptimizationSettings)
 

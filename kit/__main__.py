@@ -25,6 +25,7 @@ from kit.itt import chrome_trace, read_ranges
 from kit.models import Medium, Model, model_names
 from kit.paths import LOGS
 from kit.plan import Demand, Objective, PlanError, plan_layout
+from kit.ports import INFERENCE_PORT, METRICS_PORT
 from kit.proxy import AuthProxy
 from kit.serve_config import ConfigError, Placement, ServeConfig
 from kit.server import START_DEADLINE_S, Server, ServerError
@@ -237,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "--key-file", default="", help="API key file (a mounted Secret): publish through the auth proxy"
     )
     run_parser.add_argument(
-        "--proxy-ports", type=int, nargs=2, default=(8080, 8082), metavar=("INFERENCE", "METRICS"),
+        "--proxy-ports", type=int, nargs=2, default=(INFERENCE_PORT, METRICS_PORT), metavar=("INFERENCE", "METRICS"),
         help="ports the auth proxy publishes",
     )  # fmt: skip
     run_parser.add_argument(

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from kit.ports import INFERENCE_PORT, METRICS_PORT
 from kit.serve_config import ConfigError, ServeConfig
 
 # A bearer token as RFC 6750 spells it, and long enough to be a secret: it is written into
@@ -52,8 +53,8 @@ def read_key(path: Path) -> str:
 @dataclasses.dataclass(frozen=True)
 class AuthProxy:
     key_file: Path
-    inference_port: int = 8080  # published: the bearer key is required but for /ping
-    metrics_port: int = 8082  # published: Prometheus text, no key
+    inference_port: int = INFERENCE_PORT  # published: the bearer key is required but for /ping
+    metrics_port: int = METRICS_PORT  # published: Prometheus text, no key
     workers: int = 1  # nginx worker processes: one event loop carries thousands of requests/s
 
     def __post_init__(self) -> None:

@@ -20,12 +20,19 @@ from typing import Any
 
 import yaml
 
-from handlers.settings import ITT_OPS_VAR, PROFILE_REQUESTS_VAR, WHOLE_JPEG_VAR, SettingsError, parse_settings
+from handlers.settings import Diagnostics, SettingsError, parse_settings
 from kit.itt import collector_environment
 from kit.models import model_names
 from kit.paths import CONFIG
 from kit.plan import PREFERRED_ALLOCATOR, Allocator, Demand, Layout, Objective, plan_layout
-from kit.ports import PORTS
+from kit.ports import (
+    GRPC_INFERENCE_PORT,
+    GRPC_MANAGEMENT_PORT,
+    INFERENCE_PORT,
+    MANAGEMENT_PORT,
+    METRICS_PORT,
+    PORTS,
+)
 from kit.topology import Topology, TopologyError, format_cpus, parse_cpus
 from kit.variant import Variant
 
@@ -81,12 +88,12 @@ class ServeConfig:
     bind: str = "127.0.0.1"  # inference and metrics APIs
     # The management API can load, scale and delete models: loopback unless asked explicitly.
     management_bind: str = "127.0.0.1"
-    inference_port: int = 8080
-    management_port: int = 8081
-    metrics_port: int = 8082
+    inference_port: int = INFERENCE_PORT
+    management_port: int = MANAGEMENT_PORT
+    metrics_port: int = METRICS_PORT
     # TorchServe 0.12 always starts its gRPC APIs; the kit keeps them on loopback, unused.
-    grpc_inference_port: int = 7070
-    grpc_management_port: int = 7071
+    grpc_inference_port: int = GRPC_INFERENCE_PORT
+    grpc_management_port: int = GRPC_MANAGEMENT_PORT
     worker_port: int = 9000  # first of the frontend<->worker socket ports
     placement: Placement = Placement.PLAN
     objective: Objective = Objective.THROUGHPUT  # placement plan: many 1-thread workers, or 1 per L3 domain
@@ -338,12 +345,11 @@ def worker_environment(config: ServeConfig) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = str(config.threads)  # the launcher and kit/pin_worker.py set it per worker
     if config.omp_wait_policy is not OmpWaitPolicy.DEFAULT:
         env["OMP_WAIT_POLICY"] = config.omp_wait_policy.value.upper()
-    if config.profile_requests:
-        env[PROFILE_REQUESTS_VAR] = str(config.profile_requests)
-    if config.itt_ops:
-        env[ITT_OPS_VAR] = "1"
-    if config.whole_jpeg_decode:
-        env[WHOLE_JPEG_VAR] = "1"
+    env.update(
+        Diagnostics(
+            config.profile_requests, itt_ops=config.itt_ops, whole_jpeg_decode=config.whole_jpeg_decode
+        ).environment()
+    )
     if config.itt_trace_dir:
         env.update(collector_environment(Path(config.itt_trace_dir)))
     return env
