@@ -112,16 +112,30 @@ class Agreement:
     cosine_mean: float  # cosine similarity of output rows to float32 eager, averaged
     cosine_min: float  # the lowest one
     top1_agreement: float  # share of inputs whose arg-max equals float32 eager's
+    # The largest difference of one class's softmax probability: what a classifier's client sees.
+    probability_diff_max: float
+
+    def summary(self, classifier: bool) -> str:
+        cosine = f"held-out cosine mean {self.cosine_mean:.4f} min {self.cosine_min:.4f}"
+        if not classifier:  # embeddings and tensors: the direction of the output is the answer
+            return cosine
+        return f"{cosine}, top-1 agreement {self.top1_agreement:.0%}, largest probability difference {self.probability_diff_max:.3g}"
 
 
 def agreement(
     run: Callable[..., torch.Tensor], reference: nn.Module, handler: OptimizedHandler, count: int = HELD_OUT
 ) -> Agreement:
-    cosines, same = [], 0
+    cosines, same, probability_diffs = [], 0, []
     with torch.inference_mode():
         for inputs in handler.held_out(count):
             expected = reference(*inputs).float().flatten()
             actual = run(*inputs).float().flatten()
             cosines.append(torch.nn.functional.cosine_similarity(actual, expected, dim=0).item())
             same += int(actual.argmax() == expected.argmax())
-    return Agreement(round(sum(cosines) / len(cosines), 5), round(min(cosines), 5), same / len(cosines))
+            probability_diffs.append((actual.softmax(0) - expected.softmax(0)).abs().max().item())
+    return Agreement(
+        round(sum(cosines) / len(cosines), 5),
+        round(min(cosines), 5),
+        same / len(cosines),
+        round(max(probability_diffs), 5),
+    )

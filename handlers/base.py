@@ -69,6 +69,7 @@ class OptimizedHandler(abc.ABC):
     """
 
     settings_class: type[OptimizationSettings] = OptimizationSettings
+    classifier = False  # answers class probabilities: agreement reports top-1 and probability differences
     samples: UserSamples | None = None  # the archive's own (SAMPLES=), set by load_files
     initialized = False
     diagnostics = Diagnostics()  # a handler used outside TorchServe (bench, tests) has none set

@@ -20,6 +20,7 @@ from handlers.settings import ImageSettings
 
 class ImageClassificationHandler(OptimizedHandler):
     settings_class = ImageSettings
+    classifier = True
 
     def setup(self, model_dir: str) -> None:
         self.labels = Labels.load(model_dir, self.settings.labels_file)

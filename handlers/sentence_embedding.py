@@ -13,5 +13,7 @@ from handlers.text_classification import TextClassificationHandler
 class SentenceEmbeddingHandler(TextClassificationHandler):
     """Same text input path as the classifier; the model already pools and normalises."""
 
+    classifier = False
+
     def format(self, output: torch.Tensor) -> list[float]:
         return output.float().tolist()

@@ -37,6 +37,7 @@ def text_example(batch_size: int, max_length: int, names: Sequence[str] = tuple(
 
 class TextClassificationHandler(OptimizedHandler):
     settings_class = TextSettings
+    classifier = True
 
     def setup(self, model_dir: str) -> None:
         self.tokenizer = load_tokenizer(model_dir, self.settings.pad_token)

@@ -12,6 +12,7 @@ with config/variants/<variant>.yaml. A stamp of those inputs makes re-runs skip 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -71,7 +72,7 @@ def inputs_digest(*parts: object) -> str:
 def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label: str) -> None:
     """Precompiled backends (aoti, openvino): compile and calibrate now, ship the artifact."""
     from handlers.loaders import load_model
-    from handlers.accuracy import AccuracyError
+    from handlers.accuracy import AccuracyError, Agreement
     from handlers.precompile import check_artifact, precompile
     from handlers.archive import bare_handler
 
@@ -87,11 +88,8 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     except AccuracyError as error:
         raise VariantRefused(f"{label} is not installed: {error}") from None
     error = "n/a (fell back to eager)" if record["guard_error"] is None else f"{record['guard_error']:.3g}"
-    log(
-        f"{label}: against float32 eager, guard error {error} (tolerance {record['tolerance']:.3g}); "
-        f"held-out cosine mean {record['cosine_mean']:.4f} min {record['cosine_min']:.4f}, "
-        f"top-1 agreement {record['top1_agreement']:.0%}"
-    )
+    agreed = Agreement(**{f.name: record[f.name] for f in dataclasses.fields(Agreement)})
+    log(f"{label}: against float32 eager, guard error {error} (tolerance {record['tolerance']:.3g}); {agreed.summary(handler.classifier)}")
 
 
 def require_free_space(paths: list[Path], what: str) -> None:

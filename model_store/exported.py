@@ -1,6 +1,7 @@
 """What a torch.export program takes, as a tensor model's handler settings (`make model`, the build).
 
     settings = tensor_inputs(Path("net.pt2"))   # {"input_shapes": [[4]], "input_dtypes": ["float32"]}
+    settings = text_inputs(Path("clf.pt2"))     # {"input_names": ["input_ids", "attention_mask"]}
 
 The kit batches requests, so every input's first dimension must be the batch and exported
 dynamic; the rest of each shape is what one request sends. What the kit cannot serve is
@@ -15,8 +16,20 @@ from typing import Any
 import torch
 
 from handlers.settings import SettingsError, TensorType
+from handlers.text import ENCODING_FIELDS
 
 EXPORT_HINT = "export with dynamic_shapes={'x': {0: torch.export.Dim('batch')}} for each input"
+
+
+def text_inputs(path: Path) -> dict[str, Any]:
+    """A text program's inputs, by their names in its forward: which encodings the tokenizer gives it."""
+    names = list(torch.export.load(path).graph_signature.user_inputs)
+    if not names or not set(names) <= set(ENCODING_FIELDS) or "input_ids" not in names:
+        raise SettingsError(
+            f"{path} takes {names}; a text program takes input_ids and any of {list(ENCODING_FIELDS)[1:]}, by those "
+            "names (the tokenizer's), or serve it as TASK=tensor"
+        )
+    return {"input_names": names}
 
 
 def tensor_inputs(path: Path) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from handlers.settings import SettingsError
-from kit.models import Model, SourceKind, Task, model_file, parse_model
+from kit.models import Medium, Model, SourceKind, Task, model_file, parse_model
 from kit.samples import read_samples
 from model_store import exported, huggingface
 
@@ -49,6 +49,8 @@ def model_document(name: str, source: Path, task: Task | None, samples: Path | N
         document["handler"] = exported.tensor_inputs(source)
     if kind is SourceKind.HUGGINGFACE:
         huggingface.derive(source, task)  # refuse now, by name, what the build would refuse
+    elif task.medium is Medium.TEXT:
+        exported.text_inputs(source)
     if samples is not None:
         read_samples(samples, task.medium)  # the form fits the task, and there are enough
         document["samples"] = str(samples.resolve())

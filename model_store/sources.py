@@ -57,10 +57,12 @@ def write_exported(staging: Path, model: Model) -> dict[str, Any]:
                 f"rewrite the model file: make model NAME={model.name} SRC={path} TASK=tensor FORCE=1"
             )
     shutil.copy(path, staging / EXPORTED_FILE)
+    settings = {"architecture": Architecture.EXPORTED_PROGRAM.value}
     if model.task.medium is Medium.TEXT:
         shutil.copy(bundled_tokenizer(), staging / TOKENIZER_FILE)
         log(f"{model.name}: an exported text model gets bert-base-uncased's vocabulary ({TOKENIZER_FILE})")
-    return {"architecture": Architecture.EXPORTED_PROGRAM.value}
+        return {**settings, **exported.text_inputs(path)}  # exactly the inputs its forward takes
+    return settings
 
 
 def write_huggingface(staging: Path, model: Model) -> dict[str, Any]:

@@ -193,3 +193,24 @@ def test_a_tensor_model_file_declares_what_one_request_sends(registry, hf_dirs, 
     with pytest.raises(SettingsError, match="TASK=tensor serves a torch.export program"):
         write_model_file("hf", hf_dirs["text"], Task.TENSOR)
     assert model_names() == ["ranker"]
+
+
+def test_an_exported_text_program_is_given_exactly_the_inputs_its_forward_takes(tmp_path):
+    import torch
+
+    from model_store.exported import text_inputs
+
+    class TwoInputs(torch.nn.Module):
+        def forward(self, input_ids, attention_mask):
+            return (input_ids * attention_mask).float().sum(1, keepdim=True)
+
+    class Features(torch.nn.Module):
+        def forward(self, features):
+            return features.sum(1, keepdim=True)
+
+    ids = torch.ones(2, 8, dtype=torch.long)
+    torch.export.save(torch.export.export(TwoInputs(), (ids, ids)), tmp_path / "text.pt2")
+    assert text_inputs(tmp_path / "text.pt2") == {"input_names": ["input_ids", "attention_mask"]}
+    torch.export.save(torch.export.export(Features(), (torch.randn(2, 4),)), tmp_path / "other.pt2")
+    with pytest.raises(SettingsError, match=r"takes \['features'\]; a text program takes input_ids .* TASK=tensor"):
+        text_inputs(tmp_path / "other.pt2")
