@@ -6,6 +6,7 @@
 .venv/bin/python -m kit topology [--json]                  # what this process may use
 .venv/bin/python -m kit plan [--models resnet50,bert=2] [--objective latency] [--json]
 .venv/bin/python -m kit plan --lscpu host.txt --cpus 8-15 --quota 4.5 --json   # another machine
+.venv/bin/python -m kit topology --lscpu host.txt --cpus 0-15 --memory 6Gi   # a 16-CPU / 6 GiB container
 python -m kit run --config container --key-file KEYFILE    # the container's PID 1 (kit/supervise.py)
 python -m kit probe ready|live                             # its Kubernetes probes (kit/probe.py)
 .venv/bin/python -m kit itt-trace                           # after `make serve ITT_TRACE=1`: logs/itt/trace.json
@@ -14,6 +15,7 @@ python -m kit probe ready|live                             # its Kubernetes prob
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import statistics
@@ -29,7 +31,16 @@ from kit.ports import INFERENCE_PORT, METRICS_PORT
 from kit.proxy import AuthProxy
 from kit.serve_config import ConfigError, Placement, ServeConfig
 from kit.server import START_DEADLINE_S, Server, ServerError
-from kit.topology import Topology, TopologyError, format_cpus, parse_cpus, parse_topology, read_topology
+from kit.topology import (
+    Memory,
+    Topology,
+    TopologyError,
+    format_cpus,
+    parse_cpus,
+    parse_size,
+    parse_topology,
+    read_topology,
+)
 
 RUN_DIR = LOGS
 ITT_DIR = LOGS / "itt"
@@ -162,13 +173,17 @@ def status(args: argparse.Namespace) -> int:
 
 
 def topology_of(args: argparse.Namespace) -> Topology:
-    """This process's topology, or the one described by --lscpu/--cpus/--quota."""
+    """This process's topology, or the one described by --lscpu/--cpus/--quota/--memory."""
     if not args.lscpu:
-        if args.cpus or args.quota:
-            raise TopologyError("--cpus and --quota describe another machine: give its --lscpu file too")
+        if args.cpus or args.quota or args.memory:
+            raise TopologyError("--cpus, --quota and --memory describe another machine: give its --lscpu file too")
         return read_topology()
     text = Path(args.lscpu).read_text()
-    return parse_topology(text, parse_cpus(args.cpus) if args.cpus else None, args.quota)
+    machine = parse_topology(text, parse_cpus(args.cpus) if args.cpus else None, args.quota)
+    if not args.memory:
+        return machine
+    size = parse_size(args.memory)  # what a container or pod may hold: its limit
+    return dataclasses.replace(machine, memory=Memory(size, size, limit=size))
 
 
 def topology(args: argparse.Namespace) -> int:
@@ -205,6 +220,7 @@ def add_machine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lscpu", default="", help="`lscpu -p=CPU,CORE,SOCKET,NODE,CACHE` of another machine")
     parser.add_argument("--cpus", default="", help="with --lscpu: the allowed CPUs (a cpuset, e.g. 8-15)")
     parser.add_argument("--quota", type=float, default=None, help="with --lscpu: the CPU quota in CPUs (e.g. 4.5)")
+    parser.add_argument("--memory", default="", help="with --lscpu: the memory limit (e.g. 8Gi, 6GiB)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 

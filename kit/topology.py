@@ -1,12 +1,14 @@
 """The machine as this process may use it: allowed CPUs, CPU quota, cores, SMT siblings, NUMA
-nodes, last-level-cache (L3) domains and the vector ISA.
+nodes, last-level-cache (L3) domains, the vector ISA and memory (the machine's, each NUMA node's,
+the cgroup's limit).
 
     topology = read_topology()                                        # this process, this machine
     topology = parse_topology(lscpu_text, allowed={2, 3}, quota=1.5)  # injected: tests, `kit plan --lscpu`
 
 `lscpu -p` describes the whole host, also inside a container: what a process may really use is
 its affinity mask (`sched_getaffinity`, the container's cpuset) and its cgroup CPU quota
-(`cpu.max`, or `cpu.cfs_quota_us` / `cpu.cfs_period_us` on cgroup v1), read here apart.
+(`cpu.max`, or `cpu.cfs_quota_us` / `cpu.cfs_period_us` on cgroup v1), read here apart; so is
+its memory limit (`memory.max`, v1 `memory.limit_in_bytes`), which /proc/meminfo does not show.
 Never `os.cpu_count()`: it counts the host's CPUs.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
@@ -58,6 +61,7 @@ class Topology:
     quota: float | None = None  # cgroup CPU limit in CPUs (1.5 = 150 ms per 100 ms); None = none
     flags: frozenset[str] = frozenset()  # ISA_FLAGS this CPU has
     model_name: str = ""
+    memory: Memory | None = None  # None: not read (an injected topology)
 
     @property
     def cores(self) -> tuple[Core, ...]:
@@ -111,6 +115,7 @@ class Topology:
             f"cores, {smt} thread(s) per core; {quota}: {self.capacity} core(s) of capacity",
             f"{len(self.sockets)} socket(s), {len(self.nodes)} NUMA node(s), {len(self.l3_domains)} L3 domain(s): "
             + "; ".join(self._node_summary(node, cores) for node in self.nodes),
+            *([self.memory.summary()] if self.memory else []),
         ]
 
     @staticmethod
@@ -133,6 +138,7 @@ class Topology:
             "cores": [list(core.cpus) for core in self.cores],
             "nodes": list(self.nodes),
             "l3_domains": list(self.l3_domains),
+            "memory": dataclasses.asdict(self.memory) if self.memory else None,
         }
 
 
@@ -231,25 +237,59 @@ def cpuinfo() -> tuple[str, frozenset[str]]:
     return name, flags
 
 
+def _cgroup_dirs(proc_cgroup: str | None, root: Path, controller: str) -> list[tuple[bool, Path]]:
+    """(cgroup v2?, directory) of this process's cgroup and each ancestor, for one controller.
+
+    Inside a container the cgroup path may be "/" with the container's own cgroup mounted at the
+    root: the walk up reaches the root, so both places are read."""
+    text = proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text()
+    dirs = []
+    for line in text.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one hierarchy, every controller
+            dirs += [(True, directory) for directory in _ancestors(root, path)]
+        elif controller in controllers.split(","):
+            # v1: the hierarchy is mounted under its controllers' names, in either order.
+            names = (controllers, ",".join(reversed(controllers.split(","))), controller)
+            mount = next((root / name for name in names if (root / name).is_dir()), None)
+            if mount:
+                dirs += [(False, directory) for directory in _ancestors(mount, path)]
+    return dirs
+
+
 def cgroup_quota(proc_cgroup: str | None = None, root: Path = CGROUP) -> float | None:
     """The tightest CPU limit on this process's cgroup and its ancestors, in CPUs; None if none.
 
     cgroup v2: `cpu.max` is "QUOTA PERIOD" or "max PERIOD". v1: `cpu.cfs_quota_us` (-1 = none)
-    over `cpu.cfs_period_us`. Inside a container the cgroup path may be "/" with the container's
-    own cgroup mounted at the root: both places are read.
+    over `cpu.cfs_period_us`.
     """
-    text = proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text()
     limits = []
-    for line in text.splitlines():
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":  # v2
-            limits += _v2_limits(root, path)
-        elif "cpu" in controllers.split(","):
-            mount = next(
-                (root / name for name in ("cpu,cpuacct", "cpu", "cpuacct,cpu") if (root / name).is_dir()), None
-            )
-            if mount:
-                limits += _v1_limits(mount, path)
+    for v2, directory in _cgroup_dirs(proc_cgroup, root, "cpu"):
+        if v2 and (directory / "cpu.max").is_file():
+            quota, _, period = (directory / "cpu.max").read_text().split()[:2] + [""]
+            if quota != "max":
+                limits.append(int(quota) / int(period or 100000))
+        elif not v2 and (directory / "cpu.cfs_quota_us").is_file() and (directory / "cpu.cfs_period_us").is_file():
+            quota = int((directory / "cpu.cfs_quota_us").read_text())
+            if quota > 0:
+                limits.append(quota / int((directory / "cpu.cfs_period_us").read_text()))
+    return min(limits) if limits else None
+
+
+# cgroup v1 says "no limit" with the largest page-aligned 63-bit number; anything this large is none.
+V1_UNLIMITED = 1 << 60
+
+
+def cgroup_memory_limit(proc_cgroup: str | None = None, root: Path = CGROUP) -> int | None:
+    """The tightest memory limit on this process's cgroup and its ancestors, in bytes; None if none.
+
+    What the kernel OOM-kills at: v2 `memory.max` ("max" = none), v1 `memory.limit_in_bytes`.
+    A Kubernetes container's `resources.limits.memory` is its memory.max."""
+    limits = []
+    for v2, directory in _cgroup_dirs(proc_cgroup, root, "memory"):
+        path = directory / ("memory.max" if v2 else "memory.limit_in_bytes")
+        if path.is_file() and (text := path.read_text().strip()) != "max" and int(text) < V1_UNLIMITED:
+            limits.append(int(text))
     return min(limits) if limits else None
 
 
@@ -258,26 +298,78 @@ def _ancestors(mount: Path, path: str) -> list[Path]:
     return [mount.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]
 
 
-def _v2_limits(root: Path, path: str) -> list[float]:
-    limits = []
-    for directory in _ancestors(root, path):
-        cpu_max = directory / "cpu.max"
-        if cpu_max.is_file():
-            quota, _, period = cpu_max.read_text().split()[:2] + [""]
-            if quota != "max":
-                limits.append(int(quota) / int(period or 100000))
-    return limits
+def meminfo_bytes(text: str, key: str) -> int:
+    """A "Key: N kB" line of /proc/meminfo (or "Node 0 Key: N kB" of a NUMA node's) in bytes."""
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.split()[-1:] == [key]:
+            return int(value.split()[0]) * 1024
+    raise TopologyError(f"no {key} in meminfo")
 
 
-def _v1_limits(mount: Path, path: str) -> list[float]:
-    limits = []
-    for directory in _ancestors(mount, path):
-        quota_file, period_file = directory / "cpu.cfs_quota_us", directory / "cpu.cfs_period_us"
-        if quota_file.is_file() and period_file.is_file():
-            quota = int(quota_file.read_text())
-            if quota > 0:
-                limits.append(quota / int(period_file.read_text()))
-    return limits
+@dataclasses.dataclass(frozen=True)
+class Memory:
+    """The memory this process may use: the machine's, its NUMA nodes', and its cgroup's limit."""
+
+    total: int  # bytes: the machine's MemTotal
+    available: int  # MemAvailable when read: what can be allocated without swapping
+    limit: int | None = None  # the cgroup's limit (a container's, a pod's); None = none
+    nodes: tuple[tuple[int, int, int], ...] = ()  # (node, MemTotal, MemFree) per NUMA node
+
+    @property
+    def budget(self) -> int:
+        """What the kit's processes may hold at most: the cgroup limit, else the machine's total."""
+        return self.total if self.limit is None else min(self.limit, self.total)
+
+    def summary(self) -> str:
+        limit = "no memory limit" if self.limit is None else f"cgroup memory limit {gib(self.limit)}"
+        nodes = "".join(
+            f"; node {n}: {gib(total)}, {gib(free)} free" for n, total, free in self.nodes if len(self.nodes) > 1
+        )
+        return f"memory: {gib(self.total)}, {gib(self.available)} available; {limit}{nodes}"
+
+
+def gib(size: int) -> str:
+    return f"{size / 2**30:.1f} GiB"
+
+
+# Kubernetes' quantity suffixes (what a pod's `memory:` says), and GiB/MiB spelled out.
+SIZE_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
+}
+
+
+def parse_size(text: str) -> int:
+    """ "8Gi", "6GiB", "512Mi", "2G", "1073741824" -> bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*?)(?:[bB])?\s*", text)
+    unit = match and match.group(2).lower()
+    if not match or unit not in SIZE_UNITS:
+        raise TopologyError(f"memory size {text!r} is not a size: give e.g. 8Gi, 6GiB, 512Mi or bytes")
+    return int(float(match.group(1)) * SIZE_UNITS[unit])
+
+
+def read_memory(
+    proc_cgroup: str | None = None, root: Path = CGROUP, sys_nodes: Path = Path("/sys/devices/system/node")
+) -> Memory:
+    text = Path("/proc/meminfo").read_text()
+    nodes = []
+    for directory in sorted(sys_nodes.glob("node[0-9]*"), key=lambda d: int(d.name[4:])):
+        info = (directory / "meminfo").read_text()
+        nodes.append((int(directory.name[4:]), meminfo_bytes(info, "MemTotal"), meminfo_bytes(info, "MemFree")))
+    return Memory(
+        meminfo_bytes(text, "MemTotal"),
+        meminfo_bytes(text, "MemAvailable"),
+        cgroup_memory_limit(proc_cgroup, root),
+        tuple(nodes),
+    )
 
 
 def read_topology() -> Topology:
@@ -286,4 +378,5 @@ def read_topology() -> Topology:
     if completed.returncode != 0:
         raise TopologyError(f"`lscpu -p={LSCPU_COLUMNS}` failed: {completed.stderr.strip()}; install util-linux")
     name, flags = cpuinfo()
-    return parse_topology(completed.stdout, os.sched_getaffinity(0), cgroup_quota(), flags, name)
+    topology = parse_topology(completed.stdout, os.sched_getaffinity(0), cgroup_quota(), flags, name)
+    return dataclasses.replace(topology, memory=read_memory())

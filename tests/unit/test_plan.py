@@ -9,6 +9,7 @@ adjacent SMT siblings, a 64-core two-node host seen from a container).
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,17 @@ from kit.plan import (
     plan_layout,
     thread_counts,
 )
-from kit.topology import TopologyError, cgroup_quota, format_cpus, parse_cpus, parse_topology
+from kit.topology import (
+    Memory,
+    TopologyError,
+    cgroup_memory_limit,
+    cgroup_quota,
+    format_cpus,
+    parse_cpus,
+    parse_size,
+    parse_topology,
+    read_memory,
+)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "lscpu"
 MODELS = [Demand("resnet50"), Demand("bert"), Demand("minilm")]
@@ -177,6 +188,59 @@ def test_cgroup_v1_quota(tmp_path):
     assert cgroup_quota("4:cpu,cpuacct:/docker/abc\n1:memory:/docker/abc\n", tmp_path) == 3.0
     (cpu / "cpu.cfs_quota_us").write_text("-1\n")
     assert cgroup_quota("4:cpu,cpuacct:/docker/abc\n", tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("files", "limit"),
+    [
+        ({"memory.max": "max\n"}, None),
+        ({"kubepods/memory.max": "8589934592\n", "kubepods/pod1/memory.max": "max\n"}, 8 * 2**30),
+        ({"kubepods/memory.max": "8589934592\n", "kubepods/pod1/memory.max": "6442450944\n"}, 6 * 2**30),
+    ],
+)
+def test_cgroup_v2_memory_limit_is_the_tightest_on_the_path(tmp_path, files, limit):
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    assert cgroup_memory_limit("0::/kubepods/pod1\n", tmp_path) == limit
+
+
+def test_cgroup_v1_memory_limit_and_its_unlimited_spelling(tmp_path):
+    memory = tmp_path / "memory" / "docker" / "abc"
+    memory.mkdir(parents=True)
+    (memory / "memory.limit_in_bytes").write_text("4294967296\n")
+    assert cgroup_memory_limit("4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n", tmp_path) == 4 * 2**30
+    (memory / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    assert cgroup_memory_limit("3:memory:/docker/abc\n", tmp_path) is None
+
+
+def test_memory_is_read_from_meminfo_and_each_numa_node(tmp_path):
+    for node, (total, free) in enumerate([(16, 10), (16, 12)]):
+        (tmp_path / f"node{node}").mkdir()
+        (tmp_path / f"node{node}" / "meminfo").write_text(
+            f"Node {node} MemTotal: {total * 2**20} kB\nNode {node} MemFree: {free * 2**20} kB\n"
+        )
+    memory = read_memory("0::/\n", tmp_path / "no-cgroup", tmp_path)
+    assert memory.nodes == ((0, 16 * 2**30, 10 * 2**30), (1, 16 * 2**30, 12 * 2**30))
+    assert memory.total > 0 and 0 < memory.available <= memory.total and memory.limit is None
+    assert memory.budget == memory.total
+    assert "node 1: 16.0 GiB, 12.0 GiB free" in memory.summary()
+    assert Memory(32 * 2**30, 30 * 2**30, limit=6 * 2**30).budget == 6 * 2**30
+
+
+def test_kit_topology_describes_another_machines_memory(capsys):
+    from kit.__main__ import main
+
+    lscpu = str(FIXTURES / "host-64c-2node.txt")
+    assert main(["topology", "--lscpu", lscpu, "--cpus", "0-15", "--memory", "6Gi"]) == 0
+    assert "memory: 6.0 GiB, 6.0 GiB available; cgroup memory limit 6.0 GiB" in capsys.readouterr().out
+    assert main(["topology", "--lscpu", lscpu, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["memory"] is None  # not read for another machine
+    with pytest.raises(TopologyError, match="memory size '6 gigs' is not a size"):
+        parse_size("6 gigs")
+    assert (parse_size("8Gi"), parse_size("6GiB"), parse_size("512Mi"), parse_size("2G")) == (
+        8 * 2**30, 6 * 2**30, 512 * 2**20, 2 * 10**9,
+    )  # fmt: skip
 
 
 def test_every_machine_plans_every_model_subset():
