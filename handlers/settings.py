@@ -186,6 +186,13 @@ class ImageSettings(OptimizationSettings):
         return Preprocessing(self.resize, self.crop, self.fit, self.resample, self.rescale, self.mean, self.std)
 
 
+class OverLength(enum.StrEnum):
+    """What a text longer than max_length gets."""
+
+    TRUNCATE = "truncate"  # cut to max_length, served (as transformers' pipelines do); logged
+    REFUSE = "refuse"  # a 400 naming the limit: for models whose answer the cut would change
+
+
 @dataclasses.dataclass(frozen=True)
 class TextSettings(OptimizationSettings):
     transformer: typing.ClassVar[bool] = True
@@ -193,6 +200,7 @@ class TextSettings(OptimizationSettings):
     architecture: Architecture = Architecture.BERT_CLASSIFIER
     # Every request is padded to this length: one static shape to compile, nothing to recompile.
     max_length: int = 128
+    over_length: OverLength = OverLength.TRUNCATE
     labels_file: str = ""
     # What the model's forward takes, in its order; the tokenizer gives each (tokenizer.json).
     input_names: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")

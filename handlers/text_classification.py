@@ -15,8 +15,8 @@ from handlers.backends.common import Inputs
 from handlers.base import OptimizedHandler
 from handlers.calibration import SENTENCES
 from handlers.labels import Labels
-from handlers.payload import request_text
-from handlers.settings import TextSettings
+from handlers.payload import InvalidInput, request_text
+from handlers.settings import OverLength, TextSettings
 from handlers.text import ENCODING_FIELDS, encode, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,10 @@ class TextClassificationHandler(OptimizedHandler):
 
     def decode(self, request: dict[str, Any]) -> Inputs:
         encoded = encode(self.tokenizer, request_text(request), self.settings.max_length, self.settings.input_names)
+        if encoded.truncated and self.settings.over_length is OverLength.REFUSE:
+            raise InvalidInput(
+                f"text is longer than the {self.settings.max_length} tokens this model takes; send a shorter text"
+            )
         if encoded.truncated:
             log.info("%s: input truncated to %d tokens", self.model_name, self.settings.max_length)
         return encoded.inputs

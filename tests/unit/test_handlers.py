@@ -204,6 +204,21 @@ def test_text_classifier_serves_probabilities(tmp_path, tiny_bert_config):
         torch.testing.assert_close(torch.tensor(list(response.values())), expected, rtol=1e-4, atol=1e-5)
 
 
+def test_text_over_the_limit_is_cut_or_refused_as_the_model_file_says(tmp_path, tiny_bert_config):
+    write_text_archive(tmp_path, BertClassifier(tiny_bert_config).eval())
+    long_text, short_text = " ".join(["word"] * 40), "a fine film"
+    for over_length, status in (("truncate", 200), ("refuse", 400)):
+        settings = {"architecture": "bert-classifier", "backend": "eager", "max_length": 16, "over_length": over_length}
+        context = make_context(tmp_path, settings)
+        handler = TextClassificationHandler()
+        handler.initialize(context)
+        (answer,) = serve(handler, context, [{"body": long_text}])
+        assert statuses(context) == [status], answer
+        assert status == 200 or "longer than the 16 tokens this model takes" in answer["message"]
+        serve(handler, context, [{"body": short_text}])
+        assert statuses(context) == [200]
+
+
 def test_sentence_embedder_returns_unit_vectors(tmp_path, tiny_bert_config):
     torch.manual_seed(0)
     write_text_archive(tmp_path, SentenceEmbedder(tiny_bert_config).eval())
