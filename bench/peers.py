@@ -1,6 +1,6 @@
 """Peer rows: the same model in the runtimes a user could pick instead of the kit, in-process.
 
-    measure_peer(Peer(Runtime.OPENVINO, Precision.INT8), Variant.load("eager").archive("resnet50"), 10, work_dir)
+    measure_peer(Peer(Runtime.OPENVINO, DType.INT8), Variant.load("eager").archive("resnet50"), 10, work_dir)
 
 Each peer runs in its own child process with every core, the way its documentation suggests
 for throughput: ONNX Runtime with intra-op threads = cores, OpenVINO with the THROUGHPUT hint
@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 
 from bench.plan import Peer, Runtime
-from bench.results import Measured, Precision
+from bench.results import Measured
 from handlers.archive import extract
+from handlers.backends import DType
 from kit.paths import ROOT, process_environment
 from kit.topology import read_topology
 
@@ -41,12 +42,12 @@ def measure_peer(peer: Peer, archive: Path, seconds: int, work_dir: Path) -> Mea
 
 
 # -- child side ---------------------------------------------------------------------------------
-def _onnxruntime(model, settings, example, calibration, precision: Precision, work_dir: Path):
+def _onnxruntime(model, settings, example, calibration, precision: DType, work_dir: Path):
     import onnxruntime as ort
     import torch
 
-    if precision is not Precision.FP32:
-        raise ValueError("the onnxruntime peer runs fp32 only")
+    if precision is not DType.FLOAT32:
+        raise ValueError("the onnxruntime peer runs float32 only")
     path = work_dir / "peer.onnx"
     names = [f"input{i}" for i in range(len(example))]
     batch = torch.export.Dim("batch", min=1, max=1024)
@@ -62,18 +63,15 @@ def _onnxruntime(model, settings, example, calibration, precision: Precision, wo
     return run, None
 
 
-OV_PRECISION = {Precision.FP32: "f32", Precision.BF16: "bf16", Precision.INT8: "f32"}
-
-
-def _openvino(model, settings, example, calibration, precision: Precision, work_dir: Path):
+def _openvino(model, settings, example, calibration, precision: DType, work_dir: Path):
     import openvino as ov
 
-    from handlers.backends.openvino import convert, quantize_int8
+    from handlers.backends.openvino import PRECISION_HINT, convert, quantize_int8
 
     converted = convert(model, example)
-    if precision is Precision.INT8:
+    if precision is DType.INT8:
         converted = quantize_int8(converted, calibration, settings.transformer)
-    config = {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_PRECISION_HINT": OV_PRECISION[precision]}
+    config = {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_PRECISION_HINT": PRECISION_HINT[precision]}
     compiled = ov.Core().compile_model(converted, "CPU", config)
     request = compiled.create_infer_request()
 
@@ -88,7 +86,7 @@ def _openvino(model, settings, example, calibration, precision: Precision, work_
 PEER_BUILDERS = {Runtime.ONNXRUNTIME: _onnxruntime, Runtime.OPENVINO: _openvino}
 
 
-def run_child(model_dir: Path, runtime: Runtime, precision: Precision, batch: int, seconds: int) -> None:
+def run_child(model_dir: Path, runtime: Runtime, precision: DType, batch: int, seconds: int) -> None:
     import numpy as np
     import torch
 
@@ -128,7 +126,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--runtime", type=Runtime, required=True)
-    parser.add_argument("--precision", type=Precision, default=Precision.FP32)
+    parser.add_argument("--precision", type=DType, default=DType.FLOAT32)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seconds", type=int, default=10)
     args = parser.parse_args()

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from bench.payloads import PAYLOADS, default_payload
-from bench.results import Precision
+from handlers.backends import DType
 from handlers.settings import SettingsError, parse_settings
 from kit.models import Model, check_models, model_names
 from kit.plan import thread_counts
@@ -70,7 +70,7 @@ class Peer:
     """The same model in a runtime a user could pick instead of the kit (bench/peers.py runs it)."""
 
     runtime: Runtime
-    precision: Precision = Precision.FP32
+    precision: DType = DType.FLOAT32
     batch_size: int = 1
 
     @property
@@ -79,7 +79,7 @@ class Peer:
 
 
 # A served peer runs the IR of the kit's own OpenVINO archive of its precision.
-SERVED_PEER_VARIANT = {Precision.FP32: "openvino", Precision.INT8: "openvino-int8"}
+SERVED_PEER_VARIANT = {DType.FLOAT32: "openvino", DType.INT8: "openvino-int8"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +87,7 @@ class ServedPeer:
     """A server a user would write instead of TorchServe (bench/peer_apps.py), on the kit's IR."""
 
     framework: Framework
-    precision: Precision = Precision.FP32
+    precision: DType = DType.FLOAT32
     batch_size: int = 1  # litserve: max_batch_size (dynamic batching); fastapi: 1
     concurrency: int | None = None  # ab -c; None = the plan's
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.payloads import default_payload
-from bench.results import BenchRun, InProcessResult, Precision, RowResult
+from bench.results import BenchRun, InProcessResult, RowResult
+from handlers.backends import DType
 from kit.models import Model
 
 # Per-model targets (speedup, int8 agreement) are in the model files: kit/models.py Targets.
@@ -77,7 +78,7 @@ def peer_checks(results: list[RowResult], references: list[InProcessResult]) -> 
 
 def accuracy_checks(references: list[InProcessResult]) -> list[TargetCheck]:
     checks = []
-    for r in (r for r in references if r.precision == Precision.INT8):
+    for r in (r for r in references if r.precision == DType.INT8):
         targets = Model.load(r.model).targets
         minimums = {"top1_agreement": targets.int8_top1_agreement, "cosine_mean": targets.int8_cosine_mean}
         for metric, minimum in ((m, v) for m, v in minimums.items() if v is not None):

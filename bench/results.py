@@ -9,7 +9,6 @@ Every record is a dataclass that `dataclasses.asdict` turns into results.json as
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 import platform
 import subprocess
@@ -18,23 +17,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from handlers.backends import DType
 from kit.paths import ROOT
 from kit.topology import read_topology
 
-if TYPE_CHECKING:  # the plan is what was run; its module reads this one's Precision
+if TYPE_CHECKING:  # the plan is what was run
     from bench.plan import Plan
-
-
-class Precision(enum.StrEnum):
-    """How results name a precision (a handler's DType, or a peer runtime's)."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"
-    INT8 = "int8"
-
-
-PRECISION_OF_DTYPE = {DType.FLOAT32: Precision.FP32, DType.BFLOAT16: Precision.BF16, DType.INT8: Precision.INT8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +44,7 @@ class RowResult:
     variant: str
     runtime: str  # the backend that runs the model inside TorchServe
     precompiled: bool  # the backend compiles at archive time: workers only load (cold-start target)
-    precision: str  # fp32 | bf16 | int8
+    precision: str  # a DType: float32 | bfloat16 | int8
     placement: str  # plan | launcher | none
     objective: str  # placement plan: throughput | latency
     allocator: str  # what the workers were given (OpenVINO keeps glibc malloc whatever the preset says)

@@ -27,7 +27,7 @@ from bench.metrics import requests_total, scrape, scrape_text, server_latency, w
 from bench.payloads import Payload, default_payload, write_payload
 from bench.peers import measure_peer
 from bench.plan import EAGER_VARIANT, Peer, Plan, Row
-from bench.results import PRECISION_OF_DTYPE, BenchRun, InProcessResult, Measured, RowFailure, RowResult, add_derived
+from bench.results import BenchRun, InProcessResult, Measured, RowFailure, RowResult, add_derived
 from bench.served_peers import peer_log, row_name, run_served_peer
 from handlers.itt import parse_range_name
 from kit.itt import Range, chrome_trace, read_ranges
@@ -110,7 +110,7 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         variant=config.variant.name,
         runtime=config.variant.backend.value,
         precompiled=config.variant.traits.precompiled,
-        precision=PRECISION_OF_DTYPE[config.variant.dtype].value,
+        precision=config.variant.dtype.value,
         placement=config.placement.value,
         objective=config.objective.value,
         allocator=config.served_allocator.value,
@@ -174,7 +174,7 @@ def in_process_row(row: Row, measured: Measured) -> InProcessResult:
         name=f"{config.variant.name} {len(workers)}x{max(t for _, t in workers)} b{config.batch_size}",
         kind="in_process",
         runtime=config.variant.backend.value,
-        precision=PRECISION_OF_DTYPE[config.variant.dtype].value,
+        precision=config.variant.dtype.value,
         batch_size=config.batch_size,
         workers=len(workers),
         threads=max(threads for _, threads in workers),

@@ -15,7 +15,8 @@ from bench.metrics import parse_prometheus, server_latency, worker_load_seconds
 from bench.payloads import DEFAULT_PAYLOAD
 from bench.plan import PLANS, Peer, PlanError, Runtime, load_plan, parse_plan
 from bench.report import check_targets, write_report
-from bench.results import BenchRun, InProcessResult, Precision, RowResult, RunEnvironment, add_derived
+from bench.results import BenchRun, InProcessResult, RowResult, RunEnvironment, add_derived
+from handlers.backends import DType
 from kit.models import Model
 from kit.topology import parse_topology
 
@@ -189,7 +190,7 @@ def test_unknown_plan_lists_choices():
 def row_result(**overrides) -> RowResult:
     values = dict(
         model="resnet50", name="row", kind="served", variant="inductor", runtime="inductor", precompiled=False,
-        precision="fp32", placement="plan", objective="throughput", cpus="",
+        precision="float32", placement="plan", objective="throughput", cpus="",
         allocator="tcmalloc", omp_wait_policy="passive", workers=2, threads=1, batch_size=1, max_batch_delay_ms=5,
         concurrency=4, baseline=False, requests_per_s=20.0, items_per_s=20.0, mean_ms=200.0, p50_ms=190.0,
         p90_ms=220.0, p99_ms=250.0, max_ms=260.0, duration_s=20.0, failed=0, non_2xx=0, complete=400,
@@ -251,13 +252,13 @@ def test_served_rows_are_compared_with_peers_per_precision(tmp_path):
     ]
     references = [
         reference(),  # int8 peer at 100/s: the int8 row is short by 10 %
-        reference(name="onnxruntime fp32 b1", runtime="onnxruntime", precision="fp32", items_per_s=27.0),
+        reference(name="onnxruntime float32 b1", runtime="onnxruntime", precision="float32", items_per_s=27.0),
         reference(name="aoti-int8 2x1 b1", kind="in_process", runtime="aoti", top1_agreement=0.9),
     ]
     checks = {c.target: c for c in check_targets(results, references)}
     int8 = checks["resnet50 int8: best served row >= best in-process peer row"]
     assert not int8.met and "90%, short by 10%" in int8.measured
-    assert checks["resnet50 fp32: best served row >= best in-process peer row"].met
+    assert checks["resnet50 float32: best served row >= best in-process peer row"].met
     # Overall: the best served row (int8, 90/s) against the best peer (int8, 100/s).
     assert not checks["resnet50 any precision: best served row >= best in-process peer row"].met
     accuracy = {k: c for k, c in checks.items() if "top1_agreement" in k}
@@ -269,8 +270,8 @@ def test_served_rows_are_compared_with_peers_per_precision(tmp_path):
     write_report(out, BenchRun(load_plan("quick"), "python -m bench", ENVIRONMENT, results, references))
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [(r["kind"], r["runtime"], r["precision"]) for r in rows] == [
-        ("served", "aoti", "int8"), ("served", "inductor", "fp32"), ("peer", "openvino", "int8"),
-        ("peer", "onnxruntime", "fp32"), ("in_process", "aoti", "int8"),
+        ("served", "aoti", "int8"), ("served", "inductor", "float32"), ("peer", "openvino", "int8"),
+        ("peer", "onnxruntime", "float32"), ("in_process", "aoti", "int8"),
     ]  # fmt: skip
     assert (
         "| openvino int8 b1 | peer | openvino | int8 | 1×2 | 1 | 100.0 | 0.9995/0.9990 | 100% |"
@@ -280,7 +281,7 @@ def test_served_rows_are_compared_with_peers_per_precision(tmp_path):
 
 def test_plan_peers_are_parsed_and_checked():
     plan = parse_plan("t", {"rows": [{"name": "x"}], "peers": [{"runtime": "openvino", "precision": "int8"}]})
-    assert plan.peers == (Peer(Runtime.OPENVINO, Precision.INT8),)
+    assert plan.peers == (Peer(Runtime.OPENVINO, DType.INT8),)
     with pytest.raises(PlanError, match="runtime 'tensorrt' is unknown; choose one of: onnxruntime, openvino"):
         parse_plan("t", {"rows": [{"name": "x"}], "peers": [{"runtime": "tensorrt"}]})
 
@@ -343,13 +344,13 @@ def test_served_peers_are_compared_on_the_same_payload_only():
         # Thumbnails are cheaper: not comparable with rows on the default payload.
         row_result(name="aoti int8 thumbs", precision="int8", payload="thumbnail", items_per_s=300.0, requests_per_s=300.0),
         row_result(name="litserve b4 c=8", kind="served_peer", precision="int8", items_per_s=120.0, requests_per_s=120.0),
-        row_result(name="fastapi b1 c=8", kind="served_peer", precision="fp32", items_per_s=40.0, requests_per_s=40.0),
+        row_result(name="fastapi b1 c=8", kind="served_peer", precision="float32", items_per_s=40.0, requests_per_s=40.0),
     ]  # fmt: skip
     add_derived(results)
     checks = {c.target: c for c in check_targets(results)}
     int8 = checks["resnet50 int8: best served row >= best served peer row"]
     assert not int8.met and int8.measured == "90.0 (aoti int8) vs 120.0 (litserve b4 c=8): 75%, short by 25%"
-    assert not checks["resnet50 fp32: best served row >= best served peer row"].met  # the baseline's 10 vs 40
+    assert not checks["resnet50 float32: best served row >= best served peer row"].met  # the baseline's 10 vs 40
     # The speed-up target looks at the kit's rows on the default payload: not the peer, not thumbnails.
     assert checks["resnet50: best row >= 3.0x baseline req/s"].measured == "9.00x (aoti int8)"
 
