@@ -1,6 +1,6 @@
 """Peer rows: the same model in the runtimes a user could pick instead of the kit, in-process.
 
-    measure_peer(Peer(Runtime.OPENVINO, DType.INT8), Variant.load("eager").archive("resnet50"), 10, work_dir)
+    measure_peer(Peer(Runtime.OPENVINO, DType.INT8), Variant.load("eager").archive("mine"), 10, work_dir)
 
 Each peer runs in its own child process with every core, the way its documentation suggests
 for throughput: ONNX Runtime with intra-op threads = cores, OpenVINO with the THROUGHPUT hint

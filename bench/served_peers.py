@@ -1,7 +1,7 @@
 """Served peer rows: a peer server (bench/peer_apps.py) started on the kit's IR, measured with the
 same warm-up, payload and ab run as the kit's rows, and stopped (its whole process group).
 
-    result = run_served_peer(ServedPeer(Framework.LITSERVE, DType.INT8, 4), "resnet50", payload, run, out_dir)
+    result = run_served_peer(ServedPeer(Framework.LITSERVE, DType.INT8, 4), "mine", payload, run, out_dir)
 
 One worker process per usable core (the CPU set, capped by the cgroup quota) with one inference
 thread each (what both frameworks' documentation recommends for CPUs); the row's CPU ms per request counts every process of the peer.

@@ -12,7 +12,6 @@ with config/variants/<variant>.yaml. A stamp of those inputs makes re-runs skip 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import os
@@ -72,7 +71,8 @@ def inputs_digest(*parts: object) -> str:
 def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label: str) -> None:
     """Precompiled backends (aoti, openvino): compile and calibrate now, ship the artifact."""
     from handlers.loaders import load_model
-    from handlers.accuracy import AccuracyError, Agreement
+    from handlers.accuracy import AccuracyError
+    from handlers.backends import DType
     from handlers.precompile import check_artifact, precompile
     from handlers.archive import bare_handler
 
@@ -81,15 +81,15 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
         return
     start = time.perf_counter()
     model = load_model(handler.settings, staging)
+    if handler.settings.dtype is DType.INT8 and not handler.samples:
+        log(f"{label}: WARNING int8 calibrates on the kit's synthetic samples; make model ... SAMPLES=<yours> calibrates on your traffic")
     precompile(handler, model, staging, progress=lambda message: log(f"{label}: {message}"))
     log(f"{label}: precompiled for {handler.settings.backend.value} in {time.perf_counter() - start:.0f}s")
     try:
-        record = check_artifact(handler, model, staging)
+        check = check_artifact(handler, model, staging)
     except AccuracyError as error:
         raise VariantRefused(f"{label} is not installed: {error}") from None
-    error = "n/a (fell back to eager)" if record["guard_error"] is None else f"{record['guard_error']:.3g}"
-    agreed = Agreement(**{f.name: record[f.name] for f in dataclasses.fields(Agreement)})
-    log(f"{label}: against float32 eager, guard error {error} (tolerance {record['tolerance']:.3g}); {agreed.summary(handler.classifier)}")
+    log(f"{label}: {check.summary(handler.classifier)}")
 
 
 def require_free_space(paths: list[Path], what: str) -> None:
@@ -179,8 +179,7 @@ def main(argv: list[str] | None = None) -> None:
                 refused.append(str(refusal))
     if refused:
         sys.exit(
-            f"[archive] ERROR: {len(refused)} archive(s) failed the accuracy guard and were not installed (above); "
-            "serve a float variant, or calibrate int8 on samples like your traffic"
+            f"[archive] ERROR: {len(refused)} archive(s) refused and not installed: {'; '.join(refused)}"
         )
 
 

@@ -51,9 +51,9 @@ def write_exported(staging: Path, model: Model) -> dict[str, Any]:
     path = require(model.source.path, "exported program")
     if model.task is Task.TENSOR:
         declared = {key: model.handler_settings.get(key) for key in ("input_shapes", "input_dtypes")}
-        if declared != exported.tensor_inputs(path):
+        if declared != (takes := exported.tensor_inputs(path)):
             raise SettingsError(
-                f"{model.file} declares inputs {declared}, but {path} takes {exported.tensor_inputs(path)}; "
+                f"{model.file} declares inputs {declared}, but {path} takes {takes}; "
                 f"rewrite the model file: make model NAME={model.name} SRC={path} TASK=tensor FORCE=1"
             )
     shutil.copy(path, staging / EXPORTED_FILE)

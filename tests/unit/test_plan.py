@@ -165,6 +165,12 @@ def test_cpu_lists_round_trip():
     assert format_cpus([3, 0, 1, 2, 8]) == "0-3,8"
 
 
+def write_tree(root, files: dict[str, str]) -> None:
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+
+
 @pytest.mark.parametrize(
     ("files", "quota"),
     [
@@ -174,9 +180,7 @@ def test_cpu_lists_round_trip():
     ],
 )
 def test_cgroup_v2_quota_is_the_tightest_on_the_path(tmp_path, files, quota):
-    for path, text in files.items():
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text(text)
+    write_tree(tmp_path, files)
     assert cgroup_quota("0::/kubepods/pod1\n", tmp_path) == quota
 
 
@@ -199,9 +203,7 @@ def test_cgroup_v1_quota(tmp_path):
     ],
 )
 def test_cgroup_v2_memory_limit_is_the_tightest_on_the_path(tmp_path, files, limit):
-    for path, text in files.items():
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text(text)
+    write_tree(tmp_path, files)
     assert cgroup_memory_limit("0::/kubepods/pod1\n", tmp_path) == limit
 
 

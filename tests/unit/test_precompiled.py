@@ -145,6 +145,7 @@ def test_a_recompile_while_serving_is_logged(exported_cnn, caplog):
 
 
 def test_the_build_checks_the_artifact_on_your_samples_and_records_the_agreement(exported_cnn):
+    import dataclasses
     import json
 
     from handlers.accuracy import ACCURACY_FILE
@@ -165,10 +166,11 @@ def test_the_build_checks_the_artifact_on_your_samples_and_records_the_agreement
     model = load_model(handler.settings, exported_cnn)
     precompile(handler, model, exported_cnn, progress=print)
 
-    record = check_artifact(handler, model, exported_cnn)
-    assert json.loads((exported_cnn / ACCURACY_FILE).read_text()) == record
-    assert record["dtype"] == "int8" and 0 <= record["guard_error"] <= record["tolerance"] == 0.02
-    assert record["cosine_min"] > 0.98 and 0 <= record["top1_agreement"] <= 1
+    check = check_artifact(handler, model, exported_cnn)
+    assert json.loads((exported_cnn / ACCURACY_FILE).read_text()) == dataclasses.asdict(check)
+    assert check.dtype == "int8" and 0 <= check.guard_error <= check.tolerance == 0.02
+    assert check.agreement.cosine_min > 0.98 and 0 <= check.agreement.top1_agreement <= 1
+    assert "top-1 agreement" in check.summary(classifier=True) and "top-1" not in check.summary(classifier=False)
 
     reference = Reference.load(exported_cnn)  # a reference the artifact cannot match: refused
     Reference(reference.inputs, [-output for output in reference.outputs]).save(exported_cnn)
