@@ -23,7 +23,7 @@ export IMAGE
 .PHONY: help install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess test test-archives test-unit test-e2e lint format clean
 
 help:
-	@echo "make serve [CONFIG=optimized|baseline|tuned|path.yaml] [VARIANT=name] [MODELS=resnet50,bert] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1] [ITT_TRACE=1]"
+	@echo "make serve [CONFIG=optimized|baseline|tuned|path.yaml] [VARIANT=name] [MODELS=resnet50,bert] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1] [ITT_TRACE=1] [MEMORY=6Gi]"
 	@echo "make itt-trace   (after make serve ITT_TRACE=1: the workers' ITT ranges as logs/itt/trace.json)"
 	@echo "make stop | status | test | test-unit | test-e2e | archive | lint | format | clean | install-ipex"
 	@echo "make image [IMAGE=tag] [IMAGE_VARIANTS=inductor,aoti-int8] [BASE=image] | image-context (for docker build)"
@@ -54,7 +54,7 @@ serve: VARIANTS := $(VARIANTS)$(if $(VARIANT),$(comma)$(VARIANT))
 serve: archive
 	@$(PY) -m kit serve --config $(CONFIG) $(if $(VARIANT),--variant $(VARIANT)) $(if $(BIND),--bind $(BIND)) \
 		$(if $(PROFILE_REQUESTS),--profile-requests $(PROFILE_REQUESTS)) $(if $(ITT_OPS),--itt-ops) \
-		$(if $(ITT_TRACE),--itt-trace) $(if $(MODELS),--models $(MODELS))
+		$(if $(ITT_TRACE),--itt-trace) $(if $(MODELS),--models $(MODELS)) $(if $(MEMORY),--memory $(MEMORY))
 
 # The ITT ranges the workers of `make serve ITT_TRACE=1` recorded, as a Perfetto/Chrome trace.
 itt-trace:

@@ -7,6 +7,7 @@
 .venv/bin/python -m kit plan [--models resnet50,bert=2] [--objective latency] [--json]
 .venv/bin/python -m kit plan --lscpu host.txt --cpus 8-15 --quota 4.5 --json   # another machine
 .venv/bin/python -m kit topology --lscpu host.txt --cpus 0-15 --memory 6Gi   # a 16-CPU / 6 GiB container
+.venv/bin/python -m kit plan --lscpu host.txt --cpus 0-15 --memory 6Gi --footprint mine=1.3Gi --models mine --json
 python -m kit run --config container --key-file KEYFILE    # the container's PID 1 (kit/supervise.py)
 python -m kit probe ready|live                             # its Kubernetes probes (kit/probe.py)
 .venv/bin/python -m kit itt-trace                           # after `make serve ITT_TRACE=1`: logs/itt/trace.json
@@ -23,6 +24,7 @@ import sys
 from pathlib import Path
 
 from kit import probe, supervise
+from kit.footprint import Footprint, measure, recorded
 from kit.itt import chrome_trace, read_ranges
 from kit.models import Medium, Model, model_names
 from kit.paths import LOGS
@@ -41,6 +43,7 @@ from kit.topology import (
     parse_topology,
     read_topology,
 )
+from kit.variant import Variant
 
 RUN_DIR = LOGS
 ITT_DIR = LOGS / "itt"
@@ -62,6 +65,8 @@ def config_of(args: argparse.Namespace) -> ServeConfig:
         overrides["itt_ops"] = True
     if args.itt_trace:
         overrides["itt_trace_dir"] = str(ITT_DIR)
+    if args.memory:
+        overrides["memory"] = args.memory
     return ServeConfig.from_preset(args.config, **overrides)
 
 
@@ -153,17 +158,28 @@ def status(args: argparse.Namespace) -> int:
     layout = f"{c.objective.value} plan" if server.layout else f"{c.workers or 'default'} x {c.threads or 'default'}"
     variants = ", ".join(f"{model} {c.variant_of(model).name}" for model in c.models)
     print(f"[status] TorchServe pid {server.pid}, variants: {variants}; placement {c.placement.value} ({layout})")
+    # RSS counts pages shared with sibling workers in full, PSS divides them among the processes
+    # that map them, "own" is what the worker alone holds (what one more worker would add).
     print(
-        f"{'model':10} {'worker':7} {'status':9} {'pid':>7} {'allocator':9} {'cpus':10} {'memory':10} {'omp':>3} {'rss MB':>7}"
+        f"{'model':10} {'worker':7} {'status':9} {'pid':>7} {'allocator':9} {'cpus':10} {'memory':10} {'omp':>3} "
+        f"{'rss MB':>7} {'pss MB':>7} {'own MB':>7}"
     )
     workers = server.workers()
     for w in workers:
         p = w.process
+        footprint = live_footprint(p.pid) if p else None
+        memory = (
+            f"{footprint.rss / 2**20:7.0f} {footprint.pss / 2**20:7.0f} {footprint.private / 2**20:7.0f}"
+            if footprint
+            else f"{'-':>7} {'-':>7} {'-':>7}"
+        )
         print(
             f"{w.model:10} {w.worker_id:7} {w.status:9} {p.pid if p else '-':>7} {p.allocator if p else '-':9} "
             f"{format_cpus(p.cpus) if p else '-':10} {p.memory_policy if p else '-':10} "
-            f"{p.omp_threads if p else '-':>3} {p.rss_mb if p else 0:7.0f}"
+            f"{p.omp_threads if p else '-':>3} {memory}"
         )
+    if server.layout:
+        print(f"[status] planned {server.layout.summary()[-1]}")
     pinned = {cpu for w in workers if w.process for cpu in w.process.cpus}
     idle = c.allowed_cpus - pinned
     frontend = server.launch.frontend_cpus()
@@ -172,18 +188,41 @@ def status(args: argparse.Namespace) -> int:
     return 0
 
 
+def live_footprint(pid: int) -> Footprint | None:
+    try:
+        return measure(pid)
+    except OSError:  # gone while being read
+        return None
+
+
 def topology_of(args: argparse.Namespace) -> Topology:
     """This process's topology, or the one described by --lscpu/--cpus/--quota/--memory."""
-    if not args.lscpu:
-        if args.cpus or args.quota or args.memory:
-            raise TopologyError("--cpus, --quota and --memory describe another machine: give its --lscpu file too")
-        return read_topology()
-    text = Path(args.lscpu).read_text()
-    machine = parse_topology(text, parse_cpus(args.cpus) if args.cpus else None, args.quota)
+    if not args.lscpu and (args.cpus or args.quota):
+        raise TopologyError("--cpus and --quota describe another machine: give its --lscpu file too")
+    if args.lscpu:
+        text = Path(args.lscpu).read_text()
+        machine = parse_topology(text, parse_cpus(args.cpus) if args.cpus else None, args.quota)
+    else:
+        machine = read_topology()
     if not args.memory:
         return machine
     size = parse_size(args.memory)  # what a container or pod may hold: its limit
     return dataclasses.replace(machine, memory=Memory(size, size, limit=size))
+
+
+def demands_of(args: argparse.Namespace) -> list[Demand]:
+    """The models to plan, each with its footprint: given by --footprint, else the one recorded for
+    --variant's archive (None: never measured)."""
+    given = {}
+    for item in filter(None, args.footprint.split(",")):
+        model, _, size = item.partition("=")
+        given[model.strip()] = Footprint.of_size(parse_size(size))
+    variant = Variant.load(args.variant) if args.variant else ServeConfig.from_preset("optimized").variant
+    demands = [Demand.parse(text) for text in args.models.split(",")]
+    strangers = sorted(set(given) - {d.model for d in demands})
+    if strangers:
+        raise PlanError(f"--footprint names {strangers}, which --models does not plan")
+    return [dataclasses.replace(d, footprint=given.get(d.model) or recorded(variant.archive(d.model))) for d in demands]
 
 
 def topology(args: argparse.Namespace) -> int:
@@ -193,7 +232,7 @@ def topology(args: argparse.Namespace) -> int:
 
 
 def plan(args: argparse.Namespace) -> int:
-    layout = plan_layout(topology_of(args), [Demand.parse(m) for m in args.models.split(",")], args.objective)
+    layout = plan_layout(topology_of(args), demands_of(args), args.objective)
     print(json.dumps(layout.to_dict(), indent=2) if args.json else "\n".join(layout.summary()))
     return 0
 
@@ -213,6 +252,9 @@ def add_server_options(parser: argparse.ArgumentParser, preset: str) -> None:
     parser.add_argument(
         "--itt-trace", action="store_true", help=f"record every worker's ITT ranges into {ITT_DIR} (kit/itt.py)"
     )
+    parser.add_argument(
+        "--memory", default="", help="serve within this much memory (e.g. 6Gi): the plan fits the workers into it"
+    )
     parser.add_argument("--deadline", type=float, default=START_DEADLINE_S, help="seconds to wait for READY workers")
 
 
@@ -220,7 +262,7 @@ def add_machine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lscpu", default="", help="`lscpu -p=CPU,CORE,SOCKET,NODE,CACHE` of another machine")
     parser.add_argument("--cpus", default="", help="with --lscpu: the allowed CPUs (a cpuset, e.g. 8-15)")
     parser.add_argument("--quota", type=float, default=None, help="with --lscpu: the CPU quota in CPUs (e.g. 4.5)")
-    parser.add_argument("--memory", default="", help="with --lscpu: the memory limit (e.g. 8Gi, 6GiB)")
+    parser.add_argument("--memory", default="", help="the memory limit (e.g. 8Gi, 6GiB): a pod's, or a budget here")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -279,6 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         help="comma list, each with an optional traffic share: resnet50,bert=2",
     )
     plan_parser.add_argument("--objective", type=Objective, default=Objective.THROUGHPUT, choices=list(Objective))
+    plan_parser.add_argument(
+        "--variant", default="", help="whose recorded footprints to plan with (default: the optimized preset's)"
+    )
+    plan_parser.add_argument(
+        "--footprint", default="", help="memory per worker, for models not measured here: bert=1.3Gi,resnet50=700Mi"
+    )
     plan_parser.set_defaults(func=plan)
     trace_parser = commands.add_parser("itt-trace", help="the ITT ranges recorded by --itt-trace as a Perfetto trace")
     trace_parser.add_argument("--dir", type=Path, default=ITT_DIR, help="where the workers recorded")

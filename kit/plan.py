@@ -18,6 +18,14 @@ A pure function of the topology, the models (with their traffic shares) and the 
 - Models: the cores are split in proportion to traffic shares; a model gets at least
   MIN_CORES_PER_MODEL cores (all of them on a small machine), so models overlap, and then share
   cores, only where the machine has too few for each to have its own.
+- Memory: every worker is a process with its own copy of the runtime and the weights. With each
+  model's measured footprint (kit/footprint.py) and a budget (the cgroup's limit, else the
+  machine's memory; `memory:` of a preset, `--memory`), the workers, the frontend (its JVM heap is
+  set from the budget) and a headroom must fit. When they would not, a worker gets more cores
+  (2, 4, ... up to an L3 domain: fewer workers, the cores stay busy); then workers are dropped,
+  the costliest model's first; when even one worker per model does not fit, the plan is refused
+  naming each model's footprint and the budget. Without a footprint the memory is not planned,
+  and the plan says so.
 """
 
 from __future__ import annotations
@@ -27,11 +35,21 @@ import enum
 import math
 from collections.abc import Sequence
 
-from kit.topology import Core, Topology
+from kit.footprint import Footprint
+from kit.topology import Core, Topology, gib
 
 FRONTEND_FRACTION = 0.125
 MIN_CORES_TO_RESERVE = 8
 MIN_CORES_PER_MODEL = 4
+# The frontend's JVM: a heap of FRONTEND_HEAP_FRACTION of the budget within these bounds (it
+# holds requests in flight: up to max_request_mb each), plus what the JVM holds beside its heap
+# (code, metaspace, thread stacks: ~250 MB RSS measured idle with the serial collector).
+FRONTEND_HEAP_FRACTION = 1 / 32
+FRONTEND_HEAP_BOUNDS = (256 * 2**20, 2 * 2**30)
+FRONTEND_NATIVE = 256 * 2**20
+# Kept free: the page cache of archives being unpacked, the kit's own processes, bodies in flight.
+HEADROOM_FRACTION = 0.10
+MIN_HEADROOM = 256 * 2**20
 
 
 class Allocator(enum.StrEnum):
@@ -59,6 +77,7 @@ class Demand:
     model: str
     share: float = 1.0  # relative traffic: bert=2 gets twice resnet50's cores
     allocator: str = PREFERRED_ALLOCATOR.value  # preloaded into its workers (its backend's; OpenVINO: "default")
+    footprint: Footprint | None = None  # one warmed worker's memory; None: never measured
 
     @classmethod
     def parse(cls, text: str) -> Demand:
@@ -97,6 +116,61 @@ class ModelPlan:
         }
 
 
+def frontend_heap(budget: int) -> int:
+    low, high = FRONTEND_HEAP_BOUNDS
+    return min(max(int(budget * FRONTEND_HEAP_FRACTION), low), high)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes the layout is expected to hold, against its budget."""
+
+    budget: int
+    models: dict[str, int]  # each model's workers (Footprint.cost)
+    frontend_heap: int  # the JVM's -Xmx
+    note: str = ""  # how the layout was reduced to fit, if it was
+
+    @property
+    def frontend(self) -> int:
+        return self.frontend_heap + FRONTEND_NATIVE
+
+    @property
+    def headroom(self) -> int:
+        return max(MIN_HEADROOM, int(self.budget * HEADROOM_FRACTION))
+
+    @property
+    def total(self) -> int:
+        """What the plan expects to hold, headroom included: never above the budget."""
+        return sum(self.models.values()) + self.frontend + self.headroom
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.budget
+
+    def to_dict(self) -> dict:
+        return {
+            "budget": self.budget,
+            "total": self.total,
+            "models": self.models,
+            "frontend_heap": self.frontend_heap,
+            "frontend": self.frontend,
+            "headroom": self.headroom,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> MemoryPlan:
+        return cls(raw["budget"], raw["models"], raw["frontend_heap"], raw["note"])
+
+    def summary(self) -> str:
+        models = ", ".join(f"{name} {gib(size)}" for name, size in self.models.items())
+        return (
+            f"memory: {gib(self.total)} of {gib(self.budget)} (workers: {models}; frontend {gib(self.frontend)} "
+            f"with a {self.frontend_heap // 2**20} MiB heap; headroom {gib(self.headroom)})"
+            + (f"; {self.note}" if self.note else "")
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     objective: Objective
@@ -104,6 +178,8 @@ class Layout:
     frontend_cpus: tuple[int, ...]  # the Java frontend's CPUs (all usable ones when none are reserved)
     serving_cores: int  # cores the workers run on
     capacity: int  # cores the process may use (allowed, capped by the quota)
+    memory: MemoryPlan | None = None  # None: not planned (`unplanned` says why)
+    unplanned: str = ""
 
     @classmethod
     def from_dict(cls, raw: dict) -> Layout:
@@ -115,8 +191,15 @@ class Layout:
             )
             for name, model in raw["models"].items()
         }
+        memory = raw.get("memory")
         return cls(
-            Objective(raw["objective"]), models, tuple(raw["frontend_cpus"]), raw["serving_cores"], raw["capacity"]
+            Objective(raw["objective"]),
+            models,
+            tuple(raw["frontend_cpus"]),
+            raw["serving_cores"],
+            raw["capacity"],
+            MemoryPlan.from_dict(memory) if memory else None,
+            raw.get("unplanned", ""),
         )
 
     def to_dict(self) -> dict:
@@ -126,6 +209,8 @@ class Layout:
             "serving_cores": self.serving_cores,
             "frontend_cpus": list(self.frontend_cpus),
             "models": {name: model.to_dict() for name, model in self.models.items()},
+            "memory": self.memory.to_dict() if self.memory else None,
+            "unplanned": self.unplanned,
         }
 
     def summary(self) -> list[str]:
@@ -143,6 +228,7 @@ class Layout:
                 f"{format_cpus(c for w in model.workers for c in w.cpus)} (node {', '.join(map(str, nodes))}); "
                 f"{model.allocator}"
             )
+        lines.append(self.memory.summary() if self.memory else f"memory: not planned ({self.unplanned})")
         return lines
 
 
@@ -199,7 +285,59 @@ def plan_layout(
     objective: Objective = Objective.THROUGHPUT,
     threads: int | None = None,
 ) -> Layout:
-    """`threads` fixes the cores per worker (what `make tune` searches); None leaves it to the objective."""
+    """`threads` fixes the cores per worker (what `make tune` searches); None leaves it to the
+    objective, and to the memory budget."""
+    layout = place(topology, demands, objective, threads)
+    unmeasured = [d.model for d in demands if d.footprint is None]
+    if topology.memory is None or unmeasured:
+        why = "no memory budget given" if topology.memory is None else (
+            f"no footprint measured yet for {', '.join(unmeasured)}: `make serve` records it once READY"
+        )  # fmt: skip
+        return dataclasses.replace(layout, unplanned=why)
+    budget = topology.memory.budget
+    footprints = {d.model: d.footprint for d in demands}
+    first = layout
+    for wider in [] if threads else [t for t in thread_counts(topology) if t > 1]:
+        if memory_plan(layout, footprints, budget).fits:
+            break
+        layout = place(topology, demands, objective, wider)
+    plan = memory_plan(layout, footprints, budget)
+    models = dict(layout.models)
+    dropped = 0
+    while not plan.fits:
+        several = [name for name in models if len(models[name].workers) > 1]
+        if not several:
+            needs = ", ".join(f"{name} {footprints[name].summary()}" for name in models)
+            raise PlanError(
+                f"one worker per model needs {gib(plan.total)} (frontend and headroom included), more than the "
+                f"memory budget of {gib(budget)}: {needs}. Serve fewer models per server, smaller variants "
+                "(openvino-int8 holds about half of inductor's), or give the server more memory"
+            )
+        costliest = max(several, key=lambda name: footprints[name].per_worker)
+        models[costliest] = dataclasses.replace(models[costliest], workers=models[costliest].workers[:-1])
+        layout = dataclasses.replace(layout, models=models.copy())
+        plan = memory_plan(layout, footprints, budget)
+        dropped += 1
+    if layout != first:
+        idle = f" ({dropped} worker(s) dropped: their cores idle)" if dropped else ""
+        plan = dataclasses.replace(plan, note=f"reduced to fit: {shape(first)} -> {shape(layout)}{idle}")
+    return dataclasses.replace(layout, memory=plan)
+
+
+def shape(layout: Layout) -> str:
+    """ "bert 2x1, resnet50 2x1": workers x threads per model."""
+    return ", ".join(
+        f"{name} {len(model.workers)}x{max(w.threads for w in model.workers)}" for name, model in layout.models.items()
+    )
+
+
+def memory_plan(layout: Layout, footprints: dict[str, Footprint], budget: int) -> MemoryPlan:
+    costs = {name: footprints[name].cost(len(model.workers)) for name, model in layout.models.items()}
+    return MemoryPlan(budget, costs, frontend_heap(budget))
+
+
+def place(topology: Topology, demands: Sequence[Demand], objective: Objective, threads: int | None) -> Layout:
+    """The cores of every worker, memory aside."""
     if not demands:
         raise PlanError("no models to plan for")
     names = [d.model for d in demands]

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from handlers.settings import Diagnostics, SettingsError, parse_settings
+from kit.footprint import recorded
 from kit.itt import collector_environment
 from kit.models import model_names
 from kit.paths import CONFIG
@@ -33,7 +34,7 @@ from kit.ports import (
     METRICS_PORT,
     PORTS,
 )
-from kit.topology import Topology, TopologyError, format_cpus, parse_cpus
+from kit.topology import Memory, Topology, TopologyError, format_cpus, parse_cpus, parse_size
 from kit.variant import Variant
 
 PRESETS = CONFIG / "presets"
@@ -99,6 +100,9 @@ class ServeConfig:
     objective: Objective = Objective.THROUGHPUT  # placement plan: many 1-thread workers, or 1 per L3 domain
     # Serve on these CPUs only ("8-15"), like a cpuset; "" = every CPU this process may use.
     cpus: str = ""
+    # Serve within this much memory ("6Gi"), like a cgroup limit; "" = the cgroup's limit, else the
+    # machine's memory. The plan fits the workers' measured footprints into it (kit/plan.py).
+    memory: str = ""
     # Per model. placement plan: decided by the plan (leave null); launcher: fixed;
     # none: null = TorchServe's default (one per core).
     workers: int | None = None
@@ -154,6 +158,11 @@ class ServeConfig:
                 parse_cpus(self.cpus)
             except TopologyError as error:
                 raise ConfigError(f"cpus: {error}") from None
+        if self.memory:
+            try:
+                parse_size(self.memory)
+            except TopologyError as error:
+                raise ConfigError(f"memory: {error}") from None
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"workers must be >= 1 or null, got {self.workers}")
         if self.threads is not None and self.threads < 1:
@@ -210,7 +219,19 @@ class ServeConfig:
             return None
         if self.cpus:
             topology = topology.restricted(self.allowed_cpus)
-        demands = [Demand(model, allocator=self.allocator_of(model).value) for model in self.models]
+        if self.memory:
+            limit = parse_size(self.memory)
+            machine = topology.memory or Memory(limit, limit)
+            limit = min(limit, machine.limit or limit)  # a narrower cgroup limit still binds
+            topology = dataclasses.replace(topology, memory=dataclasses.replace(machine, limit=limit))
+        demands = [
+            Demand(
+                model,
+                allocator=self.allocator_of(model).value,
+                footprint=recorded(self.variant_of(model).archive(model)),
+            )
+            for model in self.models
+        ]
         return plan_layout(topology, demands, self.objective, self.threads)
 
     def variant_of(self, model: str) -> Variant:
@@ -329,13 +350,21 @@ def render(config: ServeConfig, model_store: Path, layout: Layout | None = None)
         "launcher": str(config.placement is Placement.LAUNCHER).lower(),
         "launcher_args": launcher_args(config) if config.placement is Placement.LAUNCHER else "",
         "max_request_bytes": config.max_request_mb * 1024 * 1024,
-        "vmargs": config.frontend_jvm_args,
+        "vmargs": jvm_args(config, layout),
         # A Java regex quoting the store path literally; .properties files unescape `\\` to `\`.
         "allowed_urls": rf"file://\\Q{model_store}\\E/.*",
     }
     text = string.Template(TEMPLATE.read_text()).substitute(values)
     # A property left empty means "TorchServe's default": drop the line instead of passing "".
     return "".join(line for line in text.splitlines(keepends=True) if not line.rstrip().endswith("="))
+
+
+def jvm_args(config: ServeConfig, layout: Layout | None) -> str:
+    """The preset's JVM options, with the heap the memory plan gave the frontend unless they set one
+    (the JVM's own default is a quarter of the cgroup's limit, sized for nothing else running)."""
+    if layout is None or layout.memory is None or "-Xmx" in config.frontend_jvm_args:
+        return config.frontend_jvm_args
+    return f"{config.frontend_jvm_args} -Xmx{layout.memory.frontend_heap // 2**20}m".strip()
 
 
 def worker_environment(config: ServeConfig) -> dict[str, str]:

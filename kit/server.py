@@ -27,6 +27,7 @@ import psutil
 import requests
 
 from handlers.settings import parse_settings
+from kit.footprint import measure, record
 from kit.launch import LAYOUT_FILE, Launch
 from kit.models import STARTUP_TIMEOUT_S
 from kit.paths import INDUCTOR_CACHE
@@ -344,6 +345,7 @@ class Server:
             # server without models has nothing else to wait for.
             if ready == set(self.config.models) and set(self.ports.values()) <= self.listening_ports():
                 progress(f"[serve] all models READY after {elapsed:.0f}s")
+                self.record_footprints(progress)
                 return
             if elapsed > deadline_s:
                 raise ServerError(
@@ -355,6 +357,21 @@ class Server:
                 progress(f"[serve] {elapsed:4.0f}s waiting for {waiting} (loading, compiling, warming up)")
                 last_report = time.monotonic()
             time.sleep(1)
+
+    def record_footprints(self, progress=print) -> None:
+        """Measure every model's warmed workers and record it beside its archive, for the next plan."""
+        workers: dict[str, list[int]] = {}
+        for worker in self.workers():
+            if worker.process:
+                workers.setdefault(worker.model, []).append(worker.process.pid)
+        for model, pids in workers.items():
+            archive = (self.model_store / f"{model}.mar").resolve()
+            try:
+                footprint = record(archive, [measure(pid) for pid in pids])
+            except OSError as error:  # a worker gone meanwhile, a read-only store: the plan measures later
+                progress(f"[serve] {model}: memory not recorded ({error})")
+                continue
+            progress(f"[serve] {model} memory: {footprint.summary()}")
 
     # Frontend log lines that mean a worker could not start or load its model. TorchServe would
     # retry with growing back-off for ever; start-up gives up at the first one instead.

@@ -330,7 +330,8 @@ class Memory:
 
 
 def gib(size: int) -> str:
-    return f"{size / 2**30:.1f} GiB"
+    """ "1.3 GiB"; below a GiB "612 MiB"."""
+    return f"{size / 2**30:.1f} GiB" if size >= 2**30 else f"{size / 2**20:.0f} MiB"
 
 
 # Kubernetes' quantity suffixes (what a pod's `memory:` says), and GiB/MiB spelled out.

@@ -1,0 +1,119 @@
+"""What one warmed worker of a model variant holds in memory: measured from /proc, recorded beside
+its archive, read by the plan (kit/plan.py) to fit the workers into the memory budget.
+
+    footprint = measure(pid)                      # Footprint(rss=..., pss=..., private=..., peak=...)
+    record(archive, [measure(pid) for pid in worker_pids])   # model_store/<variant>/<model>.footprint.json
+    recorded(archive)                             # None: never measured, or the archive was rebuilt since
+
+`kit.server.Server.wait_ready` records every model once its workers are READY (warm-up runs in
+the handler's initialize, so READY means warmed); `make status` shows the live numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from kit.topology import gib
+
+SUFFIX = ".footprint.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+    """Bytes. Shared pages (libraries, memory-mapped weights, pages inherited from a parent) are
+    mapped by other processes too; private ones are what every further worker adds."""
+
+    rss: int  # resident: private + shared
+    pss: int  # proportional: each shared page divided by the processes that map it
+    private: int  # Private_Clean + Private_Dirty (USS)
+    peak: int  # VmHWM: the most it ever held (warm-up, compilation)
+    workers: int = 1  # workers of the model running when measured: how many shared the shared pages
+
+    @property
+    def shared(self) -> int:
+        return self.rss - self.private
+
+    @property
+    def per_worker(self) -> int:
+        """What one more worker costs: its private pages, plus what it held above them while warming
+        (workers of a model start, and warm up, at the same time)."""
+        return self.private + max(0, self.peak - self.rss)
+
+    def cost(self, workers: int) -> int:
+        """What `workers` workers of the model hold at most: each its own pages, the shared ones once
+        (an over-count for pages also shared with other models' workers, such as torch's libraries)."""
+        return workers * self.per_worker + self.shared
+
+    @classmethod
+    def of_size(cls, size: int) -> Footprint:
+        """A worker said to hold `size` bytes, none shared (`kit plan --footprint bert=1.3Gi`)."""
+        return cls(size, size, size, size)
+
+    @classmethod
+    def worst(cls, measured: Sequence[Footprint]) -> Footprint:
+        """One footprint for several workers of a model: the largest of each field."""
+        return cls(
+            max(f.rss for f in measured),
+            max(f.pss for f in measured),
+            max(f.private for f in measured),
+            max(f.peak for f in measured),
+            len(measured),
+        )
+
+    def summary(self) -> str:
+        return (
+            f"{gib(self.per_worker)} per worker + {gib(self.shared)} shared "
+            f"(RSS {gib(self.rss)}, PSS {gib(self.pss)}, peak {gib(self.peak)}; {self.workers} worker(s) measured)"
+        )
+
+
+def smaps_rollup(text: str) -> dict[str, int]:
+    """The "Name: N kB" lines of /proc/PID/smaps_rollup (or status), in bytes."""
+    fields = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        parts = value.split()
+        if len(parts) == 2 and parts[1] == "kB":
+            fields[name] = int(parts[0]) * 1024
+    return fields
+
+
+def measure(pid: int) -> Footprint:
+    rollup = smaps_rollup(Path(f"/proc/{pid}/smaps_rollup").read_text())
+    status = smaps_rollup(Path(f"/proc/{pid}/status").read_text())
+    return Footprint(rollup["Rss"], rollup["Pss"], rollup["Private_Clean"] + rollup["Private_Dirty"], status["VmHWM"])
+
+
+def footprint_file(archive: Path) -> Path:
+    return archive.with_name(archive.stem + SUFFIX)
+
+
+def archive_identity(archive: Path) -> list[int]:
+    """What changes when the archive is rebuilt: its measurement is then stale."""
+    stat = archive.stat()
+    return [stat.st_size, stat.st_mtime_ns]
+
+
+def record(archive: Path, measured: Sequence[Footprint]) -> Footprint:
+    """Write the worst of `measured` beside `archive` (atomically: servers of a bench may race)."""
+    footprint = Footprint.worst(measured)
+    path = footprint_file(archive)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps({"archive": archive_identity(archive), **dataclasses.asdict(footprint)}, indent=2))
+    partial.replace(path)
+    return footprint
+
+
+def recorded(archive: Path) -> Footprint | None:
+    path = footprint_file(archive)
+    try:
+        raw = json.loads(path.read_text())
+        if raw.pop("archive") != archive_identity(archive):
+            return None
+        return Footprint(**raw)
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or an older format: measure again
+        return None

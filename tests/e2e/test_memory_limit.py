@@ -1,0 +1,133 @@
+"""Serving under a real cgroup memory limit, as a Kubernetes pod's `memory:` sets it: the plan reads
+the limit and the workers' recorded footprints, and comes up READY with fewer, wider workers; the
+same start without a footprint to plan with starts the machine's full layout and is OOM-killed."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import requests
+
+from kit.footprint import footprint_file, recorded
+from kit.serve_config import ServeConfig
+from kit.server import ServerError
+from kit.topology import CGROUP, read_topology
+from tests.e2e.conftest import start_server
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "bert"  # Inductor BERT-base: ~1.3 GB per worker, the widest gap between one worker and two
+MiB = 2**20
+
+
+def memory_cgroup(name: str) -> tuple[Path, str]:
+    """A child of this process's memory cgroup (v1 or v2) and the file that limits it."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return CGROUP / "memory" / path.lstrip("/") / name, "memory.limit_in_bytes"
+    path = Path("/proc/self/cgroup").read_text().splitlines()[-1].split(":", 2)[2]
+    parent = CGROUP / path.lstrip("/")
+    if "memory" not in (parent / "cgroup.subtree_control").read_text().split():
+        raise OSError(f"{parent} does not delegate the memory controller")
+    return parent / name, "memory.max"
+
+
+@contextlib.contextmanager
+def limited(limit: int):
+    """A memory cgroup limited to `limit` bytes; `enter()` moves this process in, `leave()` out
+    (children started in between stay, as `systemd-run -p MemoryMax=` would start them)."""
+    try:
+        directory, limit_file = memory_cgroup(f"kit-e2e-{os.getpid()}")
+        directory.mkdir()
+        (directory / limit_file).write_text(str(limit))
+    except OSError as error:
+        pytest.skip(f"cannot create a memory cgroup here ({error}); needs root and a writable cgroup tree")
+    origin = directory.parent
+
+    class Cgroup:
+        path = directory
+
+        def enter(self) -> None:
+            (directory / "cgroup.procs").write_text(str(os.getpid()))
+
+        def leave(self) -> None:
+            (origin / "cgroup.procs").write_text(str(os.getpid()))
+
+    try:
+        yield Cgroup()
+    finally:
+        if f"kit-e2e-{os.getpid()}" in Path(f"/proc/{os.getpid()}/cgroup").read_text():
+            Cgroup().leave()
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+
+
+def start_in(cgroup, run_dir: Path, config: ServeConfig):
+    cgroup.enter()
+    try:
+        return start_server(run_dir, config)
+    finally:
+        cgroup.leave()
+
+
+def post(server, text: str) -> requests.Response:
+    return requests.post(
+        server.url("inference", f"/predictions/{MODEL}"),
+        data=text.encode(),
+        headers={"Content-Type": "text/plain"},
+        timeout=60,
+    )
+
+
+def test_a_memory_limit_gets_fewer_wider_workers_and_stays_up(tmp_path):
+    config = ServeConfig.from_preset("optimized", variant="inductor", models=(MODEL,))
+    archive = config.variant_of(MODEL).archive(MODEL)
+    machine = read_topology()
+    workers = len(config.layout(dataclasses.replace(machine, memory=None)).models[MODEL].workers)
+    if workers < 2:
+        pytest.skip("one usable core: the plan has no fewer workers to fall back to")
+
+    # 1. Unlimited: a worker per core; the footprint is recorded once READY.
+    server = start_server(tmp_path / "free", config)
+    try:
+        frontend_rss = max(p.memory_info().rss for p in server.process_tree() if p.name() == "java")
+    finally:
+        server.stop()
+    footprint = recorded(archive)
+    assert footprint is not None and footprint.workers == workers, footprint_file(archive)
+
+    # 2. A limit below what the full layout's workers and frontend really held, in which the plan
+    #    fits fewer workers with its frontend allotment and headroom.
+    limit = footprint.cost(workers) + frontend_rss - footprint.per_worker // 4
+    limit -= limit % os.sysconf("SC_PAGE_SIZE")  # the kernel keeps whole pages
+    reduced = config.layout(dataclasses.replace(machine, memory=dataclasses.replace(machine.memory, limit=limit)))
+    assert len(reduced.models[MODEL].workers) < workers and reduced.memory.total <= limit, reduced.summary()
+
+    with limited(limit) as cgroup:
+        server = start_in(cgroup, tmp_path / "limited", config)
+        try:
+            assert server.layout.memory.budget == limit  # read from the cgroup, not given
+            served = server.workers()
+            assert len(served) == len(reduced.models[MODEL].workers)
+            for worker in served:
+                assert cgroup.path.name in Path(f"/proc/{worker.process.pid}/cgroup").read_text()
+            pids = {w.process.pid for w in served}
+            for text in ["short", "a somewhat longer review of a film " * 20] * 10:
+                response = post(server, text)
+                assert response.status_code == 200, response.text
+            assert {w.process.pid for w in server.workers()} == pids  # no worker was killed and restarted
+        finally:
+            server.stop()
+
+        # 3. Without a footprint to plan with, the same start runs the full layout and is killed.
+        aside = footprint_file(archive).rename(tmp_path / "footprint.json")
+        try:
+            with pytest.raises(ServerError, match="worker process died|model load failed|not ready"):
+                start_in(cgroup, tmp_path / "unplanned", config).stop()
+        finally:
+            aside.rename(footprint_file(archive))

@@ -1,0 +1,195 @@
+"""Memory in the plan: footprints measured from /proc, recorded beside archives, and layouts that
+fit a budget on the machine classes of tests/unit/test_plan.py (injected topologies)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+
+import pytest
+
+from kit.footprint import Footprint, footprint_file, measure, record, recorded, smaps_rollup
+from kit.plan import Demand, Layout, PlanError, place, plan_layout
+from kit.serve_config import ConfigError, ServeConfig, jvm_args
+from kit.topology import Memory
+from tests.unit.test_plan import FIXTURES, MACHINES, machine
+
+GiB, MiB = 2**30, 2**20
+# What warmed workers held here (make serve, 2-core AMD EPYC): Inductor BERT ~1.3 GB, ResNet-50
+# and MiniLM ~0.7 GB, of which ~120 MB libraries shared between workers.
+INDUCTOR = {
+    "bert": Footprint(rss=1340 * MiB, pss=1250 * MiB, private=1220 * MiB, peak=1340 * MiB, workers=2),
+    "resnet50": Footprint(rss=740 * MiB, pss=650 * MiB, private=620 * MiB, peak=760 * MiB, workers=2),
+    "minilm": Footprint(rss=700 * MiB, pss=600 * MiB, private=580 * MiB, peak=700 * MiB, workers=2),
+}
+
+
+def demands(footprints: dict[str, Footprint | None] = INDUCTOR) -> list[Demand]:
+    return [Demand(model, footprint=footprint) for model, footprint in footprints.items()]
+
+
+def with_budget(topology, budget: int):
+    return dataclasses.replace(topology, memory=Memory(budget, budget, limit=budget))
+
+
+def shape(layout: Layout) -> dict[str, tuple[int, int]]:
+    return {name: (len(m.workers), max(w.threads for w in m.workers)) for name, m in layout.models.items()}
+
+
+# -- footprints -------------------------------------------------------------------------------
+ROLLUP = """55d0a0000000-7ffd1b7e5000 ---p 00000000 00:00 0                          [rollup]
+Rss:              625088 kB
+Pss:              467501 kB
+Shared_Clean:     140948 kB
+Shared_Dirty:     107508 kB
+Private_Clean:        44 kB
+Private_Dirty:    376588 kB
+"""
+
+
+def test_a_footprint_is_read_from_smaps_rollup_and_costs_shared_pages_once():
+    fields = smaps_rollup(ROLLUP)
+    assert (fields["Rss"], fields["Private_Dirty"]) == (625088 * 1024, 376588 * 1024)
+    footprint = Footprint(
+        fields["Rss"], fields["Pss"], fields["Private_Clean"] + fields["Private_Dirty"], peak=700000 * 1024
+    )
+    assert footprint.shared == (140948 + 107508) * 1024
+    # One more worker adds its private pages and what it held above them while warming up.
+    assert footprint.per_worker == (44 + 376588 + 700000 - 625088) * 1024
+    assert footprint.cost(3) == 3 * footprint.per_worker + footprint.shared
+    assert footprint.cost(1) == footprint.peak  # alone: what it peaked at
+
+
+def test_this_process_is_measured_from_proc():
+    footprint = measure(os.getpid())
+    assert 0 < footprint.private <= footprint.pss <= footprint.rss <= footprint.peak
+
+
+def test_a_recorded_footprint_is_stale_once_the_archive_is_rebuilt(tmp_path):
+    archive = tmp_path / "bert.mar"
+    archive.write_bytes(b"x" * 100)
+    assert recorded(archive) is None  # never measured
+    worst = record(archive, [INDUCTOR["bert"], dataclasses.replace(INDUCTOR["bert"], rss=1400 * MiB)])
+    assert footprint_file(archive).name == "bert.footprint.json"
+    assert recorded(archive) == worst == dataclasses.replace(INDUCTOR["bert"], rss=1400 * MiB, workers=2)
+    archive.write_bytes(b"y" * 101)  # `make archive` wrote a new one
+    assert recorded(archive) is None
+    footprint_file(archive).write_text("{not json")
+    assert recorded(archive) is None
+
+
+# -- the plan within a budget -----------------------------------------------------------------
+BUDGETS = [2 * GiB, 3 * GiB, 6 * GiB, 8 * GiB, 16 * GiB, 64 * GiB, 512 * GiB]
+
+
+@pytest.mark.parametrize("name", list(MACHINES))
+def test_no_plan_holds_more_than_its_budget(name):
+    topology = MACHINES[name]
+    for budget, models in itertools.product(BUDGETS, [INDUCTOR, {"bert": INDUCTOR["bert"]}]):
+        try:
+            layout = plan_layout(with_budget(topology, budget), demands(models))
+        except PlanError as error:
+            # Refused only when one worker of every model would not fit.
+            one_each = sum(f.cost(1) for f in models.values())
+            assert one_each > budget - 768 * MiB, (budget, error)
+            assert "more than the memory budget" in str(error)
+            continue
+        assert layout.memory.total <= budget
+        assert layout.memory.models == {n: models[n].cost(len(m.workers)) for n, m in layout.models.items()}
+        # Cores stay busy: workers get more threads before any core is left idle, unless workers
+        # had to be dropped beyond one per L3 domain.
+        used = {cpu for m in layout.models.values() for w in m.workers for cpu in w.cpus}
+        if "dropped" not in layout.memory.note:
+            assert len(used) == layout.serving_cores, layout.memory.note
+
+
+def test_a_16_cpu_6_gib_container_runs_fewer_multithreaded_workers():
+    container = with_budget(machine("host-64c-2node", allowed="0-15"), 6 * GiB)
+    unbounded = place(container, demands(), plan_layout(container, demands()).objective, None)
+    layout = plan_layout(container, demands())
+    assert sum(len(m.workers) for m in unbounded.models.values()) == 14  # one per serving core: ~13 GB
+    assert shape(layout) == {"bert": (1, 8), "resnet50": (1, 6), "minilm": (1, 8)}
+    assert layout.memory.total <= 6 * GiB
+    assert layout.memory.note.startswith("reduced to fit: bert 5x1, resnet50 5x1, minilm 4x1 ->")
+    assert "reduced to fit" in layout.summary()[-1]
+
+
+def test_a_two_socket_server_is_reduced_only_when_its_memory_is_short():
+    xeon = MACHINES["xeon-2s"]
+    roomy = plan_layout(with_budget(xeon, 512 * GiB), demands())
+    assert shape(roomy) == shape(plan_layout(xeon, demands())) and roomy.memory.note == ""
+    tight = plan_layout(with_budget(xeon, 24 * GiB), demands())
+    assert tight.memory.total <= 24 * GiB < roomy.memory.total
+    assert all(threads > 1 for _, threads in shape(tight).values())
+
+
+def test_workers_are_dropped_costliest_first_when_threads_cannot_grow():
+    vm = MACHINES["this-vm"]  # one L3 domain of 2 cores: 1 x 2 is as wide as a worker gets
+    assert shape(plan_layout(with_budget(vm, 8 * GiB), demands())) == {m: (2, 1) for m in INDUCTOR}
+    assert shape(plan_layout(with_budget(vm, 4 * GiB), demands())) == {m: (1, 2) for m in INDUCTOR}
+    single = plan_layout(with_budget(MACHINES["this-vm-taskset-1"], 4 * GiB), demands())
+    assert shape(single) == {m: (1, 1) for m in INDUCTOR}
+
+
+def test_one_worker_per_model_that_does_not_fit_is_refused_by_name():
+    with pytest.raises(PlanError) as refused:
+        plan_layout(with_budget(MACHINES["this-vm"], 2 * GiB), demands())
+    message = str(refused.value)
+    assert "more than the memory budget of 2.0 GiB" in message
+    assert "bert 1.2 GiB per worker + 120 MiB shared" in message and "minilm" in message and "resnet50" in message
+
+
+def test_without_a_footprint_or_a_budget_memory_is_not_planned():
+    vm = with_budget(MACHINES["this-vm"], 1 * GiB)
+    unmeasured = plan_layout(vm, demands({**INDUCTOR, "bert": None}))
+    assert unmeasured.memory is None and "no footprint measured yet for bert" in unmeasured.unplanned
+    assert "memory: not planned" in unmeasured.summary()[-1]
+    assert plan_layout(MACHINES["this-vm"], demands()).unplanned == "no memory budget given"
+
+
+def test_the_json_plan_carries_its_memory():
+    layout = plan_layout(with_budget(MACHINES["epyc-96c"], 16 * GiB), demands())
+    raw = json.loads(json.dumps(layout.to_dict()))
+    assert raw["memory"]["total"] == layout.memory.total <= raw["memory"]["budget"] == 16 * GiB
+    assert raw["memory"]["frontend_heap"] == 512 * MiB  # 1/32 of the budget
+    assert Layout.from_dict(raw) == layout
+
+
+def test_kit_plan_takes_a_memory_budget_and_footprints(capsys):
+    from kit.__main__ import main
+
+    lscpu = str(FIXTURES / "host-64c-2node.txt")
+    args = ["plan", "--lscpu", lscpu, "--cpus", "0-15", "--memory", "6Gi", "--models", "mine", "--json"]
+    assert main([*args, "--footprint", "mine=1.3Gi"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["memory"]["budget"] == 6 * GiB and planned["memory"]["total"] <= 6 * GiB
+    assert main([*args, "--footprint", "mine=8Gi"]) == 1
+    assert "more than the memory budget of 6.0 GiB: mine 8.0 GiB per worker" in capsys.readouterr().err
+    assert main([*args, "--footprint", "other=1Gi"]) == 1
+    assert "--footprint names ['other']" in capsys.readouterr().err
+
+
+# -- the server's side ------------------------------------------------------------------------
+def test_the_frontend_heap_comes_from_the_plan_unless_the_preset_sets_one():
+    layout = plan_layout(with_budget(MACHINES["this-vm"], 8 * GiB), demands())
+    config = ServeConfig.from_preset("optimized")
+    assert jvm_args(config, layout) == "-XX:+UseSerialGC -Xmx256m"
+    assert jvm_args(config, plan_layout(MACHINES["this-vm"], demands())) == "-XX:+UseSerialGC"  # not planned
+    own = dataclasses.replace(config, frontend_jvm_args="-Xmx1g")
+    assert jvm_args(own, layout) == "-Xmx1g"
+
+
+def test_a_preset_memory_budget_narrows_the_machines_and_a_tighter_cgroup_still_binds(monkeypatch):
+    import kit.serve_config
+
+    monkeypatch.setattr(kit.serve_config, "recorded", lambda archive: INDUCTOR[archive.stem])
+    vm = dataclasses.replace(MACHINES["this-vm"], memory=Memory(24 * GiB, 20 * GiB, limit=None))
+    config = ServeConfig.from_preset("optimized", models=("bert", "resnet50", "minilm"), memory="5Gi")
+    assert config.layout(vm).memory.budget == 5 * GiB
+    assert shape(config.layout(vm)) == {m: (1, 2) for m in INDUCTOR}
+    capped = dataclasses.replace(vm, memory=Memory(24 * GiB, 20 * GiB, limit=4 * GiB))
+    assert config.layout(capped).memory.budget == 4 * GiB
+    with pytest.raises(ConfigError, match="memory: memory size '4 gigs' is not a size"):
+        ServeConfig.from_preset("optimized", memory="4 gigs")
