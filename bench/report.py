@@ -244,7 +244,7 @@ def markdown(run: BenchRun) -> str:
             "",
             "| row | payload | variant | precision | placement | allocator (loaded) | W×T | batch | c | req/s | speedup | "
             "p50 ms | p90 ms | p99 ms | non-2xx | TS total/queue ms | in-process items/s | served/in-process | "
-            "ready s | load s | RSS MB | CPU busy % |",
+            "ready s | load s | RSS / PSS MB | CPU busy % |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in (r for r in results if r.model == model):
@@ -259,7 +259,7 @@ def markdown(run: BenchRun) -> str:
                 f"{r.allocator} ({loaded}) | {layout} | "
                 f"{r.batch_size} | {r.concurrency} | {r.requests_per_s:.1f} | {speedup} | {r.p50_ms:.0f} | "
                 f"{r.p90_ms:.0f} | {r.p99_ms:.0f} | {r.non_2xx} | {ts} | {_fmt(r.in_process_items_per_s)} | {ratio} | "
-                f"{r.start_to_ready_s:.0f} | {_fmt(r.worker_load_s)} | {_fmt(sum(r.worker_rss_mb), 0)}{f' +{r.launcher_rss_mb:.0f}' if r.launcher_rss_mb else ''} | "
+                f"{r.start_to_ready_s:.0f} | {_fmt(r.worker_load_s)} | {_fmt(sum(r.worker_rss_mb), 0)} / {_fmt(sum(r.worker_pss_mb), 0) if r.worker_pss_mb else '–'}{f' +{r.launcher_rss_mb:.0f}' if r.launcher_rss_mb else ''} | "
                 f"{'/'.join(f'{100 * busy:.0f}' for busy in r.cpu_busy.values()) or '–'} |"
             )
         lines.append("")

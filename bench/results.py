@@ -97,6 +97,9 @@ class RowResult:
     itt_ranges: int | None = None
     itt_requests: int | None = None
     requests_answered: int | None = None
+    # PSS of each worker after the ab window (kit/footprint.py): pages shared between workers
+    # (libraries, memory-mapped weights) divided among them; their sum is what the row really held.
+    worker_pss_mb: list[float] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass

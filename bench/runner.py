@@ -30,6 +30,7 @@ from bench.plan import EAGER_VARIANT, Peer, Plan, Row
 from bench.results import BenchRun, InProcessResult, Measured, RowFailure, RowResult, add_derived
 from bench.served_peers import peer_log, row_name, run_served_peer
 from handlers.itt import parse_range_name
+from kit.footprint import measure_live
 from kit.itt import Range, chrome_trace, read_ranges
 from kit.models import Model
 from kit.procinfo import busy_fractions, cpu_times, live_process
@@ -97,6 +98,7 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         if plan.run.itt:
             drain_itt(itt_dir, row.model, requests_total(after, row.model))
         workers = [w for w in server.workers() if w.process]
+        pss_mb = [round(f.pss / 2**20, 1) for f in map(measure_live, (w.process.pid for w in workers)) if f]
         launcher_rss_mb = sum(info.rss_mb for info in map(live_process, server.launcher_pids()) if info)
     finally:
         server.stop()
@@ -131,6 +133,7 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         allocator_loaded=[w.process.allocator for w in workers],
         cpu_affinity=[list(w.process.cpus) for w in workers],
         worker_rss_mb=[round(w.process.rss_mb, 1) for w in workers],
+        worker_pss_mb=pss_mb,
         launcher_rss_mb=round(launcher_rss_mb, 1),
         worker_count=len(workers),
         ab_command=" ".join(argv),

@@ -25,6 +25,7 @@ from bench.peer_apps import BATCH_TIMEOUT_S, HEALTH_PATH, HOST
 from bench.plan import RunSettings, ServedPeer
 from bench.results import RowResult
 from handlers.archive import extract
+from kit.footprint import measure_live
 from kit.paths import ROOT, process_environment
 from kit.ports import PORTS, PortInUseError, bind_failure, start_on_fresh_ports
 from kit.procinfo import busy_fractions, cpu_times, live_process, process_tree
@@ -108,6 +109,7 @@ def run_served_peer(peer: ServedPeer, model: str, payload: Payload, run: RunSett
                                           lambda process: PEER_GROUP)  # fmt: skip
         busy = busy_fractions(cpu_before, cpu_times())
         rss_mb = sum(info.rss_mb for info in map(live_process, (p.pid for p in server.process_tree())) if info)
+        pss_mb = sum(f.pss for f in map(measure_live, (p.pid for p in server.process_tree())) if f) / 2**20
     finally:
         server.stop()
     return RowResult(
@@ -138,6 +140,7 @@ def run_served_peer(peer: ServedPeer, model: str, payload: Payload, run: RunSett
         allocator_loaded=[],
         cpu_affinity=[],
         worker_rss_mb=[round(rss_mb, 1)],
+        worker_pss_mb=[round(pss_mb, 1)],
         launcher_rss_mb=0.0,
         worker_count=server.workers,
         ab_command=" ".join(argv),

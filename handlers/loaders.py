@@ -30,15 +30,22 @@ def _require(model_dir: Path, name: str) -> Path:
 
 
 def _state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(_require(model_dir, WEIGHTS_FILE), map_location="cpu", weights_only=True)
+    # Memory-mapped: the weights stay pages of the archive's unpacked file, which every worker of
+    # the model maps (TorchServe unpacks an archive once per model): shared between them, and
+    # clean pages the kernel can drop under pressure instead of killing a worker.
+    return torch.load(_require(model_dir, WEIGHTS_FILE), map_location="cpu", weights_only=True, mmap=True)
+
+
+def _load_weights(model: nn.Module, model_dir: Path) -> nn.Module:
+    """The archive's weights into `model`, as its parameters (assign: no copy into the initial ones)."""
+    model.load_state_dict(_state_dict(model_dir), assign=True)
+    return model
 
 
 def _load_resnet50(model_dir: Path, settings) -> nn.Module:
     from handlers.architectures.resnet import resnet50
 
-    model = resnet50()
-    model.load_state_dict(_state_dict(model_dir))
-    return model
+    return _load_weights(resnet50(), model_dir)
 
 
 def _bert(class_name: str) -> Callable[[Path, OptimizationSettings], nn.Module]:
@@ -48,9 +55,7 @@ def _bert(class_name: str) -> Callable[[Path, OptimizationSettings], nn.Module]:
         from handlers.architectures import text
 
         config = BertConfig(**json.loads(_require(model_dir, TEXT_CONFIG_FILE).read_text()))
-        model = getattr(text, class_name)(config)
-        model.load_state_dict(_state_dict(model_dir))
-        return model
+        return _load_weights(getattr(text, class_name)(config), model_dir)
 
     return load
 

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from kit import probe, supervise
-from kit.footprint import Footprint, measure, recorded
+from kit.footprint import Footprint, measure_live, recorded
 from kit.itt import chrome_trace, read_ranges
 from kit.models import Medium, Model, model_names
 from kit.paths import LOGS
@@ -167,7 +167,7 @@ def status(args: argparse.Namespace) -> int:
     workers = server.workers()
     for w in workers:
         p = w.process
-        footprint = live_footprint(p.pid) if p else None
+        footprint = measure_live(p.pid) if p else None
         memory = (
             f"{footprint.rss / 2**20:7.0f} {footprint.pss / 2**20:7.0f} {footprint.private / 2**20:7.0f}"
             if footprint
@@ -186,13 +186,6 @@ def status(args: argparse.Namespace) -> int:
     print(f"[status] frontend CPUs: {format_cpus(frontend) if frontend else 'all'}; "
           f"CPUs no worker runs on: {format_cpus(idle) if idle else 'none'}")  # fmt: skip
     return 0
-
-
-def live_footprint(pid: int) -> Footprint | None:
-    try:
-        return measure(pid)
-    except OSError:  # gone while being read
-        return None
 
 
 def topology_of(args: argparse.Namespace) -> Topology:

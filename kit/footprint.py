@@ -88,6 +88,14 @@ def measure(pid: int) -> Footprint:
     return Footprint(rollup["Rss"], rollup["Pss"], rollup["Private_Clean"] + rollup["Private_Dirty"], status["VmHWM"])
 
 
+def measure_live(pid: int) -> Footprint | None:
+    """measure(pid), or None when the process is gone (also if it exits while being read)."""
+    try:
+        return measure(pid)
+    except OSError:
+        return None
+
+
 def footprint_file(archive: Path) -> Path:
     return archive.with_name(archive.stem + SUFFIX)
 

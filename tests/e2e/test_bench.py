@@ -65,6 +65,9 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
         assert cpu["frontend"] > 0 and cpu["workers"] > 0 and cpu["ab"] > 0, cpu
         # One ITT range per inference call in the workers, covering every request answered.
         assert row["itt_ranges"] > 0 and row["itt_requests"] == row["requests_answered"] >= row["complete"], row
+        # Memory from /proc of each worker: PSS never above RSS (shared pages divided among workers).
+        assert len(row["worker_pss_mb"]) == row["worker_count"]
+        assert all(0 < pss <= rss for pss, rss in zip(row["worker_pss_mb"], row["worker_rss_mb"], strict=True))
     traces = sorted(p.name for p in (out / "itt").glob("*.trace.json"))
     assert len(traces) == len(served) and json.loads((out / "itt" / traces[0]).read_text())["traceEvents"]
     peers = [r for r in document["rows"] if r["kind"] == "served_peer"]
@@ -75,6 +78,7 @@ def test_tiny_plan_produces_report_json_and_chart(tmp_path):
     for row in peers:
         assert row["complete"] > 0 and row["non_2xx"] == 0 and row["failed"] == 0
         assert row["cpu_ms_per_request"]["peer server"] > 0
+        assert 0 < row["worker_pss_mb"][0] <= row["worker_rss_mb"][0]
     assert baseline["speedup_vs_baseline"] == 1.0
     assert optimized["runtime"] == "inductor" and set(optimized["allocator_loaded"]) == {"tcmalloc"}
     assert ipex["runtime"] == "ipex" and set(ipex["allocator_loaded"]) == {"tcmalloc"}
