@@ -183,6 +183,7 @@ def kill_phase(server: Server, settings: SoakSettings, progress: Callable[[str],
         rate_after=round(rate_after, 2),
         replacement_cpus=list(replacement.process.cpus),
         sibling_cpus=sorted({c for w in siblings for c in w.process.cpus}),
+        killed_cpus=list(victim.process.cpus),
     )
 
 
@@ -234,13 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--seconds", type=int, default=SoakSettings.seconds)
-    parser.add_argument("--models", default=",".join(SoakSettings.models))
+    parser.add_argument("--models", default="", help="comma list (default: every model in config/models)")
     parser.add_argument("--preset", default=SoakSettings.preset)
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/soak-<time>")
     args = parser.parse_args(argv)
+    given = {"seconds": args.seconds, "preset": args.preset}
     try:
         settings = parse_settings(
-            SoakSettings, {"seconds": args.seconds, "models": args.models.split(","), "preset": args.preset}
+            SoakSettings, {**given, **({"models": args.models.split(",")} if args.models else {})}
         )
     except SettingsError as error:
         print(f"[soak] ERROR: {error}", file=sys.stderr)

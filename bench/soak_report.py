@@ -87,6 +87,7 @@ class KillPhase:
     rate_after: float
     replacement_cpus: list[int]
     sibling_cpus: list[int]
+    killed_cpus: list[int]  # the freed slot: the replacement belongs there
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +116,10 @@ class SoakReport:
 
 def evaluate(settings: SoakSettings, soak: SoakPhase, kill: KillPhase, restart: RestartPhase) -> list[Check]:
     growth = {f"{m.model}/{m.pid}": round(m.end_mb - m.start_mb, 1) for m in soak.memory}
-    pinned = bool(kill.sibling_cpus) and not set(kill.replacement_cpus) & set(kill.sibling_cpus)
+    # On the killed worker's cores, none of its siblings' (a model with one worker has none).
+    pinned = set(kill.replacement_cpus) == set(kill.killed_cpus) and not set(kill.replacement_cpus) & set(
+        kill.sibling_cpus
+    )
     return [
         Check("soak: every request answered 2xx", soak.non_2xx == 0 and soak.no_response == 0,
               f"{soak.requests} requests, {soak.non_2xx} non-2xx, {soak.no_response} unanswered"),
@@ -125,7 +129,7 @@ def evaluate(settings: SoakSettings, soak: SoakPhase, kill: KillPhase, restart: 
         Check("kill: no request hung or dropped", kill.no_response == 0,
               f"{kill.failed} errors, {kill.no_response} unanswered of {kill.requests}"),
         Check("kill: replacement pinned to the freed core", pinned,
-              f"replacement cpus {kill.replacement_cpus}, sibling cpus {kill.sibling_cpus}"),
+              f"replacement cpus {kill.replacement_cpus}, killed {kill.killed_cpus}, siblings {kill.sibling_cpus}"),
         Check(f"kill: throughput back to >= {RECOVERED_FRACTION:.0%}",
               kill.rate_after >= RECOVERED_FRACTION * kill.rate_before,
               f"{kill.rate_before} req/s before, {kill.rate_after} after; full rate after "

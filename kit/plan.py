@@ -289,22 +289,67 @@ def plan_layout(
     objective, and to the memory budget."""
     layout = place(topology, demands, objective, threads)
     unmeasured = [d.model for d in demands if d.footprint is None]
-    if topology.memory is None or unmeasured:
-        why = "no memory budget given" if topology.memory is None else (
-            f"no footprint measured yet for {', '.join(unmeasured)}: `make serve` records it once READY"
-        )  # fmt: skip
-        return dataclasses.replace(layout, unplanned=why)
-    budget = topology.memory.budget
+    if topology.memory is None:
+        return dataclasses.replace(layout, unplanned="no memory budget given")
+    if unmeasured:
+        why = f"no footprint measured yet for {', '.join(unmeasured)}: `make serve` records it once READY"
+        if topology.memory.limit is None:
+            return dataclasses.replace(layout, unplanned=why)
+        return cautious(topology, demands, objective, threads, unmeasured, why)
     footprints = {d.model: d.footprint for d in demands}
-    first = layout
-    for wider in [] if threads else [t for t in thread_counts(topology) if t > 1]:
+    budget = topology.memory.budget
+    wider = widen(layout, topology, demands, objective, [] if threads else thread_counts(topology), footprints)
+    fitted, dropped = drop_workers(wider, footprints, budget)
+    plan = memory_plan(fitted, footprints, budget)
+    if fitted != layout:
+        idle = f" ({dropped} worker(s) dropped: their cores idle)" if dropped else ""
+        plan = dataclasses.replace(plan, note=f"reduced to fit: {shape(layout)} -> {shape(fitted)}{idle}")
+    return dataclasses.replace(fitted, memory=plan)
+
+
+def cautious(
+    topology: Topology,
+    demands: Sequence[Demand],
+    objective: Objective,
+    threads: int | None,
+    unmeasured: Sequence[str],
+    why: str,
+) -> Layout:
+    """Under a memory limit, a model never measured starts one worker as wide as a worker gets:
+    a full layout of unknown size is what a pod is OOM-killed for while warming up, in a loop.
+    READY records its footprint; the next start plans it."""
+    widest = threads or max(thread_counts(topology), default=1)
+    layout = place(topology, demands, objective, widest)
+    models = {
+        name: dataclasses.replace(model, workers=model.workers[:1]) if name in unmeasured else model
+        for name, model in layout.models.items()
+    }
+    return dataclasses.replace(layout, models=models, unplanned=f"{why}; until then one worker each under the limit")
+
+
+def widen(
+    layout: Layout,
+    topology: Topology,
+    demands: Sequence[Demand],
+    objective: Objective,
+    thread_choices: Sequence[int],
+    footprints: dict[str, Footprint],
+) -> Layout:
+    """`layout`, or the first with more cores per worker (fewer workers, every core busy) that fits."""
+    budget = topology.memory.budget
+    for threads in thread_choices:
         if memory_plan(layout, footprints, budget).fits:
             break
-        layout = place(topology, demands, objective, wider)
-    plan = memory_plan(layout, footprints, budget)
+        layout = place(topology, demands, objective, threads)
+    return layout
+
+
+def drop_workers(layout: Layout, footprints: dict[str, Footprint], budget: int) -> tuple[Layout, int]:
+    """Workers taken away, the costliest model's first, until the layout fits; PlanError when one
+    worker per model does not."""
     models = dict(layout.models)
     dropped = 0
-    while not plan.fits:
+    while not (plan := memory_plan(layout, footprints, budget)).fits:
         several = [name for name in models if len(models[name].workers) > 1]
         if not several:
             needs = ", ".join(f"{name} {footprints[name].summary()}" for name in models)
@@ -315,13 +360,9 @@ def plan_layout(
             )
         costliest = max(several, key=lambda name: footprints[name].per_worker)
         models[costliest] = dataclasses.replace(models[costliest], workers=models[costliest].workers[:-1])
-        layout = dataclasses.replace(layout, models=models.copy())
-        plan = memory_plan(layout, footprints, budget)
+        layout = dataclasses.replace(layout, models=dict(models))
         dropped += 1
-    if layout != first:
-        idle = f" ({dropped} worker(s) dropped: their cores idle)" if dropped else ""
-        plan = dataclasses.replace(plan, note=f"reduced to fit: {shape(first)} -> {shape(layout)}{idle}")
-    return dataclasses.replace(layout, memory=plan)
+    return layout, dropped
 
 
 def shape(layout: Layout) -> str:

@@ -63,6 +63,15 @@ stage_context() {
         [[ -d "$ROOT/model_store/$variant" ]] || die "model_store/$variant is not built; run make archive VARIANTS=$variant"
         cp -r --link "$ROOT/model_store/$variant" "$CONTEXT/model_store/"
     done
+    # Footprints recorded here (kit/footprint.py) go along: the container's plan fits them into its
+    # memory limit. One never measured leaves that model's memory unplanned in the container.
+    local mar unmeasured=()
+    for mar in "$CONTEXT"/model_store/*/*.mar; do
+        [[ -f "${mar%.mar}.footprint.json" ]] || unmeasured+=("$(basename "$(dirname "$mar")")/$(basename "$mar" .mar)")
+    done
+    if ((${#unmeasured[@]})); then
+        step "no memory footprint measured for ${unmeasured[*]}: the container cannot fit them to its memory limit (make serve VARIANT=... here first, then make image, takes the footprints along)"
+    fi
     step "context $CONTEXT: $(du -sh --apparent-size "$CONTEXT" | cut -f1) (variants: $VARIANTS)"
 }
 

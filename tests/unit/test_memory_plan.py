@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import os
+import shutil
 
 import pytest
 
@@ -74,7 +75,12 @@ def test_a_recorded_footprint_is_stale_once_the_archive_is_rebuilt(tmp_path):
     worst = record(archive, [INDUCTOR["bert"], dataclasses.replace(INDUCTOR["bert"], rss=1400 * MiB)])
     assert footprint_file(archive).name == "bert.footprint.json"
     assert recorded(archive) == worst == dataclasses.replace(INDUCTOR["bert"], rss=1400 * MiB, workers=2)
-    archive.write_bytes(b"y" * 101)  # `make archive` wrote a new one
+    copy = tmp_path / "image" / "bert.mar"  # the archive and its footprint copied into an image
+    copy.parent.mkdir()
+    shutil.copyfile(archive, copy)
+    shutil.copyfile(footprint_file(archive), footprint_file(copy))
+    assert recorded(copy) == worst
+    archive.write_bytes(b"x" * 99 + b"y")  # `make archive` wrote a new one
     assert recorded(archive) is None
     footprint_file(archive).write_text("{not json")
     assert recorded(archive) is None
@@ -142,11 +148,19 @@ def test_one_worker_per_model_that_does_not_fit_is_refused_by_name():
 
 
 def test_without_a_footprint_or_a_budget_memory_is_not_planned():
-    vm = with_budget(MACHINES["this-vm"], 1 * GiB)
-    unmeasured = plan_layout(vm, demands({**INDUCTOR, "bert": None}))
+    no_limit = dataclasses.replace(MACHINES["this-vm"], memory=Memory(24 * GiB, 20 * GiB))  # a bare machine
+    unmeasured = plan_layout(no_limit, demands({**INDUCTOR, "bert": None}))
     assert unmeasured.memory is None and "no footprint measured yet for bert" in unmeasured.unplanned
     assert "memory: not planned" in unmeasured.summary()[-1]
+    assert shape(unmeasured) == {m: (2, 1) for m in INDUCTOR}  # cores only
     assert plan_layout(MACHINES["this-vm"], demands()).unplanned == "no memory budget given"
+
+
+def test_under_a_memory_limit_a_model_never_measured_starts_one_wide_worker():
+    container = with_budget(machine("host-64c-2node", allowed="0-15"), 6 * GiB)
+    layout = plan_layout(container, demands({**INDUCTOR, "bert": None}))
+    assert shape(layout)["bert"] == (1, 8)  # one worker, as wide as an L3 domain
+    assert "until then one worker each under the limit" in layout.unplanned and layout.memory is None
 
 
 def test_the_json_plan_carries_its_memory():

@@ -35,7 +35,7 @@ def test_served_backends_read_the_ready_lines(tmp_path):
 
 def phases(**changes):
     soak = SoakPhase(20, 400, 20.0, 0, 0, 300, 400, 450, [], [WorkerMemory("resnet50", 1, 600, 601, 602)])
-    kill = KillPhase("resnet50", 1, 3, 600, 1, 0, ["t+0.0s 500 Worker died."], 15, 15, 21, 21, [0], [1])
+    kill = KillPhase("resnet50", 1, 3, 600, 1, 0, ["t+0.0s 500 Worker died."], 15, 15, 21, 21, [0], [1], [0])
     restart = RestartPhase(18, 13, 19, 0, {"resnet50/9000": 13}, True, {"resnet50": 200})
     parts = {"soak": soak, "kill": kill, "restart": restart}
     for key, value in changes.items():
@@ -51,6 +51,8 @@ def failing(**changes) -> list[str]:
 
 def test_a_healthy_run_passes_every_check():
     assert failing() == []
+    # A model served by one worker (a memory budget's plan): its replacement takes the same cores.
+    assert failing(kill__sibling_cpus=[], kill__killed_cpus=[0, 1], kill__replacement_cpus=[0, 1]) == []
 
 
 @pytest.mark.parametrize(
@@ -61,6 +63,7 @@ def test_a_healthy_run_passes_every_check():
         ({"soak__memory": [WorkerMemory("resnet50", 1, 600, 700, 700)]}, "soak: worker RSS growth <= 64 MB"),
         ({"kill__no_response": 1}, "kill: no request hung or dropped"),
         ({"kill__replacement_cpus": [1]}, "kill: replacement pinned to the freed core"),
+        ({"kill__replacement_cpus": [0, 1]}, "kill: replacement pinned to the freed core"),
         ({"kill__rate_after": 10}, "kill: throughput back to >= 85%"),
         ({"restart__answered": {"resnet50": 503}}, "restart: every model answers"),
         ({"restart__restart_new_kernels": 1}, "restart: kernels loaded from the cache, none compiled again"),
@@ -83,3 +86,16 @@ def test_kill_model_must_be_served():
 
 def test_unanswered_sample_is_not_ok():
     assert not Sample("m", 0, 1, NO_RESPONSE, "ReadTimeout").ok
+
+
+def test_the_command_line_reads_its_options(monkeypatch, tmp_path):
+    import bench.soak
+
+    ran = []
+    monkeypatch.setattr(bench.soak, "run_soak", lambda settings, out_dir: ran.append(settings) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):  # got as far as running, with the options read
+        bench.soak.main(["--seconds", "7", "--out", str(tmp_path)])
+    assert ran[0].seconds == 7 and ran[0].models == SoakSettings().models  # default: every model
+    with pytest.raises(ZeroDivisionError):
+        bench.soak.main(["--models", "resnet50", "--out", str(tmp_path)])
+    assert ran[1].models == ("resnet50",)
