@@ -112,7 +112,10 @@ class ServeConfig:
     allocator: Allocator = PREFERRED_ALLOCATOR
     omp_wait_policy: OmpWaitPolicy = OmpWaitPolicy.PASSIVE
     batch_size: int = 1
-    max_batch_delay_ms: int = 5
+    # TorchServe waits up to this long in total for more requests after a batch's first: 1 ms takes
+    # what is already queued, and a lone request waits ~1 ms. 5 ms cost 41 % at concurrency 4 and
+    # 1 ms never lost to no batching (`make bench PLAN=batching`, docs/benchmarks.md).
+    max_batch_delay_ms: int = 1
     # Bodies above this are refused by the frontend (413) before any worker sees them; a
     # 12 MP camera JPEG is 3-8 MB.
     max_request_mb: int = 16

@@ -182,7 +182,7 @@ def test_plan_errors_name_the_problem(raw, message):
 def test_unknown_plan_lists_choices():
     with pytest.raises(
         PlanError,
-        match="plan 'fast' not found; choose one of: backends, default, frontend, full, phone, placement, quick, served, tune",
+        match="plan 'fast' not found; choose one of: backends, batching, default, frontend, full, phone, placement, quick, served, tune",
     ):
         load_plan("fast")
 
