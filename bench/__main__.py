@@ -23,6 +23,7 @@ from bench.results import BenchRun, RunEnvironment
 from bench.runner import log, run_plan
 from bench.tune import write_tuned_preset
 from kit.paths import ROOT
+from kit.variant import Variant
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -30,6 +31,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def build_archives(plan: Plan) -> bool:
     """The archives of every variant and model the plan runs; False if a build failed."""
     for variant, models in plan.archives.items():
+        if Variant.load(variant).refusal():
+            continue  # its rows are skipped, with the reason
         command = [sys.executable, "-m", "model_store.build", "--variants", variant, "--models", ",".join(models)]
         if subprocess.run(command, cwd=ROOT).returncode != 0:
             log(f"ERROR: building the {variant} archives of {models} failed (output above)")

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import litserve as ls
-import numpy as np
 import torch
 from fastapi import Body, FastAPI, HTTPException, Request
 
@@ -31,13 +30,15 @@ from handlers.archive import archived_handler, read_manifest
 from handlers.backends.common import Inputs
 from handlers.backends.openvino import IR_FILE, PRECISION_HINT
 from handlers.payload import InvalidInput
+from kit.serve_config import ServeConfig
 
 # The fastapi app is built by uvicorn in each worker process (an import string + factory), so
 # its arguments travel in the environment.
 MODEL_DIR_VAR = "PEER_MODEL_DIR"
 THREADS_VAR = "PEER_THREADS"
 HOST = "127.0.0.1"
-BATCH_TIMEOUT_S = 0.005  # litserve with batch > 1: as the kit's max_batch_delay_ms default
+# litserve with batch > 1: waits as long as the kit's batches do
+BATCH_TIMEOUT_S = ServeConfig.max_batch_delay_ms / 1000
 
 
 HEALTH_PATH = {Framework.FASTAPI: "/ping", Framework.LITSERVE: "/health"}
@@ -67,7 +68,9 @@ class PeerModel:
         return self.handler.decode({"body": body})
 
     def predict(self, items: list[Inputs]) -> list[Any]:
-        arrays = [np.stack([item[i].numpy() for item in items]) for i in range(len(items[0]))]
+        # Batched as the kit's handler batches (its collate): text at its length bucket, as the
+        # IR's dynamic length allows any framework to.
+        arrays = [t.numpy() for t in self.handler.collate(items, len(items))]
         outputs = self.request.infer(arrays)[0]
         return [self.handler.format(torch.from_numpy(row.copy())) for row in outputs]
 

@@ -46,13 +46,16 @@ def _onnxruntime(model, settings, example, calibration, precision: DType, work_d
     import onnxruntime as ort
     import torch
 
+    from handlers.backends.common import export_shapes
+
     if precision is not DType.FLOAT32:
         raise ValueError("the onnxruntime peer runs float32 only")
     path = work_dir / "peer.onnx"
     names = [f"input{i}" for i in range(len(example))]
+    dynamic = export_shapes(settings, example, batch=False)
     batch = torch.export.Dim("batch", min=1, max=1024)
     torch.onnx.export(model, example, str(path), input_names=names, output_names=["output"],
-                      dynamic_shapes=tuple({0: batch} for _ in example), dynamo=True)  # fmt: skip
+                      dynamic_shapes=tuple({0: batch, **dims} for dims in dynamic), dynamo=True)  # fmt: skip
     options = ort.SessionOptions()
     options.intra_op_num_threads = read_topology().capacity  # the cores the quota pays for, not the host's
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -68,7 +71,7 @@ def _openvino(model, settings, example, calibration, precision: DType, work_dir:
 
     from handlers.backends.openvino import PRECISION_HINT, convert, quantize_int8
 
-    converted = convert(model, example)
+    converted = convert(model, settings, example)
     if precision is DType.INT8:
         converted = quantize_int8(converted, calibration, settings.transformer)
     config = {"PERFORMANCE_HINT": "THROUGHPUT", "INFERENCE_PRECISION_HINT": PRECISION_HINT[precision]}

@@ -79,7 +79,7 @@ class Peer:
 
 
 # A served peer runs the IR of the kit's own OpenVINO archive of its precision.
-SERVED_PEER_VARIANT = {DType.FLOAT32: "openvino", DType.INT8: "openvino-int8"}
+SERVED_PEER_VARIANT = {DType.FLOAT32: "openvino", DType.BFLOAT16: "openvino-bf16", DType.INT8: "openvino-int8"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +90,7 @@ class ServedPeer:
     precision: DType = DType.FLOAT32
     batch_size: int = 1  # litserve: max_batch_size (dynamic batching); fastapi: 1
     concurrency: int | None = None  # ab -c; None = the plan's
+    payload: str | None = None  # what ab sends (bench/payloads.py); None = each model's default
 
     def __post_init__(self) -> None:
         if self.precision not in SERVED_PEER_VARIANT:
@@ -249,6 +250,9 @@ def parse_plan(
     except SettingsError as error:
         raise PlanError(f"plan {name!r}: {error}") from None
     rows = [row for index, spec in enumerate(row_specs) for row in _rows(index, spec, run, topology)]
+    for index, peer in enumerate(served_peers):
+        for model in run.models:
+            row_payload(f"served peer {index + 1} ({peer.name})", model, peer.payload)
     if not rows:
         raise PlanError(f"plan {name!r} has no row for the models {list(run.models)}")
     # All rows of a model together, models in the plan's order (stable: row order kept within).

@@ -91,6 +91,32 @@ def accuracy_checks(references: list[InProcessResult]) -> list[TargetCheck]:
     return checks
 
 
+# Issue 25: a short text (16 tokens) served at least this much faster than a 128-token one, on
+# the same variant and layout: padding to the length bucket, not to max_length.
+SHORT_VS_TYPICAL_TARGET = 3.0
+
+
+def length_checks(results: list[RowResult]) -> list[TargetCheck]:
+    """Each served text configuration measured with both payloads: short against typical req/s."""
+
+    def setup(r: RowResult) -> tuple:
+        return (r.model, r.variant, r.placement, r.workers, r.threads, r.batch_size, r.concurrency, r.cpus)
+
+    served = [r for r in results if r.kind == "served"]
+    typical = {setup(r): r for r in served if r.payload == "typical"}
+    checks = []
+    for short in (r for r in served if r.payload == "short" and setup(r) in typical):
+        ratio = short.requests_per_s / typical[setup(short)].requests_per_s
+        checks.append(
+            TargetCheck(
+                f"{short.model} {short.variant}: short payload >= {SHORT_VS_TYPICAL_TARGET:.1f}x typical req/s",
+                f"{ratio:.2f}x ({short.requests_per_s:.1f} vs {typical[setup(short)].requests_per_s:.1f})",
+                ratio >= SHORT_VS_TYPICAL_TARGET,
+            )
+        )
+    return checks
+
+
 def cold_start_checks(results: list[RowResult]) -> list[TargetCheck]:
     checks = []
     for r in results:
@@ -139,7 +165,7 @@ def check_targets(results: list[RowResult], references: list[InProcessResult] = 
             )
         )
     checks += peer_checks(results, list(references)) + accuracy_checks(list(references)) + cold_start_checks(results)
-    checks += itt_checks(results)
+    checks += itt_checks(results) + length_checks(results)
     bad = [f"{r.model}/{r.name}: {r.non_2xx} non-2xx, {r.failed} failed" for r in results if r.non_2xx or r.failed]
     checks.append(TargetCheck("zero non-2xx responses in every row", "; ".join(bad) or "0 in all rows", not bad))
     return checks

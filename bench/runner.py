@@ -24,11 +24,12 @@ from bench.ab import measure_ab, warm_up
 from bench.cpu_accounting import group_of
 from bench.inprocess import measure_in_process, worker_cpus
 from bench.metrics import requests_total, scrape, scrape_text, server_latency, worker_load_seconds
-from bench.payloads import Payload, default_payload, write_payload
+from bench.payloads import Payload, write_payload
 from bench.peers import measure_peer
-from bench.plan import EAGER_VARIANT, Peer, Plan, Row
+from bench.plan import EAGER_VARIANT, Peer, Plan, Row, row_payload
 from bench.results import BenchRun, InProcessResult, Measured, RowFailure, RowResult, add_derived
 from bench.served_peers import peer_log, row_name, run_served_peer
+from handlers.backends import cpu_flags, dtype_refusal
 from handlers.itt import parse_range_name
 from kit.footprint import measure_live
 from kit.itt import Range, chrome_trace, read_ranges
@@ -157,11 +158,13 @@ def _raise_interrupt(signum, frame):
 
 
 def missing_environment(row: Row) -> str:
-    """Why this row cannot run here ("" if it can): its variant's venv is not built, or its CPUs
-    are not among those this process may use."""
-    venv = row.serve.variant.environment
-    if not (venv / "bin" / "torchserve").is_file():
-        return f"{venv.name} is not built (`make install-ipex`)"
+    """Why this row cannot run here ("" if it can): its variant's venv is not built, this CPU does
+    not serve its dtype, or its CPUs are not among those this process may use."""
+    variant = row.serve.variant_of(row.model)
+    if not (variant.environment / "bin" / "torchserve").is_file():
+        return f"{variant.environment.name} is not built (`make install-ipex`)"
+    if refusal := variant.refusal():
+        return refusal
     try:
         row.serve.allowed_cpus  # noqa: B018 - raises when the row's cpus are not usable here
     except ConfigError as error:
@@ -204,6 +207,10 @@ def run_peers(plan: Plan, out_dir: Path, run: BenchRun) -> None:
     for model in plan.run.models:
         archive = Variant.load(EAGER_VARIANT).archive(model)  # the same weights as every row
         for peer in plan.peers:
+            if refusal := dtype_refusal(peer.precision, cpu_flags()):
+                log(f"peer {model} / {peer.name}: skipped, {refusal}")
+                run.skipped.append(f"peer {model} / {peer.name}: {refusal}")
+                continue
             log(f"peer {model} / {peer.name}: in-process, {plan.run.in_process_seconds}s")
             measured = measure_peer(peer, archive, plan.run.in_process_seconds, out_dir / "extracted")
             log(f"  {measured.items_per_s:.1f} items/s, cosine >= {measured.cosine_min:.4f}")
@@ -230,8 +237,13 @@ def record(run: BenchRun, failure: RowFailure, measure: Callable[[], RowResult])
 
 def run_served_peers(plan: Plan, out_dir: Path, run: BenchRun) -> None:
     for model in plan.run.models:
-        payload = write_payload(default_payload(Model.load(model)), Model.load(model), out_dir / "payloads")
         for peer in plan.served_peers:
+            if refusal := Variant.load(peer.variant).refusal():
+                log(f"served peer {model} / {peer.name}: skipped, {refusal}")
+                run.skipped.append(f"served peer {model} / {peer.name}: {refusal}")
+                continue
+            name = row_payload(f"served peer {peer.name}", model, peer.payload)
+            payload = write_payload(name, Model.load(model), out_dir / "payloads")
             log(f"served peer {model} / {peer.name}: start, warm up, ab {plan.run.seconds}s")
             log_path = peer_log(peer, model, plan.run, out_dir)
             failure = RowFailure(model, row_name(peer, plan.run), "served_peer", False, "", str(log_path))

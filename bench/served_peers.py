@@ -87,7 +87,8 @@ class PeerServer:
 
 
 def row_name(peer: ServedPeer, run: RunSettings) -> str:
-    return f"{peer.name} c={peer.concurrency or run.concurrency}"
+    payload = f" payload={peer.payload}" if peer.payload else ""
+    return f"{peer.name} c={peer.concurrency or run.concurrency}{payload}"
 
 
 def peer_log(peer: ServedPeer, model: str, run: RunSettings, out_dir: Path) -> Path:

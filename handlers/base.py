@@ -96,10 +96,14 @@ class OptimizedHandler(abc.ABC):
             model, checks = load_model(self.settings, self.model_dir), self.checks(self.buckets[0])
         load_seconds = time.perf_counter() - start
         self.optimized = optimize(
-            model, self.settings, [self.example(size) for size in self.buckets], Path(self.model_dir), checks
+            model,
+            self.settings,
+            [inputs for size in self.buckets for inputs in self.examples(size)],
+            Path(self.model_dir),
+            checks,
         )
         self.graphs = graphs_compiled()
-        self.buckets_served: set[int] = set()
+        self.shapes_served: set[tuple[int, ...]] = set()
         log.info(
             "%s ready: backend=%s load=%.1fs compile=%.1fs warmup=%.1fs batch_buckets=%s threads=%d "
             "fx_graph_cache=hits:%d,misses:%d,bypasses:%d accuracy_error=%s",
@@ -131,8 +135,8 @@ class OptimizedHandler(abc.ABC):
     def calibration(self) -> list[Inputs]:
         """What int8 calibration sees, one sample per batch: your samples, else CALIBRATION_COUNT synthetic ones."""
         if self.samples:
-            return [collate([self.decode_sample(body)], 1) for body in self.samples.calibration]
-        return [collate([self.synthetic(index)], 1) for index in range(CALIBRATION_COUNT)]
+            return [self.collate([self.decode_sample(body)], 1) for body in self.samples.calibration]
+        return [self.collate([self.synthetic(index)], 1) for index in range(CALIBRATION_COUNT)]
 
     def held_out_sample(self, index: int) -> Inputs:
         """A sample int8 calibration never saw (they repeat when there are fewer than asked for)."""
@@ -142,7 +146,7 @@ class OptimizedHandler(abc.ABC):
 
     def held_out(self, batches: int, size: int = 1) -> list[Inputs]:
         """Held-out samples in batches: for the accuracy guard and the build's and bench's agreement."""
-        return [collate([self.held_out_sample(b * size + i) for i in range(size)], size) for b in range(batches)]
+        return [self.collate([self.held_out_sample(b * size + i) for i in range(size)], size) for b in range(batches)]
 
     def checks(self, size: int, batches: int = 4) -> list[Inputs]:
         """The accuracy guard's inputs: held-out samples in full batches of `size`."""
@@ -159,6 +163,14 @@ class OptimizedHandler(abc.ABC):
     @abc.abstractmethod
     def example(self, batch_size: int) -> Inputs:
         """Batched warm-up inputs with the exact shapes and dtypes served."""
+
+    def examples(self, batch_size: int) -> list[Inputs]:
+        """Warm-up inputs of every shape served at this batch size (the handler pads to them)."""
+        return [self.example(batch_size)]
+
+    def collate(self, items: Sequence[Inputs], bucket: int) -> Inputs:
+        """Decoded requests -> one batch of `bucket` rows, in a shape `examples` warmed up."""
+        return collate(items, bucket)
 
     @abc.abstractmethod
     def synthetic(self, index: int) -> Inputs:
@@ -189,7 +201,7 @@ class OptimizedHandler(abc.ABC):
             return batch
         count = len(batch.valid)
         bucket = next(size for size in self.buckets if size >= count)
-        inputs = collate(batch.items, bucket)
+        inputs = self.collate(batch.items, bucket)
         with (
             torch.inference_mode(),
             inference_range(self.model_name, count, self.settings.itt),
@@ -198,9 +210,12 @@ class OptimizedHandler(abc.ABC):
         ):
             batch.outputs = self.optimized(*inputs)[:count]
         self.check_no_recompile(count, bucket)
-        if bucket not in self.buckets_served:  # once per shape: shows batching at work, cheaply
-            self.buckets_served.add(bucket)
-            log.info("%s: first batch at bucket %d (%d request(s))", self.model_name, bucket, count)
+        shape = tuple(inputs[0].shape)
+        if shape not in self.shapes_served:  # once per shape: shows batching and length buckets at work, cheaply
+            self.shapes_served.add(shape)
+            log.info(
+                "%s: first batch at bucket %d, shape %s (%d request(s))", self.model_name, bucket, list(shape), count
+            )
         return batch
 
     def check_no_recompile(self, count: int, bucket: int) -> None:

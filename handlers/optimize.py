@@ -32,6 +32,7 @@ from handlers.backends.common import (
     Inputs,
     Runner,
     prepare,
+    require_dtype_supported,
     short_reason,
     to_layout,
 )
@@ -119,6 +120,7 @@ def optimize(
     `checks` (default: the examples) with eager. int8 needs realistic checks: random token ids
     are far outside what it was calibrated on. A precompiled backend checks against the archive's
     Reference instead and needs no `model` (None: loaded only if it falls back to eager)."""
+    require_dtype_supported(settings.dtype)
     precompiled = settings.traits.precompiled
     if model is None and not precompiled:
         raise ValueError(f"backend {settings.backend.value!r} compiles the eager model: pass it")

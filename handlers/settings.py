@@ -155,6 +155,10 @@ class OptimizationSettings:
         """The batch sizes warmed up and padded to for a TorchServe batchSize of max_batch."""
         return serving_buckets(max_batch, self.backend, self.aoti_batch_sizes)
 
+    def varying_dims(self) -> dict[int, tuple[int, int]]:
+        """Input dimensions (besides the batch) whose size varies while serving: dim -> (smallest, largest)."""
+        return {}
+
 
 @dataclasses.dataclass(frozen=True)
 class ImageSettings(OptimizationSettings):
@@ -198,8 +202,12 @@ class TextSettings(OptimizationSettings):
     transformer: typing.ClassVar[bool] = True
 
     architecture: Architecture = Architecture.BERT_CLASSIFIER
-    # Every request is padded to this length: one static shape to compile, nothing to recompile.
+    # The longest text served (in tokens); longer ones get `over_length`.
     max_length: int = 128
+    # A batch is padded to the smallest of these lengths (and max_length) that holds its longest
+    # text: a short query costs a fraction of a max_length passage (docs/benchmarks.md). Padding
+    # is masked, so the answers do not change. [] pads every batch to max_length.
+    length_buckets: tuple[int, ...] = (16, 32, 64)
     over_length: OverLength = OverLength.TRUNCATE
     labels_file: str = ""
     # What the model's forward takes, in its order; the tokenizer gives each (tokenizer.json).
@@ -213,6 +221,24 @@ class TextSettings(OptimizationSettings):
         super().__post_init__()
         if not 8 <= self.max_length <= 512:
             raise SettingsError(f"max_length must be in [8, 512] (BERT positions), got {self.max_length}")
+        if any(length < 2 for length in self.length_buckets):
+            raise SettingsError(f"length_buckets must be lengths >= 2 tokens, got {list(self.length_buckets)}")
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """The lengths a batch is padded to, shortest first; the last is max_length."""
+        # Without an attention mask the model attends to padding: its length changes the answer.
+        if "attention_mask" not in self.input_names or not self.traits.varying_sizes:
+            return (self.max_length,)
+        return tuple(sorted({length for length in self.length_buckets if length < self.max_length} | {self.max_length}))
+
+    def length_for(self, tokens: int) -> int:
+        """The length a batch whose longest text has `tokens` tokens is padded to."""
+        return next(length for length in self.lengths if length >= tokens)
+
+    def varying_dims(self) -> dict[int, tuple[int, int]]:
+        lengths = self.lengths
+        return {1: (lengths[0], lengths[-1])} if len(lengths) > 1 else {}
 
 
 class TensorType(enum.StrEnum):

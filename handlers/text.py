@@ -1,4 +1,4 @@
-"""UTF-8 text -> a model's token inputs padded to a fixed length (one static shape for the compiler).
+"""UTF-8 text -> a model's token inputs, padded to max_length (the handler cuts a batch down to its length bucket).
 
 tokenizer = load_tokenizer(model_dir, pad_token="[PAD]")
 encoded = encode(tokenizer, "a sentence", max_length=128, names=("input_ids", "attention_mask"))

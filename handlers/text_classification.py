@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from handlers.backends.common import Inputs
-from handlers.base import OptimizedHandler
+from handlers.base import OptimizedHandler, collate
 from handlers.calibration import SENTENCES
 from handlers.labels import Labels
 from handlers.payload import InvalidInput, request_text
@@ -55,6 +55,22 @@ class TextClassificationHandler(OptimizedHandler):
 
     def example(self, batch_size: int) -> Inputs:
         return text_example(batch_size, self.settings.max_length, self.settings.input_names)
+
+    def examples(self, batch_size: int) -> list[Inputs]:
+        return [text_example(batch_size, length, self.settings.input_names) for length in self.settings.lengths]
+
+    def collate(self, items: Sequence[Inputs], bucket: int) -> Inputs:
+        # Items come padded to max_length; the batch keeps the length bucket its longest text needs.
+        # Padding is at the end and masked, so cutting it changes no answer.
+        length = self.settings.length_for(max(self.tokens(item) for item in items))
+        return collate([tuple(t[:length] for t in item) for item in items], bucket)
+
+    def tokens(self, item: Inputs) -> int:
+        """The real tokens of one decoded text (its mask's ones; max_length without a mask)."""
+        names = self.settings.input_names
+        if "attention_mask" not in names:
+            return self.settings.max_length
+        return int(item[names.index("attention_mask")].sum())
 
     def synthetic(self, index: int) -> Inputs:
         sentence = SENTENCES[index % len(SENTENCES)]

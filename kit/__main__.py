@@ -158,6 +158,7 @@ def status(args: argparse.Namespace) -> int:
     layout = f"{c.objective.value} plan" if server.layout else f"{c.workers or 'default'} x {c.threads or 'default'}"
     variants = ", ".join(f"{model} {c.variant_of(model).name}" for model in c.models)
     print(f"[status] TorchServe pid {server.pid}, variants: {variants}; placement {c.placement.value} ({layout})")
+    print(f"[status] {read_topology().summary()[0]}")  # the ISA the workers' kernels use
     # RSS counts pages shared with sibling workers in full, PSS divides them among the processes
     # that map them, "own" is what the worker alone holds (what one more worker would add).
     print(
@@ -225,8 +226,12 @@ def topology(args: argparse.Namespace) -> int:
 
 
 def plan(args: argparse.Namespace) -> int:
-    layout = plan_layout(topology_of(args), demands_of(args), args.objective)
-    print(json.dumps(layout.to_dict(), indent=2) if args.json else "\n".join(layout.summary()))
+    topology = topology_of(args)
+    layout = plan_layout(topology, demands_of(args), args.objective)
+    # The CPU line names the ISA the workers' kernels get (and whether bf16 variants may serve).
+    print(
+        json.dumps(layout.to_dict(), indent=2) if args.json else "\n".join([topology.summary()[0], *layout.summary()])
+    )
     return 0
 
 

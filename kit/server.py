@@ -118,7 +118,8 @@ class Server:
         self.venv = config.variant.environment
         self.layout = layout  # placement plan: planned at start from the machine as this process sees it
         # Logs append across runs: start-up checks read only what this run wrote.
-        self.log_offset = self.output_offset = 0
+        self.log_offsets: dict[Path, int] = {}
+        self.output_offset = 0
         self.started_at: float | None = None  # time.monotonic() of the last start
 
     # -- files --------------------------------------------------------------------------------
@@ -188,7 +189,7 @@ class Server:
             shutil.rmtree(self.run_dir / "slots", ignore_errors=True)  # a previous run's worker slots
         config_file = self.run_dir / "config.properties"
         config_file.write_text(render(self.config, self.model_store, self.layout))
-        self.log_offset = self.frontend_log.stat().st_size if self.frontend_log.is_file() else 0
+        self.log_offsets = {log: log.stat().st_size if log.is_file() else 0 for log in self.failure_markers}
         self.output_offset = self.output_file.stat().st_size if self.output_file.is_file() else 0
         self.started_at = time.monotonic()
         with open(self.output_file, "ab") as output:
@@ -375,15 +376,27 @@ class Server:
 
     # Frontend log lines that mean a worker could not start or load its model. TorchServe would
     # retry with growing back-off for ever; start-up gives up at the first one instead.
-    FAILURE_MARKERS = ("Load model failed", "Backend worker process died")
+    @property
+    def failure_markers(self) -> dict[Path, tuple[str, ...]]:
+        """Lines that mean a worker failed to load, per log. The frontend's "Load model failed" is
+        not always written (TorchServe 0.12 sometimes logs only its auto-recovery after a worker
+        raised in initialize); the worker's own "Failed to load model" names the reason each time."""
+        return {
+            self.frontend_log: ("Load model failed", "Backend worker process died"),
+            self.model_log: ("Failed to load model",),
+        }
 
     def _load_failures(self) -> list[str]:
-        if not self.frontend_log.is_file():
-            return []
-        with open(self.frontend_log, "rb") as log:
-            log.seek(self.log_offset if log.seek(0, 2) >= self.log_offset else 0)  # 0 after a roll-over
-            lines = log.read().decode(errors="replace").splitlines()
-        return [line for line in lines if any(marker in line for marker in self.FAILURE_MARKERS)]
+        failures = []
+        for path, markers in self.failure_markers.items():
+            if not path.is_file():
+                continue
+            offset = self.log_offsets.get(path, 0)
+            with open(path, "rb") as log:
+                log.seek(offset if log.seek(0, 2) >= offset else 0)  # 0 after a roll-over
+                lines = log.read().decode(errors="replace").splitlines()
+            failures += [line for line in lines if any(marker in line for marker in markers)]
+        return failures
 
     # The line of TorchServe's output that says why it stopped: the JVM's refusal of an option
     # ("Unrecognized VM option ..."), a Java exception, the CLI's own "... not found".

@@ -22,6 +22,9 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
+from handlers.backends import bf16_isa
+from handlers.backends import cpuinfo as read_cpuinfo
+
 LSCPU_COLUMNS = "CPU,CORE,SOCKET,NODE,CACHE"
 # The ISA flags that decide which kernels run fast (/proc/cpuinfo names).
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
@@ -104,13 +107,20 @@ class Topology:
             )
         return dataclasses.replace(self, cpus=tuple(cpu for cpu in self.cpus if cpu.id in cpus))
 
+    @property
+    def bf16_summary(self) -> str:
+        if not self.flags:  # a machine described by its lscpu alone
+            return "unknown"
+        return bf16_isa(self.flags) or "not computed here (bf16 variants are refused)"
+
     def summary(self) -> list[str]:
         """A few human lines: what `python -m kit topology` prints."""
         cores = self.cores
         smt = max((len(core.cpus) for core in cores), default=1)
         quota = "no CPU quota" if self.quota is None else f"CPU quota {self.quota:g} CPUs"
         return [
-            f"CPU: {self.model_name or 'unknown'}; ISA: {' '.join(f for f in ISA_FLAGS if f in self.flags) or 'none known'}",
+            f"CPU: {self.model_name or 'unknown'}; ISA: {' '.join(f for f in ISA_FLAGS if f in self.flags) or 'none known'}"
+            f"; bf16: {self.bf16_summary}",
             f"usable: {len(self.cpus)} logical CPUs ({format_cpus(c.id for c in self.cpus)}) on {len(cores)} physical "
             f"cores, {smt} thread(s) per core; {quota}: {self.capacity} core(s) of capacity",
             f"{len(self.sockets)} socket(s), {len(self.nodes)} NUMA node(s), {len(self.l3_domains)} L3 domain(s): "
@@ -227,14 +237,8 @@ def parse_topology(
 # -- this machine ---------------------------------------------------------------------------
 def cpuinfo() -> tuple[str, frozenset[str]]:
     """The CPU's model name and flags from /proc/cpuinfo."""
-    name, flags = "", frozenset()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and not name:
-            name = value.strip()
-        elif key.strip() == "flags" and not flags:
-            flags = frozenset(value.split())
-    return name, flags
+    fields = read_cpuinfo()
+    return fields.get("model name", ""), frozenset(fields.get("flags", "").split())
 
 
 def _cgroup_dirs(proc_cgroup: str | None, root: Path, controller: str) -> list[tuple[bool, Path]]:

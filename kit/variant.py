@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from handlers.backends import Backend, BackendTraits, DType
+from handlers.backends import Backend, BackendTraits, DType, cpu_flags, dtype_refusal
 from handlers.settings import OptimizationSettings, SettingsError, parse_settings
 from kit.paths import CONFIG, ROOT, STORE
 
@@ -53,6 +53,10 @@ class Variant:
     def environment(self) -> Path:
         """The Python environment that serves this variant's archives."""
         return ROOT / self.traits.environment
+
+    def refusal(self) -> str:
+        """Why this CPU does not serve the variant ("" when it does): bf16 without AMX or AVX512_BF16."""
+        return dtype_refusal(self.dtype, cpu_flags())
 
     @property
     def preloaded_allocator(self) -> bool:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 DEFAULT_ENVIRONMENT = ".venv"  # torch 2.13: the kit's own
@@ -56,6 +57,10 @@ class BackendTraits:
     environment: str = DEFAULT_ENVIRONMENT  # the Python environment (repository-relative) its workers run in
     preloaded_allocator: bool = True  # runs with tcmalloc/jemalloc LD_PRELOADed by the launcher
     batch_sizes: BatchSizes = BatchSizes.BUCKETS
+    # Serves inputs whose non-batch sizes vary (text at its own length): the IR, the package or
+    # the compiled graph keeps those dimensions dynamic. A TorchScript trace is not checked at
+    # other lengths than its example, so IPEX pads to the one length it was traced at.
+    varying_sizes: bool = True
 
 
 BACKENDS: dict[Backend, BackendTraits] = {
@@ -63,13 +68,53 @@ BACKENDS: dict[Backend, BackendTraits] = {
     Backend.INDUCTOR: BackendTraits("inductor", FLOATS),
     # IPEX 2.8 imports only with torch 2.8, hence its own environment. Without AMX its bf16 and
     # int8 paths bring nothing here: the kit keeps it to float32.
-    Backend.IPEX: BackendTraits("ipex", frozenset({DType.FLOAT32}), "build_traced", environment=".venv-ipex"),
-    Backend.IPEX_COMPILE: BackendTraits("ipex", frozenset({DType.FLOAT32}), "build_compiled", environment=".venv-ipex"),
+    Backend.IPEX: BackendTraits(
+        "ipex", frozenset({DType.FLOAT32}), "build_traced", environment=".venv-ipex", varying_sizes=False
+    ),
+    Backend.IPEX_COMPILE: BackendTraits(
+        "ipex", frozenset({DType.FLOAT32}), "build_compiled", environment=".venv-ipex", varying_sizes=False
+    ),
     Backend.AOTI: BackendTraits("aoti", FLOATS | {DType.INT8}, precompiled=True, batch_sizes=BatchSizes.PACKAGED),
     # OpenVINO's CPU plugin frees with glibc what a preloaded tcmalloc/jemalloc allocated
     # ("free(): invalid pointer" in compile_model): its workers keep glibc malloc.
     Backend.OPENVINO: BackendTraits("openvino", FLOATS | {DType.INT8}, precompiled=True, preloaded_allocator=False),
 }
+
+
+CPUINFO = Path("/proc/cpuinfo")
+# bfloat16 is fast only where the CPU computes it (/proc/cpuinfo flags -> the name users know):
+# AMX (Intel Sapphire Rapids+) or AVX512_BF16 (AMD Zen 4+, Intel Cooper Lake). Elsewhere oneDNN
+# converts to float32 around every op, slower than float32 (pytorch issue 86270): refused there.
+BF16_FLAGS = {"amx_bf16": "AMX", "avx512_bf16": "AVX512_BF16"}
+
+
+def cpuinfo(path: Path = CPUINFO) -> dict[str, str]:
+    """The first CPU's /proc/cpuinfo fields ("vendor_id", "model name", "flags", ...)."""
+    fields: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def bf16_isa(flags: Iterable[str]) -> str | None:
+    """The ISA that computes bfloat16 on a CPU with these flags, or None."""
+    flags = set(flags)
+    return next((name for flag, name in BF16_FLAGS.items() if flag in flags), None)
+
+
+def dtype_refusal(dtype: DType, flags: Iterable[str]) -> str:
+    """Why a CPU with these flags must not serve `dtype` ("" when it may)."""
+    if dtype is DType.BFLOAT16 and bf16_isa(flags) is None:
+        return (
+            f"dtype bfloat16 needs a CPU with {' or '.join(BF16_FLAGS.values())}; this one has neither, and "
+            "bfloat16 runs slower than float32 there (pytorch issue 86270): serve a float32 or int8 variant here"
+        )
+    return ""
+
+
+def cpu_flags(path: Path = CPUINFO) -> frozenset[str]:
+    return frozenset(cpuinfo(path).get("flags", "").split())
 
 
 def _module(backend: Backend):

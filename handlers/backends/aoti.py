@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from handlers.backends import DType
-from handlers.backends.common import BuildSpec, Inputs, prepare, to_layout
+from handlers.backends.common import BuildSpec, Inputs, export_shapes, prepare, to_layout
 from handlers.backends.inductor import inductor_options
 from handlers.quiet_imports import torchao_import
 from handlers.settings import OptimizationSettings
@@ -36,7 +36,9 @@ def package_name(batch_size: int) -> str:
     return f"model.aoti.b{batch_size}.pt2"
 
 
-def quantize_int8(model: nn.Module, example: Inputs, calibration: Sequence[Inputs]) -> nn.Module:
+def quantize_int8(
+    model: nn.Module, settings: OptimizationSettings, example: Inputs, calibration: Sequence[Inputs]
+) -> nn.Module:
     """PT2E static int8. `example` has batch size 2: the batch dimension is exported dynamic (a
     batch of 1 would be specialised), so the quantized graph can be packaged at any size."""
     with torchao_import():
@@ -45,8 +47,7 @@ def quantize_int8(model: nn.Module, example: Inputs, calibration: Sequence[Input
 
     quantizer = x86.X86InductorQuantizer()
     quantizer.set_global(x86.get_default_x86_inductor_quantization_config())
-    # AUTO: dynamic unless the model limits it (a user's exported program may cap the batch).
-    program = torch.export.export(model, example, dynamic_shapes=tuple({0: torch.export.Dim.AUTO} for _ in example))
+    program = torch.export.export(model, example, dynamic_shapes=export_shapes(settings, example, batch=True))
     prepared = prepare_pt2e(program.module(), quantizer)
     with torch.no_grad():
         for inputs in calibration:
@@ -71,14 +72,15 @@ def precompile(
     calibration = [served(batch) for batch in calibration]
     if settings.dtype is DType.INT8:
         progress(f"int8: calibrating on {len(calibration)} batches")
-        model = quantize_int8(model, served(example_of(2)), calibration)
+        model = quantize_int8(model, settings, served(example_of(2)), calibration)
     packages = []
     for size in settings.aoti_batch_sizes:
         progress(f"AOTInductor: compiling batch size {size}")
         with torch.no_grad(), warnings.catch_warnings():  # freezing only applies without autograd
             # torch's own int8 lowering copies a tensor the deprecated way, once per layer.
             warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning)
-            program = torch.export.export(model, served(example_of(size)))
+            example = served(example_of(size))
+            program = torch.export.export(model, example, dynamic_shapes=export_shapes(settings, example, batch=False))
             packages.append(
                 Path(
                     torch._inductor.aoti_compile_and_package(

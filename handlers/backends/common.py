@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from handlers.backends import DType
+from handlers.backends import DType, cpu_flags, dtype_refusal
 from handlers.settings import OptimizationSettings
 
 Inputs = tuple[torch.Tensor, ...]
@@ -26,6 +26,11 @@ AUTOCAST_DTYPES = {DType.BFLOAT16: torch.bfloat16}
 
 class BackendUnavailable(RuntimeError):
     """The configured backend cannot run here (its environment or its artifact is missing)."""
+
+
+def require_dtype_supported(dtype: DType) -> None:
+    if refusal := dtype_refusal(dtype, cpu_flags()):
+        raise BackendUnavailable(refusal)
 
 
 class CompileError(RuntimeError):
@@ -64,6 +69,25 @@ def to_layout(inputs: Inputs, channels_last: bool) -> Inputs:
     if not channels_last:
         return inputs
     return tuple(t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in inputs)
+
+
+def export_shapes(settings: OptimizationSettings, example: Inputs, batch: bool) -> tuple[dict, ...]:
+    """torch.export's dynamic_shapes for the served inputs: the settings' varying dimensions (one
+    Dim each, shared by every input), and the batch one when a single program serves every batch
+    size (AUTO: dynamic unless the model limits it, e.g. a user's exported program that caps it)."""
+    dims: dict[int, object] = {0: torch.export.Dim.AUTO} if batch else {}
+    for dim, (low, high) in settings.varying_dims().items():
+        dims[dim] = torch.export.Dim(f"size{dim}", min=low, max=high)
+    return tuple({dim: spec for dim, spec in dims.items() if dim < t.dim()} for t in example)
+
+
+def mark_varying(inputs: Inputs, settings: OptimizationSettings) -> Inputs:
+    """Inputs with the settings' varying dimensions marked dynamic for torch.compile. "maybe": a
+    model whose code fixes that size gets one graph per size (all warmed up), not an error."""
+    for dim in settings.varying_dims():
+        for t in inputs:
+            torch._dynamo.maybe_mark_dynamic(t, dim)
+    return inputs
 
 
 def prepare(model: nn.Module, settings: OptimizationSettings) -> nn.Module:

@@ -11,17 +11,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from handlers.backends.common import BuildSpec, Runner
+from handlers.backends import CPUINFO, cpuinfo
+from handlers.backends.common import BuildSpec, Runner, mark_varying
 from handlers.settings import LinearKernel, OptimizationSettings
 
 
-def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+def cpu_vendor(path: Path = CPUINFO) -> str:
     """ "GenuineIntel", "AuthenticAMD", ... ("" where /proc/cpuinfo has no vendor_id)."""
-    for line in cpuinfo.read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "vendor_id":
-            return value.strip()
-    return ""
+    return cpuinfo(path).get("vendor_id", "")
 
 
 def linear_kernel(setting: LinearKernel, vendor: str) -> LinearKernel:
@@ -76,5 +73,15 @@ def build(model: nn.Module, settings: OptimizationSettings, spec: BuildSpec) -> 
     # minifier's repro scripts (which record the global config) reproduce it.
     torch._inductor.config.freezing = True
     select_linear_kernel(linear_kernel(settings.linear_kernel, cpu_vendor()))  # process-wide too
-    # dynamic=False: every served shape is warmed up, so static kernels are safe and fastest.
-    return torch.compile(model, backend="inductor", options=inductor_options(settings), dynamic=False)
+    # dynamic=False: every served batch size is warmed up, so static kernels are safe and fastest.
+    compiled = torch.compile(model, backend="inductor", options=inductor_options(settings), dynamic=False)
+    if not settings.varying_dims():
+        return compiled
+
+    # Text lengths: one graph with a dynamic length serves every bucket as fast as one frozen
+    # graph per bucket did (BERT-base, 16-128 tokens, one thread), and a graph per bucket held
+    # another copy of the frozen weights each (+345 MB per bucket).
+    def run(*inputs: torch.Tensor) -> torch.Tensor:
+        return compiled(*mark_varying(inputs, settings))
+
+    return run

@@ -3,7 +3,7 @@
     precompile(model, settings, example_of, calibration, staging)   # make archive: model.xml + model.bin
     run = build(None, settings, spec)                               # worker initialize(), ~1 s
 
-The IR keeps a dynamic batch dimension, so every batch size runs without recompiling.
+The IR keeps a dynamic batch dimension (and text length), so every batch size runs without recompiling.
 OpenVINO picks its own inference precision: bf16 on CPUs with AMX or AVX512-BF16, which is
 not what `dtype: float32` promises, so the precision hint is set from `dtype` explicitly.
 Threads follow the worker's torch thread count (the launcher's OMP_NUM_THREADS).
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from handlers.backends import DType
-from handlers.backends.common import BuildSpec, Inputs
+from handlers.backends.common import BuildSpec, Inputs, export_shapes
 from handlers.settings import OptimizationSettings
 
 log = logging.getLogger(__name__)
@@ -30,12 +30,13 @@ IR_FILE = "model.xml"  # + model.bin beside it
 PRECISION_HINT = {DType.FLOAT32: "f32", DType.BFLOAT16: "bf16", DType.INT8: "f32"}
 
 
-def convert(model: nn.Module, example: Inputs):
-    """Through torch.export (also takes a user's exported program), batch dimension dynamic."""
+def convert(model: nn.Module, settings: OptimizationSettings, example: Inputs):
+    """Through torch.export (also takes a user's exported program): the batch dimension and the
+    settings' varying ones (text length) stay dynamic in the IR."""
     import openvino as ov
 
     with torch.no_grad():
-        program = torch.export.export(model, example, dynamic_shapes=tuple({0: torch.export.Dim.AUTO} for _ in example))
+        program = torch.export.export(model, example, dynamic_shapes=export_shapes(settings, example, batch=True))
     return ov.convert_model(program)
 
 
@@ -61,7 +62,7 @@ def precompile(
     import openvino as ov
 
     progress("OpenVINO: converting")
-    converted = convert(model, example_of(2))
+    converted = convert(model, settings, example_of(2))
     if settings.dtype is DType.INT8:
         progress(f"OpenVINO int8: NNCF calibration on {len(calibration)} batches")
         converted = quantize_int8(converted, calibration, settings.transformer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
 import sys
@@ -9,13 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 import torch
 import yaml
 
+from handlers.backends import bf16_isa, cpu_flags
 from kit.paths import ROOT
 from kit.serve_config import ServeConfig
 from kit.server import ServerError, start_ready
-from tests.conftest import TinyCNN
+from tests.conftest import TinyCNN, encode_image
 from tests.e2e.conftest import one_cpu
 
 pytestmark = pytest.mark.e2e
@@ -48,3 +51,25 @@ def test_bad_handler_setting_stops_start_up_with_the_reason(tmp_path):
     assert time.monotonic() - started < 120, "the failure should be reported long before the deadline"
     # The reason from the worker, in the message the user sees:
     assert "unknown setting(s) ['bakend']" in str(failure.value)
+
+
+def test_bf16_starts_only_on_a_cpu_that_computes_it(tmp_path):
+    """Refused with the reason where bf16 would be slower than float32; served where the CPU has it."""
+    store = tmp_path / "store"
+    store.mkdir()
+    build_archive(store, "half", {"backend": "inductor", "dtype": "bfloat16"})
+    config = ServeConfig.from_preset("optimized", models=["half"], cpus=one_cpu())
+    start = functools.partial(start_ready, config, tmp_path / "run", 300, lambda message: None, model_store=store)
+    if bf16_isa(cpu_flags()) is None:
+        with pytest.raises(ServerError, match="model load failed") as failure:
+            start()
+        assert "dtype bfloat16 needs a CPU with AMX or AVX512_BF16; this one has neither" in str(failure.value)
+        return
+    server = start()
+    try:
+        answer = requests.post(
+            server.url("inference", "/predictions/half"), data=encode_image("RGB", (64, 64)), timeout=60
+        )
+        assert answer.status_code == 200 and len(answer.json()) == 5, answer.text  # top-5 classes
+    finally:
+        server.stop()

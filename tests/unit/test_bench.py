@@ -19,6 +19,7 @@ from bench.results import BenchRun, InProcessResult, RowResult, RunEnvironment, 
 from handlers.backends import DType
 from kit.models import Model
 from kit.topology import parse_topology
+from kit.variant import Variant
 
 LSCPU = Path(__file__).resolve().parent.parent / "fixtures" / "lscpu"
 ENVIRONMENT = RunEnvironment("cpu", 2, "2.13.0", "0.12.0", "3.11", "abc", "d")
@@ -143,7 +144,9 @@ def test_a_plan_names_the_archives_it_needs():
     # Row variants for the models that run them; eager for the peers' weights and the baseline.
     assert plan.archives["aoti-int8"] == ["resnet50", "bert"]
     assert plan.archives["eager"] == ["resnet50", "bert"]
-    assert set(plan.archives) == {"eager", "inductor", "inductor-mkl", "openvino", "aoti-int8", "openvino-int8", "ipex"}
+    assert set(plan.archives) == {
+        "eager", "inductor", "inductor-mkl", "inductor-bf16", "openvino", "openvino-bf16", "aoti-int8", "openvino-int8", "ipex"
+    }  # fmt: skip
     assert plan.archives["inductor-mkl"] == ["bert"]
     tiny = parse_plan("t", {"models": ["minilm"], "rows": [{"name": "x", "preset": "optimized", "variant": "aoti"}]})
     assert tiny.archives == {"aoti": ["minilm"]}  # no peers: no eager archive needed
@@ -182,7 +185,7 @@ def test_plan_errors_name_the_problem(raw, message):
 def test_unknown_plan_lists_choices():
     with pytest.raises(
         PlanError,
-        match="plan 'fast' not found; choose one of: backends, batching, default, frontend, full, phone, placement, quick, served, tune",
+        match="plan 'fast' not found; choose one of: backends, batching, default, frontend, full, lengths, phone, placement, quick, served, tune",
     ):
         load_plan("fast")
 
@@ -305,6 +308,31 @@ def test_rows_without_their_environment_are_skipped_and_reported(tmp_path, monke
     assert json.loads((tmp_path / "out" / "results.json").read_text())["skipped"] == run.skipped
 
 
+@pytest.mark.parametrize(
+    ("flags", "skipped"), [("avx2 avx512f avx512_vnni", True), ("avx2 avx512f avx512_bf16", False)]
+)
+def test_bf16_rows_are_skipped_with_the_reason_on_a_cpu_without_bf16(tmp_path, monkeypatch, flags, skipped):
+    from bench.runner import run_plan
+
+    monkeypatch.setattr("kit.variant.cpu_flags", lambda: frozenset(flags.split()))
+    started = []
+
+    def measure_row(row, *args):
+        started.append(row.name)
+        raise RuntimeError("not measured in a unit test")  # recorded as the row's failure
+
+    monkeypatch.setattr("bench.runner.measure_row", measure_row)
+    plan = parse_plan("t", {"models": ["bert"], "rows": [{"name": "bf16", "variant": "openvino-bf16"}]})
+    assert Variant.load("openvino-bf16").dtype is DType.BFLOAT16
+    run = BenchRun(plan, "python -m bench", ENVIRONMENT)
+    run_plan(run, tmp_path)
+    if skipped:
+        assert started == [] and len(run.skipped) == 1
+        assert "dtype bfloat16 needs a CPU with AMX or AVX512_BF16; this one has neither" in run.skipped[0]
+    else:
+        assert started == ["bf16"] and run.skipped == []
+
+
 def test_cpu_per_request_counts_processes_alive_at_both_ends():
     before = {10: ("frontend", 1.0), 11: ("workers", 2.0), 12: ("workers", 5.0)}
     after = {10: ("frontend", 1.5), 11: ("workers", 3.0), 13: ("workers", 9.0)}  # 12 died, 13 replaced it
@@ -353,6 +381,22 @@ def test_served_peers_are_compared_on_the_same_payload_only():
     assert not checks["resnet50 float32: best served row >= best served peer row"].met  # the baseline's 10 vs 40
     # The speed-up target looks at the kit's rows on the default payload: not the peer, not thumbnails.
     assert checks["resnet50: best row >= 3.0x baseline req/s"].measured == "9.00x (aoti int8)"
+
+
+def test_short_text_is_checked_against_typical_on_the_same_configuration():
+    results = [
+        row_result(model="bert", name="aoti typical", variant="aoti-int8", requests_per_s=10.0),
+        row_result(model="bert", name="aoti short", variant="aoti-int8", payload="short", requests_per_s=35.0),
+        row_result(model="bert", name="ov short", variant="openvino", payload="short", requests_per_s=20.0),
+        row_result(model="bert", name="ov typical", variant="openvino", requests_per_s=8.0),
+        # Another layout: compared with nothing.
+        row_result(model="bert", name="ov short b4", variant="openvino", payload="short", batch_size=4),
+    ]
+    checks = {c.target: c for c in check_targets(results)}
+    aoti = checks["bert aoti-int8: short payload >= 3.0x typical req/s"]
+    assert aoti.met and aoti.measured == "3.50x (35.0 vs 10.0)"
+    assert not checks["bert openvino: short payload >= 3.0x typical req/s"].met  # 2.5x
+    assert len([t for t in checks if "short payload" in t]) == 2
 
 
 def test_tune_searches_cores_per_worker_up_to_the_machines_l3_domain():

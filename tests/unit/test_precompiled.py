@@ -137,7 +137,7 @@ def test_a_recompile_while_serving_is_logged(exported_cnn, caplog):
     with caplog.at_level(logging.INFO, logger="handlers.base"):
         serve(handler, context, [{"body": encode_image("RGB", (64, 64))}] * 2)
         assert "recompiled while serving" not in caplog.text
-        assert "first batch at bucket 2 (2 request(s))" in caplog.text
+        assert "first batch at bucket 2, shape [2, 3, 224, 224] (2 request(s))" in caplog.text
         with torch.inference_mode():  # a shape initialize() never compiled
             handler.optimized(torch.randn(3, 3, 224, 224))
         handler.check_no_recompile(3, 3)
