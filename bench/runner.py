@@ -29,7 +29,7 @@ from bench.peers import measure_peer
 from bench.plan import EAGER_VARIANT, Peer, Plan, Row, row_payload
 from bench.results import BenchRun, InProcessResult, Measured, RowFailure, RowResult, add_derived
 from bench.served_peers import peer_log, row_name, run_served_peer
-from handlers.backends import cpu_flags, dtype_refusal
+from handlers.backends import cpu_refusal
 from handlers.itt import parse_range_name
 from kit.footprint import measure_live
 from kit.itt import Range, chrome_trace, read_ranges
@@ -203,13 +203,18 @@ def peer_row(model: str, peer: Peer, measured: Measured) -> InProcessResult:
     )
 
 
+def skip(run: BenchRun, label: str, reason: str, progress: str = "") -> None:
+    """A row or peer this machine cannot run: logged now, listed with the reason in the report."""
+    log(f"{progress}{label}: skipped, {reason}")
+    run.skipped.append(f"{label}: {reason}")
+
+
 def run_peers(plan: Plan, out_dir: Path, run: BenchRun) -> None:
     for model in plan.run.models:
         archive = Variant.load(EAGER_VARIANT).archive(model)  # the same weights as every row
         for peer in plan.peers:
-            if refusal := dtype_refusal(peer.precision, cpu_flags()):
-                log(f"peer {model} / {peer.name}: skipped, {refusal}")
-                run.skipped.append(f"peer {model} / {peer.name}: {refusal}")
+            if refusal := cpu_refusal(peer.precision):
+                skip(run, f"peer {model} / {peer.name}", refusal)
                 continue
             log(f"peer {model} / {peer.name}: in-process, {plan.run.in_process_seconds}s")
             measured = measure_peer(peer, archive, plan.run.in_process_seconds, out_dir / "extracted")
@@ -239,8 +244,7 @@ def run_served_peers(plan: Plan, out_dir: Path, run: BenchRun) -> None:
     for model in plan.run.models:
         for peer in plan.served_peers:
             if refusal := Variant.load(peer.variant).refusal():
-                log(f"served peer {model} / {peer.name}: skipped, {refusal}")
-                run.skipped.append(f"served peer {model} / {peer.name}: {refusal}")
+                skip(run, f"served peer {model} / {peer.name}", refusal)
                 continue
             name = row_payload(f"served peer {peer.name}", model, peer.payload)
             payload = write_payload(name, Model.load(model), out_dir / "payloads")
@@ -281,8 +285,7 @@ def run_plan(run: BenchRun, out_dir: Path) -> None:
     try:
         for index, row in enumerate(plan.rows, start=1):
             if reason := missing_environment(row):
-                log(f"[{index}/{len(plan.rows)}] {row.label}: skipped, {reason}")
-                run.skipped.append(f"{row.label}: {reason}")
+                skip(run, row.label, reason, progress=f"[{index}/{len(plan.rows)}] ")
                 continue
             log(f"[{index}/{len(plan.rows)}] {row.label}: start, wait for READY, warm up, ab {plan.run.seconds}s "
                 f"at concurrency {row.concurrency}")  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import os
 import typing
 from collections.abc import Mapping
@@ -224,7 +225,7 @@ class TextSettings(OptimizationSettings):
         if any(length < 2 for length in self.length_buckets):
             raise SettingsError(f"length_buckets must be lengths >= 2 tokens, got {list(self.length_buckets)}")
 
-    @property
+    @functools.cached_property  # read for every batch served
     def lengths(self) -> tuple[int, ...]:
         """The lengths a batch is padded to, shortest first; the last is max_length."""
         # Without an attention mask the model attends to padding: its length changes the answer.

@@ -22,12 +22,10 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
-from handlers.backends import bf16_isa
+from handlers.backends import ISAS, bf16_isa, cpu_isas
 from handlers.backends import cpuinfo as read_cpuinfo
 
 LSCPU_COLUMNS = "CPU,CORE,SOCKET,NODE,CACHE"
-# The ISA flags that decide which kernels run fast (/proc/cpuinfo names).
-ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 CGROUP = Path("/sys/fs/cgroup")
 
 
@@ -62,7 +60,7 @@ class Core:
 class Topology:
     cpus: tuple[Cpu, ...]  # the logical CPUs this process may run on
     quota: float | None = None  # cgroup CPU limit in CPUs (1.5 = 150 ms per 100 ms); None = none
-    flags: frozenset[str] = frozenset()  # ISA_FLAGS this CPU has
+    flags: frozenset[str] = frozenset()  # the /proc/cpuinfo flags of its ISAS
     model_name: str = ""
     memory: Memory | None = None  # None: not read (an injected topology)
 
@@ -119,7 +117,7 @@ class Topology:
         smt = max((len(core.cpus) for core in cores), default=1)
         quota = "no CPU quota" if self.quota is None else f"CPU quota {self.quota:g} CPUs"
         return [
-            f"CPU: {self.model_name or 'unknown'}; ISA: {' '.join(f for f in ISA_FLAGS if f in self.flags) or 'none known'}"
+            f"CPU: {self.model_name or 'unknown'}; ISA: {' '.join(cpu_isas(self.flags)) or 'none known'}"
             f"; bf16: {self.bf16_summary}",
             f"usable: {len(self.cpus)} logical CPUs ({format_cpus(c.id for c in self.cpus)}) on {len(cores)} physical "
             f"cores, {smt} thread(s) per core; {quota}: {self.capacity} core(s) of capacity",
@@ -231,7 +229,7 @@ def parse_topology(
         cpus = [c for c in cpus if c.id in allowed]
     if quota is not None and not quota > 0:
         raise TopologyError(f"quota must be > 0 CPUs, got {quota}")
-    return Topology(tuple(cpus), quota, frozenset(flags) & frozenset(ISA_FLAGS), model_name)
+    return Topology(tuple(cpus), quota, frozenset(flags) & frozenset().union(*ISAS.values()), model_name)
 
 
 # -- this machine ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from handlers.backends import Backend, BackendTraits, DType, cpu_flags, dtype_refusal
+from handlers.backends import Backend, BackendTraits, DType, cpu_refusal
 from handlers.settings import OptimizationSettings, SettingsError, parse_settings
 from kit.paths import CONFIG, ROOT, STORE
 
@@ -56,7 +56,7 @@ class Variant:
 
     def refusal(self) -> str:
         """Why this CPU does not serve the variant ("" when it does): bf16 without AMX or AVX512_BF16."""
-        return dtype_refusal(self.dtype, cpu_flags())
+        return cpu_refusal(self.dtype)
 
     @property
     def preloaded_allocator(self) -> bool:

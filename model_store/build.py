@@ -72,14 +72,14 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     """Precompiled backends (aoti, openvino): compile and calibrate now, ship the artifact."""
     from handlers.loaders import load_model
     from handlers.accuracy import AccuracyError
-    from handlers.backends import DType, cpu_flags, dtype_refusal
+    from handlers.backends import DType, cpu_refusal
     from handlers.precompile import check_artifact, precompile
     from handlers.archive import bare_handler
 
     handler = bare_handler(handler_file, handler_config, staging)
     if not handler.settings.traits.precompiled:
         return
-    if refusal := dtype_refusal(handler.settings.dtype, cpu_flags()):
+    if refusal := cpu_refusal(handler.settings.dtype):
         raise VariantRefused(f"{label} is not built: {refusal}")
     start = time.perf_counter()
     model = load_model(handler.settings, staging)

@@ -82,10 +82,22 @@ BACKENDS: dict[Backend, BackendTraits] = {
 
 
 CPUINFO = Path("/proc/cpuinfo")
-# bfloat16 is fast only where the CPU computes it (/proc/cpuinfo flags -> the name users know):
-# AMX (Intel Sapphire Rapids+) or AVX512_BF16 (AMD Zen 4+, Intel Cooper Lake). Elsewhere oneDNN
-# converts to float32 around every op, slower than float32 (pytorch issue 86270): refused there.
-BF16_FLAGS = {"amx_bf16": "AMX", "avx512_bf16": "AVX512_BF16"}
+# The vector ISAs that decide which kernels run, by the names users know and Inductor writes in a
+# package's AOTI_CPU_ISA, each with the /proc/cpuinfo flags it needs. The one table for the AOTI
+# package check, the bf16 check and what `kit topology` and `make status` print.
+ISAS: dict[str, frozenset[str]] = {
+    "AVX2": frozenset({"avx2", "fma"}),
+    "AVX512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+    "AVX512_VNNI": frozenset({"avx512_vnni"}),
+    "AVX512_BF16": frozenset({"avx512_bf16"}),
+    "AMX_TILE": frozenset({"amx_tile"}),
+    "AMX_BF16": frozenset({"amx_bf16"}),
+    "AMX_INT8": frozenset({"amx_int8"}),
+}
+# bfloat16 is fast only where the CPU computes it: AMX (Intel Sapphire Rapids+) or AVX512_BF16
+# (AMD Zen 4+, Intel Cooper Lake). Elsewhere oneDNN converts to float32 around every op, slower
+# than float32 (pytorch issue 86270): refused there.
+BF16_ISAS = ("AMX_BF16", "AVX512_BF16")
 
 
 def cpuinfo(path: Path = CPUINFO) -> dict[str, str]:
@@ -97,17 +109,22 @@ def cpuinfo(path: Path = CPUINFO) -> dict[str, str]:
     return fields
 
 
+def cpu_isas(flags: Iterable[str]) -> tuple[str, ...]:
+    """The ISAS a CPU with these /proc/cpuinfo flags has, in the table's order."""
+    flags = set(flags)
+    return tuple(name for name, needs in ISAS.items() if needs <= flags)
+
+
 def bf16_isa(flags: Iterable[str]) -> str | None:
     """The ISA that computes bfloat16 on a CPU with these flags, or None."""
-    flags = set(flags)
-    return next((name for flag, name in BF16_FLAGS.items() if flag in flags), None)
+    return next((name for name in BF16_ISAS if name in cpu_isas(flags)), None)
 
 
 def dtype_refusal(dtype: DType, flags: Iterable[str]) -> str:
     """Why a CPU with these flags must not serve `dtype` ("" when it may)."""
     if dtype is DType.BFLOAT16 and bf16_isa(flags) is None:
         return (
-            f"dtype bfloat16 needs a CPU with {' or '.join(BF16_FLAGS.values())}; this one has neither, and "
+            f"dtype bfloat16 needs a CPU with {' or '.join(BF16_ISAS)}; this one has neither, and "
             "bfloat16 runs slower than float32 there (pytorch issue 86270): serve a float32 or int8 variant here"
         )
     return ""
@@ -115,6 +132,12 @@ def dtype_refusal(dtype: DType, flags: Iterable[str]) -> str:
 
 def cpu_flags(path: Path = CPUINFO) -> frozenset[str]:
     return frozenset(cpuinfo(path).get("flags", "").split())
+
+
+def cpu_refusal(dtype: DType) -> str:
+    """Why this machine's CPU must not serve `dtype` ("" when it may): the one check of archive
+    builds, worker starts, the bench and `make tune`."""
+    return dtype_refusal(dtype, cpu_flags())
 
 
 def _module(backend: Backend):

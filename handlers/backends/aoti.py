@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from handlers.backends import DType
+from handlers.backends import ISAS, DType, cpu_flags, cpu_isas
 from handlers.backends.common import BuildSpec, Inputs, export_shapes, prepare, to_layout
 from handlers.backends.inductor import inductor_options
 from handlers.quiet_imports import torchao_import
@@ -93,20 +93,12 @@ def precompile(
     return packages
 
 
-# What a package's AOTI_CPU_ISA tokens (Inductor's names for the vector ISA it was compiled
-# for) need from this CPU: a package built on a newer CPU dies of SIGILL on an older one.
-CPU_SUPPORTS: dict[str, Callable[[], bool]] = {
-    "AVX2": torch.cpu._is_avx2_supported,
-    "AVX512": torch.cpu._is_avx512_supported,
-    "AVX512_VNNI": torch.cpu._is_vnni_supported,
-    "AMX_TILE": torch.cpu._is_amx_tile_supported,
-}
-
-
 def check_cpu(path: Path) -> None:
+    """A package built on a newer CPU dies of SIGILL on an older one: refuse it by name instead."""
     metadata = torch._C._aoti.AOTIModelPackageLoader.load_metadata_from_package(str(path), "model")
     compiled_for = metadata.get("AOTI_CPU_ISA", "").split()
-    missing = [isa for isa in compiled_for if isa in CPU_SUPPORTS and not CPU_SUPPORTS[isa]()]
+    here = cpu_isas(cpu_flags())
+    missing = [isa for isa in compiled_for if isa in ISAS and isa not in here]
     if missing:
         raise RuntimeError(
             f"{path.name} was compiled for {' '.join(compiled_for)}, but this CPU lacks {' '.join(missing)}; "

@@ -8,13 +8,13 @@ logits = run(*to_layout(inputs, settings.channels_last))
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from handlers.backends import DType, cpu_flags, dtype_refusal
+from handlers.backends import DType, cpu_refusal
 from handlers.settings import OptimizationSettings
 
 Inputs = tuple[torch.Tensor, ...]
@@ -29,7 +29,7 @@ class BackendUnavailable(RuntimeError):
 
 
 def require_dtype_supported(dtype: DType) -> None:
-    if refusal := dtype_refusal(dtype, cpu_flags()):
+    if refusal := cpu_refusal(dtype):
         raise BackendUnavailable(refusal)
 
 
@@ -81,10 +81,11 @@ def export_shapes(settings: OptimizationSettings, example: Inputs, batch: bool) 
     return tuple({dim: spec for dim, spec in dims.items() if dim < t.dim()} for t in example)
 
 
-def mark_varying(inputs: Inputs, settings: OptimizationSettings) -> Inputs:
-    """Inputs with the settings' varying dimensions marked dynamic for torch.compile. "maybe": a
-    model whose code fixes that size gets one graph per size (all warmed up), not an error."""
-    for dim in settings.varying_dims():
+def mark_varying(inputs: Inputs, dims: Iterable[int]) -> Inputs:
+    """Inputs with these dimensions (the settings' varying_dims, the batch) marked dynamic for torch.compile.
+    "maybe": a model whose code fixes that size gets one graph per size (all warmed up), not an
+    error; for the same reason no bounds are given (a size outside them would be an error too)."""
+    for dim in dims:
         for t in inputs:
             torch._dynamo.maybe_mark_dynamic(t, dim)
     return inputs

@@ -63,7 +63,7 @@ def test_bf16_starts_only_on_a_cpu_that_computes_it(tmp_path):
     if bf16_isa(cpu_flags()) is None:
         with pytest.raises(ServerError, match="model load failed") as failure:
             start()
-        assert "dtype bfloat16 needs a CPU with AMX or AVX512_BF16; this one has neither" in str(failure.value)
+        assert "dtype bfloat16 needs a CPU with AMX_BF16 or AVX512_BF16; this one has neither" in str(failure.value)
         return
     server = start()
     try:

@@ -8,7 +8,17 @@ import sys
 
 import pytest
 
-from handlers.backends import BACKENDS, Backend, BatchSizes, builder, precompiler
+from handlers.backends import (
+    BACKENDS,
+    BF16_ISAS,
+    Backend,
+    BatchSizes,
+    bf16_isa,
+    builder,
+    cpu_flags,
+    cpu_isas,
+    precompiler,
+)
 from kit.paths import ROOT
 from kit.variant import Variant, variant_names
 
@@ -39,3 +49,26 @@ def test_the_serving_side_and_plans_are_read_without_torch():
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'litserve')); assert not heavy, heavy"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+def test_the_isa_table_reads_this_cpu_as_torch_does():
+    """The kit's ISA names (from /proc/cpuinfo) decide whether an AOTI package runs and bf16 is
+    served; torch's own checks must agree on this machine, whichever CPU it is."""
+    import torch
+
+    here = cpu_isas(cpu_flags())
+    torch_says = {
+        "AVX2": torch.cpu._is_avx2_supported(),
+        "AVX512": torch.cpu._is_avx512_supported(),
+        "AVX512_VNNI": torch.cpu._is_vnni_supported(),
+        "AVX512_BF16": torch.cpu._is_avx512_bf16_supported(),
+        "AMX_TILE": torch.cpu._is_amx_tile_supported(),
+    }
+    assert {isa: isa in here for isa in torch_says} == torch_says
+    assert bf16_isa(cpu_flags()) == next((isa for isa in BF16_ISAS if isa in here), None)
+
+
+def test_an_isa_needs_all_its_flags():
+    assert cpu_isas({"avx2", "fma", "avx512f"}) == ("AVX2",)  # AVX512 also needs bw, vl, dq
+    assert bf16_isa({"avx2", "fma", "avx512_vnni"}) is None
+    assert bf16_isa({"amx_tile", "amx_bf16", "avx512_bf16"}) == "AMX_BF16"

@@ -314,7 +314,7 @@ def test_rows_without_their_environment_are_skipped_and_reported(tmp_path, monke
 def test_bf16_rows_are_skipped_with_the_reason_on_a_cpu_without_bf16(tmp_path, monkeypatch, flags, skipped):
     from bench.runner import run_plan
 
-    monkeypatch.setattr("kit.variant.cpu_flags", lambda: frozenset(flags.split()))
+    monkeypatch.setattr("handlers.backends.cpu_flags", lambda: frozenset(flags.split()))
     started = []
 
     def measure_row(row, *args):
@@ -328,7 +328,7 @@ def test_bf16_rows_are_skipped_with_the_reason_on_a_cpu_without_bf16(tmp_path, m
     run_plan(run, tmp_path)
     if skipped:
         assert started == [] and len(run.skipped) == 1
-        assert "dtype bfloat16 needs a CPU with AMX or AVX512_BF16; this one has neither" in run.skipped[0]
+        assert "dtype bfloat16 needs a CPU with AMX_BF16 or AVX512_BF16; this one has neither" in run.skipped[0]
     else:
         assert started == ["bf16"] and run.skipped == []
 

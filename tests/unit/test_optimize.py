@@ -6,9 +6,10 @@ import time
 import pytest
 import torch
 
+from handlers import backends
 from handlers.accuracy import AccuracyError
 from handlers.architectures.text import BertClassifier
-from handlers.backends import Backend, common
+from handlers.backends import Backend
 from handlers.backends.common import BackendUnavailable, CompileError
 from handlers.optimize import optimize
 from handlers.settings import ImageSettings, SettingsError, TextSettings, parse_settings
@@ -43,7 +44,7 @@ def run(optimized, inputs):
 )
 def test_image_backends_match_eager(tiny_cnn, overrides, tolerance, monkeypatch):
     # The math of bf16 is checked on any CPU; the refusal of a CPU without bf16 is tested below.
-    monkeypatch.setattr(common, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    monkeypatch.setattr(backends, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
     settings = parse_settings(ImageSettings, overrides)
     examples = [(torch.randn(1, 3, 32, 32),), (torch.randn(4, 3, 32, 32),)]
     references = [eager_reference(tiny_cnn, x) for x in examples]
@@ -55,10 +56,10 @@ def test_image_backends_match_eager(tiny_cnn, overrides, tolerance, monkeypatch)
 
 @pytest.mark.parametrize("backend", ["inductor", "eager"])
 def test_bf16_is_refused_on_a_cpu_without_bf16_with_the_reason(tiny_cnn, monkeypatch, backend):
-    monkeypatch.setattr(common, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_vnni", "amx_tile"}))
+    monkeypatch.setattr(backends, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_vnni", "amx_tile"}))
     settings = parse_settings(ImageSettings, {"backend": backend, "dtype": "bfloat16", "fallback_to_eager": True})
     with pytest.raises(
-        BackendUnavailable, match="dtype bfloat16 needs a CPU with AMX or AVX512_BF16; this one has neither"
+        BackendUnavailable, match="dtype bfloat16 needs a CPU with AMX_BF16 or AVX512_BF16; this one has neither"
     ):
         optimize(tiny_cnn, settings, [(torch.randn(1, 3, 32, 32),)])
 
