@@ -28,7 +28,7 @@ from handlers.archive import extract
 from kit.footprint import measure_live
 from kit.paths import ROOT, process_environment
 from kit.ports import PORTS, PortInUseError, bind_failure, start_on_fresh_ports
-from kit.procinfo import busy_fractions, cpu_times, live_process, process_tree
+from kit.procinfo import busy_fractions, cpu_times, process_tree
 from kit.server import terminate
 from kit.topology import read_topology
 from kit.variant import Variant
@@ -109,8 +109,8 @@ def run_served_peer(peer: ServedPeer, model: str, payload: Payload, run: RunSett
         result, argv, cpu_ms = measure_ab(url, {}, payload, concurrency, run.seconds, server.process_tree,
                                           lambda process: PEER_GROUP)  # fmt: skip
         busy = busy_fractions(cpu_before, cpu_times())
-        rss_mb = sum(info.rss_mb for info in map(live_process, (p.pid for p in server.process_tree())) if info)
-        pss_mb = sum(f.pss for f in map(measure_live, (p.pid for p in server.process_tree())) if f) / 2**20
+        footprints = [f for f in map(measure_live, (p.pid for p in server.process_tree())) if f]
+        rss_mb, pss_mb = (sum(getattr(f, size) for f in footprints) / 2**20 for size in ("rss", "pss"))
     finally:
         server.stop()
     return RowResult(

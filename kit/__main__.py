@@ -206,17 +206,21 @@ def topology_of(args: argparse.Namespace) -> Topology:
 
 def demands_of(args: argparse.Namespace) -> list[Demand]:
     """The models to plan, each with its footprint: given by --footprint, else the one recorded for
-    --variant's archive (None: never measured)."""
+    --variant's archive at the optimized preset's batch size (None: never measured)."""
     given = {}
     for item in filter(None, args.footprint.split(",")):
         model, _, size = item.partition("=")
         given[model.strip()] = Footprint.of_size(parse_size(size))
-    variant = Variant.load(args.variant) if args.variant else ServeConfig.from_preset("optimized").variant
+    preset = ServeConfig.from_preset("optimized")  # its variant unless --variant, and its batch size
+    variant = Variant.load(args.variant) if args.variant else preset.variant
     demands = [Demand.parse(text) for text in args.models.split(",")]
     strangers = sorted(set(given) - {d.model for d in demands})
     if strangers:
         raise PlanError(f"--footprint names {strangers}, which --models does not plan")
-    return [dataclasses.replace(d, footprint=given.get(d.model) or recorded(variant.archive(d.model))) for d in demands]
+    return [
+        dataclasses.replace(d, footprint=given.get(d.model) or recorded(variant.archive(d.model), preset.batch_size))
+        for d in demands
+    ]
 
 
 def topology(args: argparse.Namespace) -> int:

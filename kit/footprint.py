@@ -2,8 +2,8 @@
 its archive, read by the plan (kit/plan.py) to fit the workers into the memory budget.
 
     footprint = measure(pid)                      # Footprint(rss=..., pss=..., private=..., peak=...)
-    record(archive, [measure(pid) for pid in worker_pids])   # model_store/<variant>/<model>.footprint.json
-    recorded(archive)                             # None: never measured, or the archive was rebuilt since
+    record(archive, 4, [measure(pid) for pid in worker_pids])   # model_store/<variant>/<model>.b4.footprint.json
+    recorded(archive, 4)                          # None: never measured at that batch size, or the archive was rebuilt since
 
 `kit.server.Server.wait_ready` records every model once its workers are READY (warm-up runs in
 the handler's initialize, so READY means warmed); `make status` shows the live numbers.
@@ -18,7 +18,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from kit.topology import gib
+from kit.topology import gib, kb_fields
 
 SUFFIX = ".footprint.json"
 
@@ -72,20 +72,9 @@ class Footprint:
         )
 
 
-def smaps_rollup(text: str) -> dict[str, int]:
-    """The "Name: N kB" lines of /proc/PID/smaps_rollup (or status), in bytes."""
-    fields = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        parts = value.split()
-        if len(parts) == 2 and parts[1] == "kB":
-            fields[name] = int(parts[0]) * 1024
-    return fields
-
-
 def measure(pid: int) -> Footprint:
-    rollup = smaps_rollup(Path(f"/proc/{pid}/smaps_rollup").read_text())
-    status = smaps_rollup(Path(f"/proc/{pid}/status").read_text())
+    rollup = kb_fields(Path(f"/proc/{pid}/smaps_rollup").read_text())
+    status = kb_fields(Path(f"/proc/{pid}/status").read_text())
     return Footprint(rollup["Rss"], rollup["Pss"], rollup["Private_Clean"] + rollup["Private_Dirty"], status["VmHWM"])
 
 
@@ -97,8 +86,10 @@ def measure_live(pid: int) -> Footprint | None:
         return None
 
 
-def footprint_file(archive: Path) -> Path:
-    return archive.with_name(archive.stem + SUFFIX)
+def footprint_file(archive: Path, batch_size: int) -> Path:
+    """A worker that batches holds more (a graph or package per batch shape, larger activations):
+    one file per TorchServe batchSize the archive was served at."""
+    return archive.with_name(f"{archive.stem}{f'.b{batch_size}' if batch_size > 1 else ''}{SUFFIX}")
 
 
 def archive_identity(archive: Path) -> list:
@@ -111,18 +102,18 @@ def archive_identity(archive: Path) -> list:
         return [size, hashlib.sha256(file.read()).hexdigest()]
 
 
-def record(archive: Path, measured: Sequence[Footprint]) -> Footprint:
+def record(archive: Path, batch_size: int, measured: Sequence[Footprint]) -> Footprint:
     """Write the worst of `measured` beside `archive` (atomically: servers of a bench may race)."""
     footprint = Footprint.worst(measured)
-    path = footprint_file(archive)
+    path = footprint_file(archive, batch_size)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     partial.write_text(json.dumps({"archive": archive_identity(archive), **dataclasses.asdict(footprint)}, indent=2))
     partial.replace(path)
     return footprint
 
 
-def recorded(archive: Path) -> Footprint | None:
-    path = footprint_file(archive)
+def recorded(archive: Path, batch_size: int) -> Footprint | None:
+    path = footprint_file(archive, batch_size)
     try:
         raw = json.loads(path.read_text())
         if raw.pop("archive") != archive_identity(archive):

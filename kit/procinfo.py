@@ -15,6 +15,8 @@ from pathlib import Path
 
 import psutil
 
+from kit.topology import kb_fields
+
 # Substring of the mapped file name -> allocator name.
 ALLOCATOR_LIBRARIES = {"libjemalloc": "jemalloc", "libtcmalloc": "tcmalloc"}
 
@@ -45,11 +47,8 @@ def process_environment(pid: int) -> dict[str, str]:
 
 
 def memory_mb(pid: int, field: str = "VmRSS") -> float:
-    """A memory line of /proc/PID/status (VmRSS now, VmHWM peak) in MB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024  # kB -> MB
-    return 0.0
+    """A memory line of /proc/PID/status (VmRSS now, VmHWM peak) in MB (0 for a kernel thread)."""
+    return kb_fields(Path(f"/proc/{pid}/status").read_text()).get(field, 0) / 2**20
 
 
 def memory_policy(pid: int) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import ipaddress
 import json
 import os
@@ -161,11 +162,7 @@ class ServeConfig:
                 parse_cpus(self.cpus)
             except TopologyError as error:
                 raise ConfigError(f"cpus: {error}") from None
-        if self.memory:
-            try:
-                parse_size(self.memory)
-            except TopologyError as error:
-                raise ConfigError(f"memory: {error}") from None
+        self.memory_limit  # noqa: B018 - parsed now: a wrong size is an error when the preset loads
         if self.workers is not None and self.workers < 1:
             raise ConfigError(f"workers must be >= 1 or null, got {self.workers}")
         if self.threads is not None and self.threads < 1:
@@ -216,14 +213,23 @@ class ServeConfig:
             )
         return wanted
 
+    @functools.cached_property
+    def memory_limit(self) -> int | None:
+        """`memory` in bytes; None: no budget of its own (the cgroup's, else the machine's)."""
+        if not self.memory:
+            return None
+        try:
+            return parse_size(self.memory)
+        except TopologyError as error:
+            raise ConfigError(f"memory: {error}") from None
+
     def layout(self, topology: Topology) -> Layout | None:
         """The planned layout of placement plan on `topology` (narrowed to `cpus`); None otherwise."""
         if self.placement is not Placement.PLAN:
             return None
         if self.cpus:
             topology = topology.restricted(self.allowed_cpus)
-        if self.memory:
-            limit = parse_size(self.memory)
+        if (limit := self.memory_limit) is not None:
             machine = topology.memory or Memory(limit, limit)
             limit = min(limit, machine.limit or limit)  # a narrower cgroup limit still binds
             topology = dataclasses.replace(topology, memory=dataclasses.replace(machine, limit=limit))
@@ -231,7 +237,7 @@ class ServeConfig:
             Demand(
                 model,
                 allocator=self.allocator_of(model).value,
-                footprint=recorded(self.variant_of(model).archive(model)),
+                footprint=recorded(self.variant_of(model).archive(model), self.batch_size),
             )
             for model in self.models
         ]

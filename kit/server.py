@@ -368,7 +368,7 @@ class Server:
         for model, pids in workers.items():
             archive = (self.model_store / f"{model}.mar").resolve()
             try:
-                footprint = record(archive, [measure(pid) for pid in pids])
+                footprint = record(archive, self.config.batch_size, [measure(pid) for pid in pids])
             except OSError as error:  # a worker gone meanwhile, a read-only store: the plan measures later
                 progress(f"[serve] {model}: memory not recorded ({error})")
                 continue

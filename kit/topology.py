@@ -300,13 +300,22 @@ def _ancestors(mount: Path, path: str) -> list[Path]:
     return [mount.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]
 
 
-def meminfo_bytes(text: str, key: str) -> int:
-    """A "Key: N kB" line of /proc/meminfo (or "Node 0 Key: N kB" of a NUMA node's) in bytes."""
+def kb_fields(text: str) -> dict[str, int]:
+    """The "Key: N kB" lines of a /proc file in bytes, by key: meminfo (a NUMA node's too, whose
+    keys start "Node 0 "), PID/status, PID/smaps_rollup."""
+    fields = {}
     for line in text.splitlines():
         name, _, value = line.partition(":")
-        if name.split()[-1:] == [key]:
-            return int(value.split()[0]) * 1024
-    raise TopologyError(f"no {key} in meminfo")
+        parts = value.split()
+        if name.strip() and len(parts) == 2 and parts[1] == "kB":
+            fields[name.split()[-1]] = int(parts[0]) * 1024
+    return fields
+
+
+def meminfo_bytes(text: str, key: str) -> int:
+    if (size := kb_fields(text).get(key)) is None:
+        raise TopologyError(f"no {key} in meminfo")
+    return size
 
 
 @dataclasses.dataclass(frozen=True)

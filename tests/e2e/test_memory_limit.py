@@ -95,8 +95,8 @@ def test_a_memory_limit_gets_fewer_wider_workers_and_stays_up(tmp_path, optimize
     # 1. Unlimited (the shared optimized server, Inductor): the footprint was recorded once READY
     #    (by it, or by a later server of the same archive).
     assert optimized_server.config.variant_of(MODEL).archive(MODEL) == archive
-    footprint = recorded(archive)
-    assert footprint is not None, f"no footprint recorded at {footprint_file(archive)}"
+    footprint = recorded(archive, config.batch_size)
+    assert footprint is not None, f"no footprint recorded at {footprint_file(archive, config.batch_size)}"
     frontend_rss = max(p.memory_info().rss for p in optimized_server.process_tree() if p.name() == "java")
 
     # 2. A limit below what the full layout's workers and frontend really held, in which the plan
@@ -124,11 +124,11 @@ def test_a_memory_limit_gets_fewer_wider_workers_and_stays_up(tmp_path, optimize
 
         # 3. Never measured (a rebuilt archive, a fresh image): under the limit, one wide worker
         #    starts instead of the full layout of unknown size, and READY records the footprint.
-        footprint_file(archive).unlink()
+        footprint_file(archive, config.batch_size).unlink()
         server = start_in(cgroup, tmp_path / "unmeasured", config)
         try:
             assert "until then one worker each under the limit" in server.layout.unplanned
             assert len(server.workers()) == 1 and post(server, "short").status_code == 200
         finally:
             server.stop()
-        assert recorded(archive) is not None
+        assert recorded(archive, config.batch_size) is not None

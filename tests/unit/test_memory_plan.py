@@ -11,10 +11,10 @@ import shutil
 
 import pytest
 
-from kit.footprint import Footprint, footprint_file, measure, record, recorded, smaps_rollup
+from kit.footprint import Footprint, footprint_file, measure, record, recorded
 from kit.plan import Demand, Layout, PlanError, place, plan_layout
 from kit.serve_config import ConfigError, ServeConfig, jvm_args
-from kit.topology import Memory
+from kit.topology import Memory, TopologyError, kb_fields, meminfo_bytes
 from tests.unit.test_plan import FIXTURES, MACHINES, machine
 
 GiB, MiB = 2**30, 2**20
@@ -51,7 +51,7 @@ Private_Dirty:    376588 kB
 
 
 def test_a_footprint_is_read_from_smaps_rollup_and_costs_shared_pages_once():
-    fields = smaps_rollup(ROLLUP)
+    fields = kb_fields(ROLLUP)
     assert (fields["Rss"], fields["Private_Dirty"]) == (625088 * 1024, 376588 * 1024)
     footprint = Footprint(
         fields["Rss"], fields["Pss"], fields["Private_Clean"] + fields["Private_Dirty"], peak=700000 * 1024
@@ -71,19 +71,29 @@ def test_this_process_is_measured_from_proc():
 def test_a_recorded_footprint_is_stale_once_the_archive_is_rebuilt(tmp_path):
     archive = tmp_path / "bert.mar"
     archive.write_bytes(b"x" * 100)
-    assert recorded(archive) is None  # never measured
-    worst = record(archive, [INDUCTOR["bert"], dataclasses.replace(INDUCTOR["bert"], rss=1400 * MiB)])
-    assert footprint_file(archive).name == "bert.footprint.json"
-    assert recorded(archive) == worst == dataclasses.replace(INDUCTOR["bert"], rss=1400 * MiB, workers=2)
+    assert recorded(archive, 1) is None  # never measured
+    worst = record(archive, 1, [INDUCTOR["bert"], dataclasses.replace(INDUCTOR["bert"], rss=1400 * MiB)])
+    assert footprint_file(archive, 1).name == "bert.footprint.json"
+    assert recorded(archive, 1) == worst == dataclasses.replace(INDUCTOR["bert"], rss=1400 * MiB, workers=2)
     copy = tmp_path / "image" / "bert.mar"  # the archive and its footprint copied into an image
     copy.parent.mkdir()
     shutil.copyfile(archive, copy)
-    shutil.copyfile(footprint_file(archive), footprint_file(copy))
-    assert recorded(copy) == worst
+    shutil.copyfile(footprint_file(archive, 1), footprint_file(copy, 1))
+    assert recorded(copy, 1) == worst
     archive.write_bytes(b"x" * 99 + b"y")  # `make archive` wrote a new one
-    assert recorded(archive) is None
-    footprint_file(archive).write_text("{not json")
-    assert recorded(archive) is None
+    assert recorded(archive, 1) is None
+    footprint_file(archive, 1).write_text("{not json")
+    assert recorded(archive, 1) is None
+
+
+def test_a_footprint_holds_for_the_batch_size_it_was_measured_at(tmp_path):
+    archive = tmp_path / "bert.mar"
+    archive.write_bytes(b"x" * 100)
+    single = record(archive, 1, [INDUCTOR["bert"]])
+    assert recorded(archive, 4) is None  # a batching worker holds more: measured again
+    batching = record(archive, 4, [dataclasses.replace(INDUCTOR["bert"], private=INDUCTOR["bert"].private + 330 * MiB)])
+    assert footprint_file(archive, 4).name == "bert.b4.footprint.json"
+    assert recorded(archive, 1) == single and recorded(archive, 4) == batching
 
 
 # -- the plan within a budget -----------------------------------------------------------------
@@ -207,3 +217,11 @@ def test_a_preset_memory_budget_narrows_the_machines_and_a_tighter_cgroup_still_
     assert config.layout(capped).memory.budget == 4 * GiB
     with pytest.raises(ConfigError, match="memory: memory size '4 gigs' is not a size"):
         ServeConfig.from_preset("optimized", memory="4 gigs")
+
+
+def test_proc_memory_lines_are_read_by_key_in_bytes():
+    node = "Node 1 MemTotal:       32768 kB\nNode 1 MemFree:        1024 kB\nNode 1 HugePages_Total:     0\n"
+    assert kb_fields(node) == {"MemTotal": 32768 * 1024, "MemFree": 1024 * 1024}
+    assert meminfo_bytes("MemTotal:  2048 kB\n", "MemTotal") == 2048 * 1024
+    with pytest.raises(TopologyError, match="no MemAvailable in meminfo"):
+        meminfo_bytes("MemTotal:  2048 kB\n", "MemAvailable")
