@@ -112,6 +112,9 @@ class ServeConfig:
     threads: int | None = None
     allocator: Allocator = PREFERRED_ALLOCATOR
     omp_wait_policy: OmpWaitPolicy = OmpWaitPolicy.PASSIVE
+    # TorchServe's batchSize. 1 in the default preset: on the 2-core AVX2 EPYC batches of 4 and 8
+    # were level with no batching under load and doubled an Inductor worker's start (`make bench
+    # PLAN=batching`, docs/benchmarks.md); `make tune` picks a batch where it pays.
     batch_size: int = 1
     # TorchServe waits up to this long in total for more requests after a batch's first: 1 ms takes
     # what is already queued, and a lone request waits ~1 ms. 5 ms cost 41 % at concurrency 4 and

@@ -208,7 +208,7 @@ def test_the_frontend_heap_comes_from_the_plan_unless_the_preset_sets_one():
 def test_a_preset_memory_budget_narrows_the_machines_and_a_tighter_cgroup_still_binds(monkeypatch):
     import kit.serve_config
 
-    monkeypatch.setattr(kit.serve_config, "recorded", lambda archive: INDUCTOR[archive.stem])
+    monkeypatch.setattr(kit.serve_config, "recorded", lambda archive, batch_size: INDUCTOR[archive.stem])
     vm = dataclasses.replace(MACHINES["this-vm"], memory=Memory(24 * GiB, 20 * GiB, limit=None))
     config = ServeConfig.from_preset("optimized", models=("bert", "resnet50", "minilm"), memory="5Gi")
     assert config.layout(vm).memory.budget == 5 * GiB
