@@ -24,24 +24,24 @@ IMAGES, TEXTS = 7, 5
 
 def test_each_inference_call_is_one_itt_range_in_the_collector(tmp_path):
     itt_dir = tmp_path / "itt"
-    # aoti-int8: precompiled, so the workers start in seconds.
-    config = ServeConfig.from_preset("optimized", variant="aoti-int8", models=("resnet50", "bert"),
+    # aoti-int8: precompiled, so the workers start in seconds (make test-archives builds MiniLM's, not BERT's).
+    config = ServeConfig.from_preset("optimized", variant="aoti-int8", models=("resnet50", "minilm"),
                                      itt_trace_dir=str(itt_dir))  # fmt: skip
     server = start_server(tmp_path / "run", config)
     try:
-        image, text = body_for(Model.load("resnet50")), body_for(Model.load("bert"))
+        image, text = body_for(Model.load("resnet50")), body_for(Model.load("minilm"))
         for _ in range(IMAGES):
             assert post(server, "resnet50", image.data, image.content_type).status_code == 200
         for _ in range(TEXTS):
-            assert post(server, "bert", text.data, text.content_type).status_code == 200
+            assert post(server, "minilm", text.data, text.content_type).status_code == 200
         # A bad body never reaches the model: no range for it.
         assert post(server, "resnet50", b"not an image", "image/jpeg").status_code == 400
-        workers = worker_pids(server, "resnet50") | worker_pids(server, "bert")
+        workers = worker_pids(server, "resnet50") | worker_pids(server, "minilm")
     finally:
         server.stop()
 
     ranges = [r for r in read_ranges(itt_dir) if parse_range_name(r.name)]  # the kit's own: `<model>:bs<k>`
-    assert collections.Counter(r.name for r in ranges) == {"resnet50:bs1": IMAGES, "bert:bs1": TEXTS}
+    assert collections.Counter(r.name for r in ranges) == {"resnet50:bs1": IMAGES, "minilm:bs1": TEXTS}
     assert {r.pid for r in ranges} <= workers  # recorded inside the worker processes
     for _, thread in itertools.groupby(sorted(ranges, key=lambda r: (r.pid, r.tid)), key=lambda r: (r.pid, r.tid)):
         spans = sorted((r.begin_ns, r.end_ns) for r in thread)
