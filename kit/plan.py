@@ -106,13 +106,11 @@ class WorkerPlan:
 class ModelPlan:
     workers: tuple[WorkerPlan, ...]
     allocator: str = PREFERRED_ALLOCATOR.value
-    batch_size: int = 1
 
     def to_dict(self) -> dict:
         return {
             "workers": [w.to_dict() for w in self.workers],
             "allocator": self.allocator,
-            "batch_size": self.batch_size,
         }
 
 
@@ -187,7 +185,6 @@ class Layout:
             name: ModelPlan(
                 tuple(WorkerPlan(tuple(w["cpus"]), w["threads"], w["numa_node"]) for w in model["workers"]),
                 model["allocator"],
-                model["batch_size"],
             )
             for name, model in raw["models"].items()
         }

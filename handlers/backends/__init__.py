@@ -117,7 +117,8 @@ def cpu_isas(flags: Iterable[str]) -> tuple[str, ...]:
 
 def bf16_isa(flags: Iterable[str]) -> str | None:
     """The ISA that computes bfloat16 on a CPU with these flags, or None."""
-    return next((name for name in BF16_ISAS if name in cpu_isas(flags)), None)
+    isas = cpu_isas(flags)  # once: `flags` may be an iterator
+    return next((name for name in BF16_ISAS if name in isas), None)
 
 
 def dtype_refusal(dtype: DType, flags: Iterable[str]) -> str:

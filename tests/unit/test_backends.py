@@ -70,3 +70,5 @@ def test_an_isa_needs_all_its_flags():
     assert cpu_isas({"avx2", "fma", "avx512f"}) == ("AVX2",)  # AVX512 also needs bw, vl, dq
     assert bf16_isa({"avx2", "fma", "avx512_vnni"}) is None
     assert bf16_isa({"amx_tile", "amx_bf16", "avx512_bf16"}) == "AMX_BF16"
+    # Flags read once, as from a generator over /proc/cpuinfo's line: the second ISA is still seen.
+    assert bf16_isa(iter(["avx512f", "avx512_bf16"])) == "AVX512_BF16"
