@@ -20,7 +20,7 @@ IMAGE ?= localhost/kit-serve:latest
 IMAGE_VARIANTS ?= inductor
 export IMAGE
 
-.PHONY: help install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess test test-archives test-unit test-e2e lint format clean
+.PHONY: help install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths test test-archives test-unit test-e2e lint format clean
 
 help:
 	@echo "make serve [CONFIG=optimized|baseline|tuned|path.yaml] [VARIANT=name] [MODELS=resnet50,bert] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1] [ITT_TRACE=1] [MEMORY=6Gi]"
@@ -29,6 +29,7 @@ help:
 	@echo "make image [IMAGE=tag] [IMAGE_VARIANTS=inductor,aoti-int8] [BASE=image] | image-context (for docker build)"
 	@echo "make image-start [MODELS=...] [ROUNDS=N]   (container start to ready, per cold-start option)"
 	@echo "make bench [PLAN=quick|default|full] | tune | soak [SOAK_SECONDS=300] | bench-preprocess"
+	@echo "make bench-lengths [MODELS=bert] [LENGTH_VARIANTS=inductor,openvino]   (which text length buckets pay)"
 	@echo "make model NAME=mine SRC=hf-dir|model.pt2 [TASK=image-classification|text-classification|feature-extraction] [FORCE=1]"
 	@echo "make doctor | profile MODEL=name [VARIANT=inductor]"
 	@echo "(BACKEND= is the old spelling of VARIANT=, still understood)"
@@ -85,6 +86,13 @@ image-start: image
 # The image handler's preprocessing per request, whole vs reduced JPEG decoding, by payload.
 bench-preprocess: install
 	@$(PY) -m bench.preprocess
+
+# Which text length buckets pay: one mix of texts in-process per bucket set (bench/lengths.py).
+LENGTH_VARIANTS ?= inductor,openvino
+bench-lengths: MODELS := $(or $(MODELS),bert)
+bench-lengths: VARIANTS = $(LENGTH_VARIANTS)
+bench-lengths: archive
+	@$(PY) -m bench.lengths --models $(MODELS) --variants $(LENGTH_VARIANTS)
 
 # The archives the tests serve and check. No test serves BERT's aoti-int8 (5 min to build):
 # MiniLM's covers a text model on that backend.
