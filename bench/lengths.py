@@ -1,14 +1,17 @@
 """Which length buckets a text model should pad to (what `make bench-lengths` runs): one mix of
-texts served in-process with each bucket set, so the default is a measured choice.
+texts served in-process, padded as each candidate bucket set pads it, so the default is a
+measured choice.
 
-    .venv/bin/python -m bench.lengths [--models bert] [--variants inductor,openvino] [--seconds 10]
+    .venv/bin/python -m bench.lengths [--models bert] [--variants inductor,openvino] [--seconds 4] [--rounds 3]
 
 The mix: MIX_SIZE texts cut from the kit's sentences, their token counts log-uniform from 4 to the
-model's max_length (as many under 8 tokens as 64-128: queries and titles beside passages). Each
-(variant, bucket set) runs in its own process, as a worker would: the archive's handler with its
-`length_buckets` replaced, compiled (a precompiled backend's artifact rebuilt for the set, as
-`make archive` would build it), every bucket warmed, then the mix timed at batch 1 on one thread,
-each text padded by the handler's own collate. Results: bench/results/lengths-<time>/.
+model's max_length (as many under 8 tokens as from 64 to 128: queries and titles beside passages).
+One process per variant, as a 1-thread worker: the archive's handler with a bucket at every
+length (a precompiled backend's artifact rebuilt so, as `make archive` would), every length
+warmed, so one compiled model serves each candidate's padding (the graphs and IR keep the length
+dynamic: docs/backends.md). Then, in each of `rounds` rounds and in a shuffled order, the mix runs
+for `seconds` per candidate, each text padded by the handler's own collate; the median is reported.
+A candidate's extra start is its lengths x the warm-up per length. Results: bench/results/lengths-<time>/.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -32,29 +36,38 @@ from kit.variant import Variant
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MIX_SIZE, MIX_SEED, SHORTEST = 64, 0, 4
+LONGEST = 512  # BERT's positions: the largest max_length (handlers/settings.py)
 # Candidates, coarse to fine; () pads every text to max_length (the kit before buckets).
-BUCKET_SETS: tuple[tuple[int, ...], ...] = (
-    (),
-    (32, 64),
-    (16, 32, 64),
-    (8, 16, 32, 64),
-    (8, 16, 24, 32, 48, 64, 96),
-    tuple(range(8, 128, 8)),
-)
+BUCKET_SETS: dict[str, tuple[int, ...]] = {
+    "none": (),
+    "32,64": (32, 64),
+    "16,32,64": (16, 32, 64),
+    "8,16,32,64": (8, 16, 32, 64),
+    "every 16": tuple(range(16, LONGEST, 16)),
+    "every 8": tuple(range(8, LONGEST, 8)),
+    "every 4": tuple(range(4, LONGEST, 4)),
+    "every token": tuple(range(2, LONGEST)),
+}
+COMPILED_SET = "every token"  # a graph that serves every length serves every candidate's
 DEFAULT_SET = TextSettings.length_buckets  # the kit's default, the table's reference
 
 
 @dataclasses.dataclass(frozen=True)
 class SetResult:
     variant: str
-    buckets: list[int]
-    lengths: list[int]  # what the handler pads to: the buckets below max_length, then max_length
-    start_s: float  # precompile (precompiled backends) + compile + warm-up of every length
-    items_per_s: float
+    name: str
+    lengths: int  # how many lengths the handler pads to (and warms at start)
+    items_per_s: float  # median of the rounds
+    rounds: list[float]
+    warmup_s: float  # lengths x the warm-up per length measured at start
 
-    @property
-    def label(self) -> str:
-        return ",".join(map(str, self.buckets)) or "none"
+
+@dataclasses.dataclass(frozen=True)
+class VariantRun:
+    variant: str
+    start_s: float  # precompile + compile + warm-up of every length
+    warmup_per_length_s: float
+    sets: list[SetResult]
 
 
 def mix_lengths(max_length: int, size: int = MIX_SIZE, seed: int = MIX_SEED) -> list[int]:
@@ -72,78 +85,95 @@ def texts_of(tokenizer, source: str, lengths: list[int]) -> list[str]:
     return [source[: offsets[n - 2][1]] for n in lengths]  # n - 2: without [CLS] and [SEP]
 
 
-def run_child(archive: Path, buckets: tuple[int, ...], seconds: int, work_dir: Path) -> SetResult:
+def run_child(archive: Path, seconds: int, rounds: int, work_dir: Path) -> VariantRun:
     import torch
 
     from handlers.archive import extract, load_archived
     from handlers.calibration import SENTENCES
-    from handlers.optimize import optimize
+    from handlers.optimize import graphs_compiled, optimize
     from handlers.precompile import precompile
 
     torch.set_num_threads(1)
     started = time.perf_counter()
     model_dir = extract(archive, work_dir)
-    archived = load_archived(model_dir, {"length_buckets": list(buckets)})
-    handler, settings = archived.handler, archived.settings
+    archived = load_archived(model_dir, {"length_buckets": list(BUCKET_SETS[COMPILED_SET])})
+    handler, compiled = archived.handler, archived.settings
     precompile(handler, archived.model, model_dir, progress=lambda message: None)  # nothing for a compiler
-    optimized = optimize(archived.model, settings, handler.examples(1), model_dir, handler.checks(1))
+    examples = handler.examples(1)
+    optimized = optimize(archived.model, compiled, examples, model_dir, handler.checks(1))
     start_s = time.perf_counter() - started
-    lengths = mix_lengths(settings.max_length)
+    per_length = (optimized.compile_seconds + optimized.warmup_seconds) / len(examples)
+    lengths = mix_lengths(compiled.max_length)
     items = [
         handler.decode({"body": text.encode()}) for text in texts_of(handler.tokenizer, " ".join(SENTENCES), lengths)
     ]
-    done = 0
-    with torch.inference_mode():
-        begin = time.perf_counter()
-        while time.perf_counter() - begin < seconds:
-            for item in items:
-                optimized(*handler.collate([item], 1))
-            done += len(items)
-        elapsed = time.perf_counter() - begin
-    return SetResult(archive.parent.name, list(buckets), list(settings.lengths), round(start_s, 1),
-                     round(done / elapsed, 2))  # fmt: skip
+    candidates = {name: dataclasses.replace(compiled, length_buckets=b) for name, b in BUCKET_SETS.items()}
+    graphs, measured = graphs_compiled(), {name: [] for name in candidates}
+    order = random.Random(MIX_SEED)
+    for _ in range(rounds):
+        for name in order.sample(list(candidates), len(candidates)):
+            handler.settings = candidates[name]  # what collate pads to
+            done, begin = 0, time.perf_counter()
+            while time.perf_counter() - begin < seconds:
+                for item in items:
+                    inputs = handler.collate([item], 1)  # as the handler serves: collated outside inference
+                    with torch.inference_mode():  # mode, run inside it (the graphs' guards expect both)
+                        optimized(*inputs)
+                done += len(items)
+            measured[name].append(round(done / (time.perf_counter() - begin), 2))
+    if graphs_compiled() != graphs:
+        raise RuntimeError("a padded length recompiled the model: the numbers would time the compiler")
+    return VariantRun(archive.parent.name, round(start_s, 1), round(per_length, 3), [
+        SetResult(archive.parent.name, name, len(settings.lengths), round(statistics.median(measured[name]), 2), measured[name],
+                  round(len(settings.lengths) * per_length, 1))
+        for name, settings in candidates.items()
+    ])  # fmt: skip
 
 
-def measure(variant: Variant, model: str, buckets: tuple[int, ...], seconds: int, work_dir: Path) -> SetResult:
+def measure(variant: Variant, model: str, seconds: int, rounds: int, work_dir: Path) -> VariantRun:
     """One child process, with the variant's Python and one OpenMP thread, as a 1-thread worker."""
     command = [str(variant.environment / "bin" / "python"), "-m", "bench.lengths", "--child", str(variant.archive(model)),
-               "--buckets", ",".join(map(str, buckets)), "--seconds", str(seconds), "--work-dir", str(work_dir)]  # fmt: skip
+               "--seconds", str(seconds), "--rounds", str(rounds), "--work-dir", str(work_dir)]  # fmt: skip
     env = {**process_environment(dict(os.environ)), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     shutil.rmtree(work_dir, ignore_errors=True)  # the extracted archive: hundreds of MB
     if done.returncode != 0:
-        raise RuntimeError(f"{variant.name}/{model} with buckets {list(buckets)} failed:\n{done.stderr[-3000:]}")
-    return SetResult(**json.loads(done.stdout.splitlines()[-1]))
+        raise RuntimeError(f"{variant.name}/{model} failed:\n{done.stderr[-3000:]}")
+    raw = json.loads(done.stdout.splitlines()[-1])
+    return VariantRun(**{**raw, "sets": [SetResult(**s) for s in raw["sets"]]})
 
 
-def report(model: str, results: list[SetResult], env: RunEnvironment, seconds: int) -> list[str]:
-    default = {r.variant: r.items_per_s for r in results if tuple(r.buckets) == DEFAULT_SET}
-    return [
+def report(model: str, runs: list[VariantRun], env: RunEnvironment, seconds: int, rounds: int) -> list[str]:
+    default = next(name for name, buckets in BUCKET_SETS.items() if buckets == DEFAULT_SET)
+    lines = [
         f"{model}: CPU {env.cpu_model}; commit {env.git_commit}; one thread, batch 1; {MIX_SIZE} texts of"
-        f" {SHORTEST} to max_length tokens, log-uniform; {seconds} s per set; `make bench-lengths`",
+        f" {SHORTEST} to max_length tokens, log-uniform; median of {rounds} rounds of {seconds} s; `make bench-lengths`",
         "",
-        f"| variant | buckets | padded to | start s | mix items/s | vs {','.join(map(str, DEFAULT_SET))} |",
+        f"| variant | buckets | lengths | mix items/s (rounds) | vs {default} | warm-up s |",
         "|---|---|---|---|---|---|",
-        *(
-            f"| {r.variant} | {r.label} | {', '.join(map(str, r.lengths))} | {r.start_s} | {r.items_per_s} |"
-            f" {f'{r.items_per_s / default[r.variant]:.2f}×' if r.variant in default else ''} |"
-            for r in results
-        ),
     ]
+    for run in runs:
+        reference = next(s.items_per_s for s in run.sets if s.name == default)
+        lines += [
+            f"| {run.variant} | {s.name} | {s.lengths} | {s.items_per_s} ({', '.join(map(str, s.rounds))}) |"
+            f" {s.items_per_s / reference:.2f}× | {s.warmup_s} |"
+            for s in run.sets
+        ]
+    starts = "; ".join(f"{r.variant} {r.start_s} s, {r.warmup_per_length_s * 1000:.0f} ms per length" for r in runs)
+    return [*lines, "", f"Start with a bucket at every length (compile + warm-up): {starts}."]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="bert")
     parser.add_argument("--variants", default="inductor,openvino")
-    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--seconds", type=int, default=4, help="per candidate and round")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--buckets", default="", help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        buckets = tuple(int(n) for n in args.buckets.split(",") if n)
-        print(json.dumps(dataclasses.asdict(run_child(args.child, buckets, args.seconds, args.work_dir))))
+        print(json.dumps(dataclasses.asdict(run_child(args.child, args.seconds, args.rounds, args.work_dir))))
         return 0
     models, variants = args.models.split(","), [Variant.load(v) for v in args.variants.split(",")]
     if not_text := [m for m in models if Model.load(m).task.medium is not Medium.TEXT]:
@@ -157,17 +187,16 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True)
     lines, rows = [], []
     for model in models:
-        results = []
+        runs = []
         for variant in variants:
-            for buckets in BUCKET_SETS:
-                started = time.monotonic()
-                result = measure(variant, model, buckets, args.seconds, out / "extracted")
-                results.append(result)
-                print(f"[lengths] {model} {variant.name} buckets {result.label}: start {result.start_s} s,"
-                      f" {result.items_per_s} items/s ({time.monotonic() - started:.0f} s)", flush=True)  # fmt: skip
-        rows += [{"model": model, **dataclasses.asdict(r)} for r in results]
-        lines += [*report(model, results, env, args.seconds), ""]
-    (out / "results.json").write_text(json.dumps({"environment": dataclasses.asdict(env), "rows": rows}, indent=2))
+            started = time.monotonic()
+            print(f"[lengths] {model} {variant.name}: compile with a bucket at every length, then {len(BUCKET_SETS)}"
+                  f" bucket sets x {args.rounds} rounds x {args.seconds} s", flush=True)  # fmt: skip
+            runs.append(measure(variant, model, args.seconds, args.rounds, out / "extracted"))
+            print(f"[lengths] {model} {variant.name}: done in {time.monotonic() - started:.0f} s", flush=True)
+        rows += [{"model": model, **dataclasses.asdict(r)} for r in runs]
+        lines += [*report(model, runs, env, args.seconds, args.rounds), ""]
+    (out / "results.json").write_text(json.dumps({"environment": dataclasses.asdict(env), "runs": rows}, indent=2))
     (out / "report.md").write_text("\n".join(lines))
     print("\n".join(lines))
     print(f"[lengths] results in {out}")
