@@ -2,8 +2,9 @@
 
 import collections
 
-from bench.lengths import SHORTEST, main, mix_lengths, texts_of
+from bench.lengths import BUCKET_SETS, COMPILED_SET, LONGEST, SHORTEST, main, mix_lengths, texts_of
 from handlers.calibration import SENTENCES
+from handlers.settings import TextSettings
 from handlers.text import encode, load_tokenizer
 from model_store.recipes import minilm_dir
 
@@ -26,3 +27,9 @@ def test_each_text_of_the_mix_has_its_token_count():
 def test_an_image_model_is_refused_by_name(capsys):
     assert main(["--models", "resnet50"]) == 2
     assert "resnet50: not text models; length buckets pad text only" in capsys.readouterr().err
+
+
+def test_the_default_buckets_are_among_the_candidates():
+    # The report compares every candidate with the default: a new default must be measured too.
+    assert TextSettings.length_buckets in BUCKET_SETS.values()
+    assert BUCKET_SETS[COMPILED_SET] == tuple(range(2, LONGEST))  # a bucket at every length serves them all
