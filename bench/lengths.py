@@ -2,7 +2,7 @@
 texts served in-process, padded as each candidate bucket set pads it, so the default is a
 measured choice.
 
-    .venv/bin/python -m bench.lengths [--models bert] [--variants inductor,openvino] [--seconds 4] [--rounds 3]
+    .venv/bin/python -m bench.lengths [--models a,b] [--variants inductor,openvino] [--seconds 4] [--rounds 3]
 
 The mix: MIX_SIZE texts cut from the kit's sentences, their token counts log-uniform from 4 to the
 model's max_length (as many under 8 tokens as from 64 to 128: queries and titles beside passages).
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench.results import RunEnvironment
 from handlers.settings import TextSettings
-from kit.models import Medium, Model
+from kit.models import Medium, Model, model_names
 from kit.paths import ROOT, process_environment
 from kit.variant import Variant
 
@@ -68,6 +68,10 @@ class VariantRun:
     start_s: float  # precompile + compile + warm-up of every length
     warmup_per_length_s: float
     sets: list[SetResult]
+
+
+def is_text(model: str) -> bool:
+    return Model.load(model).task.medium is Medium.TEXT
 
 
 def mix_lengths(max_length: int, size: int = MIX_SIZE, seed: int = MIX_SEED) -> list[int]:
@@ -165,7 +169,7 @@ def report(model: str, runs: list[VariantRun], env: RunEnvironment, seconds: int
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="bert")
+    parser.add_argument("--models", default="", help="comma list (default: every text model of config/models/)")
     parser.add_argument("--variants", default="inductor,openvino")
     parser.add_argument("--seconds", type=int, default=4, help="per candidate and round")
     parser.add_argument("--rounds", type=int, default=3)
@@ -175,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(dataclasses.asdict(run_child(args.child, args.seconds, args.rounds, args.work_dir))))
         return 0
-    models, variants = args.models.split(","), [Variant.load(v) for v in args.variants.split(",")]
-    if not_text := [m for m in models if Model.load(m).task.medium is not Medium.TEXT]:
+    variants = [Variant.load(v) for v in args.variants.split(",")]
+    models = args.models.split(",") if args.models else [m for m in model_names() if is_text(m)]
+    if not_text := [m for m in models if not is_text(m)]:
         print(f"[lengths] {', '.join(not_text)}: not text models; length buckets pad text only", file=sys.stderr)
         return 2
     if missing := [str(v.archive(m)) for v in variants for m in models if not v.archive(m).is_file()]:
