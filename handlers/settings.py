@@ -198,6 +198,9 @@ class OverLength(enum.StrEnum):
     REFUSE = "refuse"  # a 400 naming the limit: for models whose answer the cut would change
 
 
+LONGEST_TEXT = 512  # tokens: BERT's position embeddings, the largest max_length
+
+
 @dataclasses.dataclass(frozen=True)
 class TextSettings(OptimizationSettings):
     transformer: typing.ClassVar[bool] = True
@@ -211,7 +214,7 @@ class TextSettings(OptimizationSettings):
     # bench-lengths` served a mix of lengths 1.15-1.26x faster than with (16, 32, 64), for ~10 s
     # more warm-up per worker; a bucket per token gained 10 % more at most, for 5-8x that warm-up
     # (docs/benchmarks.md).
-    length_buckets: tuple[int, ...] = tuple(range(8, 512, 8))
+    length_buckets: tuple[int, ...] = tuple(range(8, LONGEST_TEXT, 8))
     over_length: OverLength = OverLength.TRUNCATE
     labels_file: str = ""
     # What the model's forward takes, in its order; the tokenizer gives each (tokenizer.json).
@@ -223,8 +226,8 @@ class TextSettings(OptimizationSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 8 <= self.max_length <= 512:
-            raise SettingsError(f"max_length must be in [8, 512] (BERT positions), got {self.max_length}")
+        if not 8 <= self.max_length <= LONGEST_TEXT:
+            raise SettingsError(f"max_length must be in [8, {LONGEST_TEXT}] (BERT positions), got {self.max_length}")
         if any(length < 2 for length in self.length_buckets):
             raise SettingsError(f"length_buckets must be lengths >= 2 tokens, got {list(self.length_buckets)}")
 

@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config"
 STORE = ROOT / "model_store"  # model_store/<variant>/<model>.mar
 LOGS = ROOT / "logs"
-# Compiled kernels, shared by every server, bench child and test: restarts reuse them.
+# Compiled C++ kernels, shared by every server, bench child and test: restarts reuse them (frozen
+# graphs bypass the FX-graph cache, so a restart still lowers the graph: docs/backends.md).
 INDUCTOR_CACHE = ROOT / ".cache" / "inductor"
 
 # Nothing the kit starts may reach a model hub: weights ship in archives and pip packages.

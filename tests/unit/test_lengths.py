@@ -2,9 +2,9 @@
 
 import collections
 
-from bench.lengths import BUCKET_SETS, COMPILED_SET, LONGEST, SHORTEST, main, mix_lengths, texts_of
+from bench.lengths import BUCKET_SETS, COMPILED_SET, SHORTEST, main, mix_lengths, texts_of
 from handlers.calibration import SENTENCES
-from handlers.settings import TextSettings
+from handlers.settings import LONGEST_TEXT, TextSettings
 from handlers.text import encode, load_tokenizer
 from model_store.recipes import minilm_dir
 
@@ -32,4 +32,4 @@ def test_an_image_model_is_refused_by_name(capsys):
 def test_the_default_buckets_are_among_the_candidates():
     # The report compares every candidate with the default: a new default must be measured too.
     assert TextSettings.length_buckets in BUCKET_SETS.values()
-    assert BUCKET_SETS[COMPILED_SET] == tuple(range(2, LONGEST))  # a bucket at every length serves them all
+    assert BUCKET_SETS[COMPILED_SET] == tuple(range(2, LONGEST_TEXT))  # a bucket at every length serves them all
