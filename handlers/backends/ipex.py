@@ -5,7 +5,8 @@
 
 IPEX 2.8 is the last release and only imports with torch 2.8.x; on a mismatch its import
 raises an unrelated AttributeError. So installed versions are compared *before* importing.
-Both serve float32 only (the registry's dtypes, checked when the settings are parsed).
+The traced one also serves bfloat16, where the CPU computes it (checked before any backend is
+built); the compiled one serves float32 only (the registry's dtypes, checked when parsed).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from importlib import metadata
 import torch
 from torch import nn
 
-from handlers.backends.common import BackendUnavailable, BuildSpec, Runner
+from handlers.backends.common import AUTOCAST_DTYPES, BackendUnavailable, BuildSpec, Runner
 from handlers.settings import OptimizationSettings
 
 HOW_TO_FIX = "run `make install-ipex` and serve with `make serve VARIANT=ipex` (uses .venv-ipex)"
@@ -41,13 +42,16 @@ def require_ipex() -> None:
 
 
 def build_traced(model: nn.Module, settings: OptimizationSettings, spec: BuildSpec) -> Runner:
-    """ipex.optimize (weight prepacking, fusions) -> TorchScript trace -> freeze."""
+    """ipex.optimize (weight prepacking, fusions) -> TorchScript trace -> freeze. For bfloat16,
+    ipex.optimize prepacks bf16 weights and `model` is prepare()'s autocast wrapper, so the trace
+    records the casts: IPEX's own recipe, tracing under autocast."""
     require_ipex()
     import intel_extension_for_pytorch as ipex
 
+    dtype = AUTOCAST_DTYPES.get(settings.dtype, torch.float32)
     with torch.no_grad():
         # Without sample_input, ipex.optimize re-lays out weights on every call: half of eager speed.
-        optimized = ipex.optimize(model.eval(), dtype=torch.float32, sample_input=spec.example)
+        optimized = ipex.optimize(model.eval(), dtype=dtype, sample_input=spec.example)
         traced = torch.jit.trace(optimized, spec.example, check_trace=False, strict=False)
         return torch.jit.freeze(traced)
 

@@ -9,7 +9,7 @@ import torch
 from handlers import backends
 from handlers.accuracy import AccuracyError
 from handlers.architectures.text import BertClassifier
-from handlers.backends import Backend
+from handlers.backends import Backend, DType
 from handlers.backends.common import BackendUnavailable, CompileError
 from handlers.optimize import optimize
 from handlers.settings import ImageSettings, SettingsError, TextSettings, parse_settings
@@ -54,7 +54,7 @@ def test_image_backends_match_eager(tiny_cnn, overrides, tolerance, monkeypatch)
         torch.testing.assert_close(run(optimized, inputs), reference, **tolerance)
 
 
-@pytest.mark.parametrize("backend", ["inductor", "eager"])
+@pytest.mark.parametrize("backend", ["inductor", "eager", "ipex"])
 def test_bf16_is_refused_on_a_cpu_without_bf16_with_the_reason(tiny_cnn, monkeypatch, backend):
     monkeypatch.setattr(backends, "cpu_flags", lambda: frozenset({"avx2", "avx512f", "avx512_vnni", "amx_tile"}))
     settings = parse_settings(ImageSettings, {"backend": backend, "dtype": "bfloat16", "fallback_to_eager": True})
@@ -213,10 +213,12 @@ def test_the_guard_measures_the_difference_to_eager(tiny_cnn, monkeypatch):
     assert optimized.accuracy_error == pytest.approx(1e-4 / (1 + smallest), rel=1e-2)
 
 
-@pytest.mark.parametrize("backend", ["ipex", "ipex-compile"])
-def test_ipex_serves_float32_only_and_says_so_when_parsed(backend):
-    with pytest.raises(SettingsError, match=f"backend '{backend}' does not serve dtype 'bfloat16' .it serves float32."):
-        parse_settings(ImageSettings, {"backend": backend, "dtype": "bfloat16"})
+def test_ipex_compile_serves_float32_only_and_says_so_when_parsed():
+    assert parse_settings(ImageSettings, {"backend": "ipex", "dtype": "bfloat16"}).dtype is DType.BFLOAT16
+    with pytest.raises(
+        SettingsError, match="backend 'ipex-compile' does not serve dtype 'bfloat16' .it serves float32."
+    ):
+        parse_settings(ImageSettings, {"backend": "ipex-compile", "dtype": "bfloat16"})
 
 
 @pytest.mark.parametrize("backend", ["ipex", "ipex-compile"])
