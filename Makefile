@@ -29,7 +29,7 @@ help:
 	@echo "make image [IMAGE=tag] [IMAGE_VARIANTS=inductor,aoti-int8] [BASE=image] | image-context (for docker build)"
 	@echo "make image-start [MODELS=...] [ROUNDS=N]   (container start to ready, per cold-start option)"
 	@echo "make bench [PLAN=quick|default|full] | tune | soak [SOAK_SECONDS=300] | bench-preprocess"
-	@echo "make bench-lengths [MODELS=all text models] [LENGTH_VARIANTS=inductor,openvino]   (which text length buckets pay)"
+	@echo "make bench-lengths [MODELS=all text models] [LENGTH_VARIANTS=inductor,openvino] [ROUNDS=3]   (which text length buckets pay)"
 	@echo "make model NAME=mine SRC=hf-dir|model.pt2 [TASK=image-classification|text-classification|feature-extraction] [FORCE=1]"
 	@echo "make doctor | profile MODEL=name [VARIANT=inductor]"
 	@echo "(BACKEND= is the old spelling of VARIANT=, still understood)"
@@ -91,7 +91,7 @@ bench-preprocess: install
 LENGTH_VARIANTS ?= inductor,openvino
 bench-lengths: VARIANTS = $(LENGTH_VARIANTS)
 bench-lengths: archive
-	@$(PY) -m bench.lengths $(if $(MODELS),--models $(MODELS)) --variants $(LENGTH_VARIANTS)
+	@$(PY) -m bench.lengths $(if $(MODELS),--models $(MODELS)) $(if $(ROUNDS),--rounds $(ROUNDS)) --variants $(LENGTH_VARIANTS)
 
 # The archives the tests serve and check. No test serves BERT's aoti-int8 (5 min to build):
 # MiniLM's covers a text model on that backend.

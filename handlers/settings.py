@@ -211,9 +211,9 @@ class TextSettings(OptimizationSettings):
     # A batch is padded to the smallest of these lengths (and max_length) that holds its longest
     # text: a short query costs a fraction of a max_length passage. Padding is masked, so the
     # answers do not change. [] pads every batch to max_length. Every 8 tokens: `make
-    # bench-lengths` served a mix of lengths 1.15-1.26x faster than with (16, 32, 64), for ~10 s
-    # more warm-up per worker; a bucket per token gained 10 % more at most, for 5-8x that warm-up
-    # (docs/benchmarks.md).
+    # bench-lengths` served a mix of lengths 1.07-1.32x faster than with (16, 32, 64), for seconds
+    # more warm-up per worker; finer sets gained less than the rounds' spread, for twice the
+    # warm-up and more (docs/benchmarks.md).
     length_buckets: tuple[int, ...] = tuple(range(8, LONGEST_TEXT, 8))
     over_length: OverLength = OverLength.TRUNCATE
     labels_file: str = ""

@@ -145,7 +145,8 @@ def test_a_plan_names_the_archives_it_needs():
     assert plan.archives["aoti-int8"] == ["resnet50", "bert"]
     assert plan.archives["eager"] == ["resnet50", "bert"]
     assert set(plan.archives) == {
-        "eager", "inductor", "inductor-mkl", "inductor-bf16", "openvino", "openvino-bf16", "aoti-int8", "openvino-int8", "ipex"
+        "eager", "inductor", "inductor-mkl", "inductor-bf16", "openvino", "openvino-bf16", "aoti-int8", "openvino-int8", "ipex",
+        "ipex-bf16"
     }  # fmt: skip
     assert plan.archives["inductor-mkl"] == ["bert"]
     tiny = parse_plan("t", {"models": ["minilm"], "rows": [{"name": "x", "preset": "optimized", "variant": "aoti"}]})
