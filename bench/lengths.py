@@ -9,8 +9,9 @@ model's max_length (as many under 8 tokens as from 64 to 128: queries and titles
 One process per variant, as a 1-thread worker: the archive's handler with a bucket at every
 length (a precompiled backend's artifact rebuilt so, as `make archive` would), every length
 warmed, so one compiled model serves each candidate's padding (the graphs and IR keep the length
-dynamic: docs/backends.md). Then, in each of `rounds` rounds and in a shuffled order, the mix runs
-for `seconds` per candidate, each text padded by the handler's own collate; the median is reported.
+dynamic: docs/backends.md). Then, in each of `rounds` rounds and in a shuffled order, whole passes of
+the mix run for at least `seconds` per candidate, each text padded by the handler's own collate; the
+median is reported.
 A candidate's start is its lengths x the warm-up per length, measured on every length but the
 first (which pays the graph's one compile, whatever the set). Results: bench/results/lengths-<time>/.
 """
@@ -154,7 +155,8 @@ def report(model: str, runs: list[VariantRun], env: RunEnvironment, seconds: int
     default = next(name for name, buckets in BUCKET_SETS.items() if buckets == DEFAULT_SET)
     lines = [
         f"{model}: CPU {env.cpu_model}; commit {env.git_commit}; one thread, batch 1; {MIX_SIZE} texts of"
-        f" {SHORTEST} to max_length tokens, log-uniform; median of {rounds} rounds of {seconds} s; `make bench-lengths`",
+        f" {SHORTEST} to max_length tokens, log-uniform; median of {rounds} rounds of whole passes for >= {seconds} s;"
+        " `make bench-lengths`",
         "",
         f"| variant | buckets | lengths | mix items/s (rounds) | vs {default} | warm-up s |",
         "|---|---|---|---|---|---|",
