@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from handlers.accuracy import relative_error
+from handlers.accuracy import ERROR_METRICS
 from handlers.backends import inductor
 from handlers.backends.common import BuildSpec, Inputs, prepare, short_reason, to_layout
 from handlers.settings import OptimizationSettings
@@ -51,7 +51,7 @@ class StageResult:
     backend: str
     passed: bool
     error: str  # shortened exception, "" if it ran
-    accuracy_error: float | None  # max |out - ref| / (1 + |ref|); None if it did not run
+    accuracy_error: float | None  # by the dtype's metric; None if it did not run
     seconds: float
 
 
@@ -59,13 +59,14 @@ class StageResult:
 class Diagnosis:
     model: str
     tolerance: float
+    metric: str  # the dtype's (handlers/accuracy.ERROR_METRICS)
     stages: list[StageResult]
     culprit: str | None  # first failing stage, None if all pass
     repro: str | None = None  # minified repro script
     debug_dir: str | None = None  # TORCH_COMPILE_DEBUG dump
 
     def summary(self) -> str:
-        lines = [f"{self.model}: eager reference, tolerance {self.tolerance:.3g} (max |out - ref| / (1 + |ref|))"]
+        lines = [f"{self.model}: eager reference, tolerance {self.tolerance:.3g} ({self.metric})"]
         for r in self.stages:
             measured = "not run" if r.accuracy_error is None else f"error {r.accuracy_error:.3g}"
             verdict = "ok" if r.passed else "FAILED"
@@ -101,7 +102,7 @@ def run_stage(stage: Stage, prepared: nn.Module, inputs: Inputs, reference: torc
         return StageResult(
             stage.name, stage.backend, False, short_reason(error)[:300], None, time.perf_counter() - start
         )
-    error = relative_error(output, reference)
+    error = ERROR_METRICS[settings.dtype].measure(output, reference)
     return StageResult(stage.name, stage.backend, error <= settings.tolerance, "", error, time.perf_counter() - start)
 
 
@@ -177,7 +178,8 @@ def diagnose(
         if not results[-1].passed:
             break  # later stages include this one's component: they would only repeat it
     culprit = next((r for r in results if not r.passed), None)
-    diagnosis = Diagnosis(name, settings.tolerance, results, culprit.stage if culprit else None)
+    metric = ERROR_METRICS[settings.dtype].formula
+    diagnosis = Diagnosis(name, settings.tolerance, metric, results, culprit.stage if culprit else None)
     if culprit and culprit.stage == "Inductor" and minify_on_failure:
         repro = minify(prepared, inputs, settings, out_dir, accuracy=not culprit.error, progress=progress)
         diagnosis = dataclasses.replace(diagnosis, repro=str(repro) if repro else None)

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from handlers import backends
-from handlers.accuracy import AccuracyError
+from handlers.accuracy import AccuracyError, Reference, require_accuracy
 from handlers.architectures.text import BertClassifier
 from handlers.backends import Backend, DType
 from handlers.backends.common import BackendUnavailable, CompileError
 from handlers.optimize import optimize
-from handlers.settings import ImageSettings, SettingsError, TextSettings, parse_settings
+from handlers.settings import ACCURACY_TOLERANCE, ImageSettings, SettingsError, TextSettings, parse_settings
 from handlers.text_classification import text_example
 
 # Inductor reorders float reductions (and folds BN into conv under freezing): fp32 agrees to ~1e-5.
@@ -174,9 +174,25 @@ def broken_relu_lowering():
 def test_wrong_compiled_output_stops_the_worker(broken_relu_lowering):
     settings = parse_settings(ImageSettings, {"channels_last": False})
     with pytest.raises(
-        AccuracyError, match=r"'inductor' differs from eager by .* \(tolerance 0.001\); run `make doctor`"
+        AccuracyError,
+        match=r"'inductor' differs from eager by .* \(max \|out - ref\| / \(1 \+ \|ref\|\), tolerance 0.001\); "
+        "run `make doctor`",
     ):
         optimize(PointwiseNet(), settings, [(torch.randn(2, 3, 8, 8),)])
+
+
+def test_bf16_guard_judges_the_direction_of_each_row_not_each_element():
+    """bf16's error scales with the values: 7 % on a large logit is rounding, a row pointing
+    elsewhere is a wrong kernel."""
+    expected = torch.randn(2, 1000) * 20
+    reference = Reference([(torch.zeros(1),)], [expected])
+    rounded = expected * (1 + 0.07 * torch.randn(2, 1000).clamp(-1, 1))
+    bf16_tolerance = ACCURACY_TOLERANCE[DType.BFLOAT16]
+    assert require_accuracy(lambda x: rounded, reference, "openvino", DType.BFLOAT16, bf16_tolerance) < 5e-3
+    with pytest.raises(AccuracyError, match=r"\(max \|out - ref\| / \(1 \+ \|ref\|\), tolerance 0.01\)"):
+        require_accuracy(lambda x: rounded, reference, "openvino", DType.FLOAT32, bf16_tolerance)
+    with pytest.raises(AccuracyError, match=r"\(cosine distance per output row, tolerance 0.01\)"):
+        require_accuracy(lambda x: expected.roll(1, dims=1), reference, "openvino", DType.BFLOAT16, bf16_tolerance)
 
 
 def test_wrong_compiled_output_falls_back_when_configured(broken_relu_lowering, caplog):
