@@ -22,6 +22,7 @@ domain (what `make tune` searches; kit/plan.py thread_counts).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import itertools
@@ -258,6 +259,12 @@ def parse_plan(
     # All rows of a model together, models in the plan's order (stable: row order kept within).
     order = {model: i for i, model in enumerate(run.models)}
     rows.sort(key=lambda row: order.get(row.model, len(order)))
+    # A row's results, server logs and ITT ranges are filed under its label: two rows of one label
+    # would count each other's requests.
+    labels = collections.Counter(row.label for row in rows)
+    twice = sorted(label for label, count in labels.items() if count > 1)
+    if twice:
+        raise PlanError(f"plan {name!r}: several rows are labelled {twice}; give each its own name")
     for model, group in itertools.groupby(sorted(rows, key=lambda r: r.model), key=lambda r: r.model):
         baselines = [r.name for r in group if r.baseline]
         if len(baselines) > 1:

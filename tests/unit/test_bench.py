@@ -176,6 +176,10 @@ def test_matrix_expands_with_named_rows():
         ({"secs": 5, "rows": [{"name": "x"}]}, r"unknown setting\(s\) \['secs'\]"),
         ({"rows": []}, "has no rows"),
         ({"rows": [{"name": "a", "baseline": True}, {"name": "b", "baseline": True}]}, "several baseline rows"),
+        (
+            {"models": ["bert"], "rows": [{"name": "a"}, {"name": "a", "payload": "short"}]},
+            r"several rows are labelled \['bert / a'\]; give each its own name",
+        ),
     ],
 )
 def test_plan_errors_name_the_problem(raw, message):
