@@ -50,6 +50,11 @@ def slug(text: str) -> str:
 
 
 ITT_DRAIN_S = 60  # longest wait for requests ab left in flight to finish (a slow baseline: seconds)
+# How long both counts must agree, unchanged, before they are taken: a request ab left unread in
+# its socket is read by the frontend within it.
+ITT_AGREE_S = 1.0
+# How long neither count may move, disagreeing, before they are taken as they are: longer than one request.
+ITT_STILL_S = 10.0
 
 
 def model_ranges(itt_dir: Path, model: str) -> list[Range]:
@@ -60,12 +65,21 @@ def covered(ranges: list[Range]) -> int:
     return sum(parse_range_name(r.name)[1] for r in ranges)
 
 
-def drain_itt(itt_dir: Path, model: str, received: int) -> None:
-    """ab stops at its time limit with requests in flight; the workers still answer them (to
-    nobody). Wait until their ranges close, so ranges and answered requests count the same work."""
+def settle_itt(itt_dir: Path, model: str, answered: Callable[[], int]) -> int:
+    """ab stops at its time limit with requests in flight, and some still unread in its sockets:
+    the frontend counts those after ab exits and the workers answer them (to nobody). Wait until
+    the frontend's count and the requests the ITT ranges cover agree and stay so, so both count
+    the same work; returns the frontend's count."""
     deadline = time.monotonic() + ITT_DRAIN_S
-    while covered(model_ranges(itt_dir, model)) < received and time.monotonic() < deadline:
+    last, since = (answered(), -1), time.monotonic()
+    while time.monotonic() < deadline:
+        counts = (answered(), covered(model_ranges(itt_dir, model)))
+        if counts != last:
+            last, since = counts, time.monotonic()
+        elif time.monotonic() - since > (ITT_AGREE_S if counts[0] == counts[1] else ITT_STILL_S):
+            break  # agreed long enough; or neither moves, and the report says they disagree
         time.sleep(0.2)
+    return last[0]
 
 
 def itt_counts(itt_dir: Path, model: str) -> tuple[int, int]:
@@ -96,8 +110,9 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         after = scrape(metrics_url)
         latency = server_latency(before, after, row.model)
         busy = busy_fractions(cpu_before, cpu_times())
+        answered = requests_total(after, row.model)
         if plan.run.itt:
-            drain_itt(itt_dir, row.model, requests_total(after, row.model))
+            answered = settle_itt(itt_dir, row.model, lambda: requests_total(scrape(metrics_url), row.model))
         workers = [w for w in server.workers() if w.process]
         pss_mb = [round(f.pss / 2**20, 1) for f in map(measure_live, (w.process.pid for w in workers)) if f]
         launcher_rss_mb = sum(info.rss_mb for info in map(live_process, server.launcher_pids()) if info)
@@ -143,7 +158,7 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         cpu_ms_per_request=cpu_ms,
         itt_ranges=itt_ranges,
         itt_requests=itt_requests,
-        requests_answered=requests_total(after, row.model),
+        requests_answered=answered,
     )
 
 

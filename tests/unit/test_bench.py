@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from bench import runner
 from bench.ab import AbParseError, ab_command, parse_ab
 from bench.cpu_accounting import per_request_ms
 from bench.metrics import parse_prometheus, server_latency, worker_load_seconds
@@ -476,3 +478,33 @@ def test_the_run_fails_only_when_a_row_its_result_depends_on_failed(tmp_path, mo
     document = json.loads((out / "results.json").read_text())
     assert document["lost"] == lost
     assert {(f["model"], f["name"]) for f in document["failed"]} == failing
+
+
+def counts(*values: int):
+    """A count that takes these values at successive reads, then keeps the last."""
+    seen = iter(values)
+    last = [values[0]]
+
+    def read(*_args) -> int:
+        last[0] = next(seen, last[0])
+        return last[0]
+
+    return read
+
+
+def test_itt_ranges_and_the_frontend_settle_on_a_request_counted_after_ab(monkeypatch, tmp_path):
+    """ab exits with a request unread in its socket: the frontend counts it, then a worker answers it."""
+    monkeypatch.setattr(runner, "model_ranges", lambda itt_dir, model: [])
+    monkeypatch.setattr(runner, "covered", counts(730, 730, 730, 731))
+    monkeypatch.setattr(runner, "ITT_AGREE_S", 0.2)
+    # The first reads agree (730): the late request is not read yet. Taken then, ranges would be 731.
+    assert runner.settle_itt(tmp_path, "m", counts(730, 730, 731)) == 731
+
+
+def test_itt_counts_that_disagree_and_stay_still_are_reported_as_they_are(monkeypatch, tmp_path):
+    monkeypatch.setattr(runner, "model_ranges", lambda itt_dir, model: [])
+    monkeypatch.setattr(runner, "covered", counts(5))  # a request the frontend counted and no worker ran
+    monkeypatch.setattr(runner, "ITT_STILL_S", 0.3)
+    started = time.monotonic()
+    assert runner.settle_itt(tmp_path, "m", counts(6)) == 6
+    assert time.monotonic() - started < runner.ITT_DRAIN_S / 2  # not the whole drain deadline
