@@ -186,6 +186,8 @@ def status(args: argparse.Namespace) -> int:
     frontend = server.launch.frontend_cpus()
     print(f"[status] frontend CPUs: {format_cpus(frontend) if frontend else 'all'}; "
           f"CPUs no worker runs on: {format_cpus(idle) if idle else 'none'}")  # fmt: skip
+    if oom := server.oom_note():
+        print(f"[status] WARNING: {oom}")
     return 0
 
 

@@ -35,7 +35,7 @@ from kit.plan import Layout
 from kit.ports import PortInUseError, bind_failure, start_on_fresh_ports
 from kit.procinfo import ProcessInfo, live_process, process_alive, process_tree
 from kit.serve_config import Placement, ServeConfig, free_ports_config, render
-from kit.topology import read_topology
+from kit.topology import cgroup_memory_limit, gib, oom_kills, read_topology
 
 STATE_FILE = "server.json"
 # Cold Inductor compiles of every worker on a few cores; a Kubernetes startupProbe allows as long.
@@ -121,6 +121,10 @@ class Server:
         self.log_offsets: dict[Path, int] = {}
         self.output_offset = 0
         self.started_at: float | None = None  # time.monotonic() of the last start
+        # The server's /proc/PID/cgroup (its workers' too), and the OOM killer's count in its
+        # memory cgroup at start (kit.topology.oom_kills): kept, to say why it died once it is gone.
+        self.cgroup: str | None = None
+        self.oom_kills_at_start: int | None = None
 
     # -- files --------------------------------------------------------------------------------
     @property
@@ -148,7 +152,9 @@ class Server:
         state = json.loads(state_file.read_text())
         layout = Layout.from_dict(state["layout"]) if state.get("layout") else None
         config = parse_settings(ServeConfig, state["config"])
-        return cls(config, run_dir, Path(state["model_store"]), state["pid"], layout)
+        server = cls(config, run_dir, Path(state["model_store"]), state["pid"], layout)
+        server.cgroup, server.oom_kills_at_start = state.get("cgroup"), state.get("oom_kills_at_start")
+        return server
 
     def is_running(self) -> bool:
         return self.pid is not None and process_alive(self.pid)
@@ -203,6 +209,8 @@ class Server:
                 start_new_session=True,
             )
         self.pid = process.pid
+        self.cgroup = Path("/proc/self/cgroup").read_text()  # what the child inherited
+        self.oom_kills_at_start = self.oom_kills()
         self.state_file.write_text(
             json.dumps(
                 {
@@ -210,6 +218,8 @@ class Server:
                     "config": self.config.to_dict(),
                     "model_store": str(self.model_store),
                     "layout": self.layout.to_dict() if self.layout else None,
+                    "cgroup": self.cgroup,
+                    "oom_kills_at_start": self.oom_kills_at_start,
                 },
                 indent=2,
             )
@@ -330,16 +340,15 @@ class Server:
                 if taken := bind_failure(self.output_since_start()):
                     raise PortTakenError(f"TorchServe could not bind a port it was given ({taken}): another "
                                          f"process holds it (`ss -ltnp` names it); see {self.output_file}")  # fmt: skip
-                raise ServerError(f"TorchServe exited during start-up: {self.exit_reason()}; see {self.output_file}\n"
-                                  f"{self.tail()}")  # fmt: skip
+                why = "; ".join(filter(None, [self.exit_reason(), self.oom_note()]))
+                raise ServerError(f"TorchServe exited during start-up: {why}; see {self.output_file}\n{self.tail()}")
             failures = self._load_failures()
             if failures:
                 # The frontend logs the failure while it is still relaying the worker's
                 # traceback into the model log: quote that log once it has stopped growing.
                 wait_until_unchanged(self.model_log)
-                raise ServerError(
-                    f"model load failed: {failures[-1]}\nsee {self.model_log}\n{self.tail(self.model_log)}"
-                )
+                why = "; ".join(filter(None, [failures[-1], self.oom_note()]))
+                raise ServerError(f"model load failed: {why}\nsee {self.model_log}\n{self.tail(self.model_log)}")
             ready = self.ready_models()
             elapsed = time.monotonic() - start
             # Every API bound too: TorchServe binds them after registering the models, and a
@@ -373,6 +382,24 @@ class Server:
                 progress(f"[serve] {model}: memory not recorded ({error})")
                 continue
             progress(f"[serve] {model} memory: {footprint.summary()}")
+
+    def oom_kills(self) -> int | None:
+        """The OOM killer's count in the server's memory cgroup; None where unknown."""
+        return None if self.cgroup is None else oom_kills(self.cgroup)
+
+    def oom_note(self) -> str:
+        """Why workers died, when the kernel says it killed them for memory; "" otherwise.
+        TorchServe reports only "Worker died" (exit 137) and starts another."""
+        now, before = self.oom_kills(), self.oom_kills_at_start
+        if now is None or before is None or now == before:
+            return ""
+        limit = cgroup_memory_limit(self.cgroup)
+        return (
+            f"the kernel's OOM killer killed {now - before} process(es) of this server since it started "
+            f"(memory limit {gib(limit) if limit else 'none'}): give it more memory, serve fewer models or "
+            "workers (`make serve MEMORY=...` fits the workers into a budget), or a smaller variant "
+            "(openvino-int8 holds about half of inductor's)"
+        )
 
     # Frontend log lines that mean a worker could not start or load its model. TorchServe would
     # retry with growing back-off for ever; start-up gives up at the first one instead.

@@ -295,6 +295,21 @@ def cgroup_memory_limit(proc_cgroup: str | None = None, root: Path = CGROUP) -> 
     return min(limits) if limits else None
 
 
+def oom_kills(proc_cgroup: str | None = None, root: Path = CGROUP) -> int | None:
+    """Processes the kernel's OOM killer has killed in this process's memory cgroup (and the
+    cgroups under it) since the cgroup was made; None where the kernel does not say.
+
+    v2: `oom_kill` of `memory.events`; v1: of `memory.oom_control` (kernel 4.13 and later). The
+    nearest cgroup the mount shows (a container's own, mounted at the root): an ancestor's count
+    holds its other children's kills too."""
+    for v2, directory in _cgroup_dirs(proc_cgroup, root, "memory"):
+        path = directory / ("memory.events" if v2 else "memory.oom_control")
+        if path.is_file():
+            fields = dict(line.split(maxsplit=1) for line in path.read_text().splitlines() if " " in line)
+            return int(fields["oom_kill"]) if "oom_kill" in fields else None
+    return None
+
+
 def _ancestors(mount: Path, path: str) -> list[Path]:
     parts = [p for p in path.strip("/").split("/") if p]
     return [mount.joinpath(*parts[:depth]) for depth in range(len(parts), -1, -1)]

@@ -8,6 +8,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,3 +136,47 @@ def test_a_memory_limit_gets_fewer_wider_workers_and_stays_up(tmp_path, optimize
         finally:
             server.stop()
         assert recorded(archive, config.batch_size) is not None
+
+
+# Starts the server from inside the cgroup and prints why the start failed. A child, not this
+# process: the cgroup's OOM killer takes the largest process in it, and pytest (torch and every
+# earlier test's models loaded) can be larger than the worker it should take.
+START_IN_CGROUP = """
+import os, sys
+from pathlib import Path
+from kit.serve_config import ServeConfig
+from kit.server import ServerError, start_ready
+Path(sys.argv[1]).write_text(str(os.getpid()))
+config = ServeConfig.from_preset("optimized", variant="inductor", models=(sys.argv[3],))
+try:
+    start_ready(config, Path(sys.argv[2]), 300, progress=print)
+except ServerError as error:
+    print(f"START FAILED: {error}")
+    sys.exit(3)
+"""
+
+
+def test_a_worker_the_kernel_oom_kills_is_named_so(tmp_path):
+    """TorchServe says only "Backend worker process died" (exit 137); the kit says the kernel's OOM
+    killer took it, under which limit, and what to do."""
+    config = ServeConfig.from_preset("optimized", variant="inductor", models=(MODEL,))
+    footprint = footprint_file(config.variant_of(MODEL).archive(MODEL), config.batch_size)
+    aside = tmp_path / footprint.name
+    limit = 1024 * MiB  # below one BERT worker with the frontend (~1.3 GB + ~0.3 GB)
+    with limited(limit) as cgroup:
+        if footprint.is_file():  # measured: the plan would refuse before starting (tested in test_plan)
+            shutil.move(footprint, aside)
+        try:
+            started = subprocess.run(
+                [sys.executable, "-c", START_IN_CGROUP, str(cgroup.path / "cgroup.procs"), str(tmp_path / "run"), MODEL],
+                capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2],
+            )  # fmt: skip
+        finally:
+            if aside.is_file():
+                shutil.move(aside, footprint)
+    assert started.returncode == 3, started.stdout + started.stderr
+    # The worker is the largest process there, but which one dies is the kernel's choice: the
+    # frontend at times ("TorchServe exited during start-up"); either way the message says why.
+    assert "START FAILED: " in started.stdout, started.stdout
+    assert re.search(r"the kernel's OOM killer killed \d+ process\(es\) of this server since it started "
+                     r"\(memory limit 1\.0 GiB\): give it more memory", started.stdout), started.stdout  # fmt: skip

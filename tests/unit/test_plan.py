@@ -29,6 +29,7 @@ from kit.topology import (
     cgroup_memory_limit,
     cgroup_quota,
     format_cpus,
+    oom_kills,
     parse_cpus,
     parse_size,
     parse_topology,
@@ -214,6 +215,19 @@ def test_cgroup_v1_memory_limit_and_its_unlimited_spelling(tmp_path):
     assert cgroup_memory_limit("4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n", tmp_path) == 4 * 2**30
     (memory / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
     assert cgroup_memory_limit("3:memory:/docker/abc\n", tmp_path) is None
+
+
+def test_oom_kills_are_read_from_the_nearest_memory_cgroup(tmp_path):
+    events = "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n"
+    write_tree(tmp_path, {"kubepods/memory.events": "oom_kill 40\n", "kubepods/pod1/memory.events": events})
+    assert oom_kills("0::/kubepods/pod1\n", tmp_path) == 2  # the pod's, not its parent's (other pods too)
+    # A container sees its own cgroup at the root of the mount while /proc names the host's path.
+    assert oom_kills("0::/kubepods/pod2\n", tmp_path / "kubepods" / "pod1") == 2
+    write_tree(tmp_path, {"memory/docker/abc/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n"})
+    assert oom_kills("4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n", tmp_path) == 5  # cgroup v1
+    write_tree(tmp_path, {"memory/old/memory.oom_control": "oom_kill_disable 0\nunder_oom 0\n"})
+    assert oom_kills("3:memory:/old\n", tmp_path) is None  # a kernel before 4.13 does not count
+    assert oom_kills("3:cpu:/x\n", tmp_path) is None  # no memory controller
 
 
 def test_memory_is_read_from_meminfo_and_each_numa_node(tmp_path):
