@@ -198,6 +198,8 @@ class Server:
         self.log_offsets = {log: log.stat().st_size if log.is_file() else 0 for log in self.failure_markers}
         self.output_offset = self.output_file.stat().st_size if self.output_file.is_file() else 0
         self.started_at = time.monotonic()
+        self.cgroup = Path("/proc/self/cgroup").read_text()  # the server and its workers inherit it
+        self.oom_kills_at_start = self.oom_kills()
         with open(self.output_file, "ab") as output:
             process = subprocess.Popen(
                 self.launch.command(config_file, self.model_store),
@@ -209,8 +211,6 @@ class Server:
                 start_new_session=True,
             )
         self.pid = process.pid
-        self.cgroup = Path("/proc/self/cgroup").read_text()  # what the child inherited
-        self.oom_kills_at_start = self.oom_kills()
         self.state_file.write_text(
             json.dumps(
                 {
