@@ -76,8 +76,9 @@ def your_models(tmp_path_factory):
                 and "ipex/test-yours-ranker is not installed: its workers run another torch" in done.stdout
             )
             assert "1 archive(s) refused and not installed: ipex/test-yours-ranker" in done.stderr
+            # (Rounded to four places: 1.0000 where int8 agrees to within 5e-5, as on an AVX512-VNNI EPYC.)
             assert re.search(r"aoti-int8/test-yours-ranker: against float32 eager, guard error \S+ \(tolerance 0.02\); "
-                             r"held-out cosine mean 0\.9\d+", done.stdout), done.stdout[-3000:]  # fmt: skip
+                             r"held-out cosine mean (0\.9\d{3}|1\.0000) min", done.stdout), done.stdout[-3000:]  # fmt: skip
         yield sources
     finally:
         for name in sources:
