@@ -28,7 +28,7 @@ help:
 	@echo "make stop | status | test | test-unit | test-e2e | archive | lint | format | clean | install-ipex"
 	@echo "make image [IMAGE=tag] [IMAGE_VARIANTS=inductor,aoti-int8] [BASE=image] | image-context (for docker build)"
 	@echo "make image-start [MODELS=...] [ROUNDS=N]   (container start to ready, per cold-start option)"
-	@echo "make bench [PLAN=quick|default|full] | tune | soak [SOAK_SECONDS=300] | bench-preprocess"
+	@echo "make bench [PLAN=quick|default|full|versus] | tune | soak [SOAK_SECONDS=300] | bench-preprocess"
 	@echo "make bench-lengths [MODELS=all text models] [LENGTH_VARIANTS=inductor,openvino] [ROUNDS=3]   (which text length buckets pay)"
 	@echo "make model NAME=mine SRC=hf-dir|model.pt2 [TASK=image-classification|text-classification|feature-extraction] [FORCE=1]"
 	@echo "make doctor | profile MODEL=name [VARIANT=inductor]"

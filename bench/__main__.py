@@ -22,6 +22,8 @@ from bench.report import write_report
 from bench.results import BenchRun, RunEnvironment
 from bench.runner import log, run_plan
 from bench.tune import write_tuned_preset
+from bench.versus import run_rounds
+from bench.versus_report import write_versus_report
 from kit.paths import ROOT
 from kit.variant import Variant
 
@@ -61,13 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     log(f"plan {plan.name!r}: {len(plan.rows)} rows over {models}, estimated {plan.estimate_s() / 60:.0f} min "
         f"(more on a cold compile cache); results in {out_dir}")  # fmt: skip
     run = BenchRun(plan, command, RunEnvironment.capture())
+    # Rounds: the kit's rows and the served peers interleaved (bench/versus.py), their own report.
+    execute, report = (run_rounds, write_versus_report) if plan.run.rounds > 1 else (run_plan, write_report)
     try:
-        run_plan(run, out_dir)
+        execute(run, out_dir)
     except KeyboardInterrupt:
         log("interrupted: servers stopped; the report has the rows measured so far")
         return 130  # as a shell reports Ctrl-C: no preset from a run cut short
     finally:
-        write_report(out_dir, run)
+        report(out_dir, run)
         log(f"report: {out_dir / 'report.md'}")
     print((out_dir / "report.md").read_text())
     served = [r for r in run.results if r.kind == "served"]  # the kit's rows, not the peers'

@@ -111,8 +111,13 @@ def run_ab(url: str, headers: dict[str, str], payload: Payload, concurrency: int
 
 
 def warm_up(url: str, headers: dict[str, str], payload: Payload, concurrency: int, run: RunSettings) -> None:
+    """`warmup_requests`, then `warmup_seconds` more of the same load: TorchServe's JVM compiles
+    its request path for the first ~30 s of traffic (C1/C2 threads: ~1 ms of CPU per request
+    then, ~0 after; docs/benchmarks.md), which a server running for hours no longer pays."""
     if run.warmup_requests:  # ab refuses fewer requests than its concurrency
         run_ab(url, headers, payload, concurrency, seconds=120, requests=max(run.warmup_requests, concurrency))
+    if run.warmup_seconds:
+        run_ab(url, headers, payload, concurrency, seconds=run.warmup_seconds)
 
 
 def measure_ab(

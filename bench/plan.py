@@ -41,7 +41,7 @@ from kit.topology import Topology, read_topology
 
 PLANS = Path(__file__).resolve().parent / "plans"
 EAGER_VARIANT = "eager"  # peers run the weights of the eager archive: the same function as every row
-ROW_KEYS = {"name", "preset", "baseline", "models", "concurrency", "payload"}
+ROW_KEYS = {"name", "preset", "baseline", "models", "concurrency", "payload", "itt"}
 SERVE_KEYS = {f.name for f in dataclasses.fields(ServeConfig)} - {"models"}
 THREADS_UP_TO_L3 = "up-to-l3"
 PORT_KEYS = {"bind", "management_bind", "worker_port"} | {
@@ -113,18 +113,22 @@ class RunSettings:
     seconds: int = 20  # ab time limit per row
     concurrency: int = 4  # ab -c unless a row sets its own
     warmup_requests: int = 16  # sent and discarded before measuring
+    # Then this long of the row's load, discarded too: a steady server (the JVM's JIT done), not a fresh one.
+    warmup_seconds: int = 0
     in_process: bool = True  # also measure the same model without a server
     in_process_seconds: int = 10
     start_deadline_s: int = 1800  # cold max-autotune compiles take minutes
     # Served rows record their workers' ITT ranges with the kit's collector (kit/itt.py): two
-    # write(2)s per inference call, far below the run-to-run noise.
+    # write(2)s per inference call (PLAN=versus measures its cost); a row's `itt` overrides it.
     itt: bool = True
+    # Interleaved rounds (bench/versus.py): each row and served peer once per round, medians reported.
+    rounds: int = 1
     models: tuple[str, ...] = dataclasses.field(default_factory=lambda: tuple(model_names()))
     description: str = ""
 
     def __post_init__(self) -> None:
-        if self.seconds < 1 or self.concurrency < 1 or self.warmup_requests < 0:
-            raise PlanError(f"need seconds >= 1, concurrency >= 1, warmup_requests >= 0 (got {self})")
+        if min(self.seconds, self.concurrency, self.rounds) < 1 or min(self.warmup_requests, self.warmup_seconds) < 0:
+            raise PlanError(f"need seconds, concurrency, rounds >= 1 and warm-ups >= 0 (got {self})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,10 +139,14 @@ class Row:
     concurrency: int
     payload: str  # bench/payloads.py PAYLOADS: what ab sends
     baseline: bool = False
+    itt: bool | None = None  # record ITT ranges (kit/itt.py); None = the plan's `itt`
 
     @property
     def label(self) -> str:
         return f"{self.model} / {self.name}"
+
+    def records_itt(self, run: RunSettings) -> bool:
+        return run.itt if self.itt is None else self.itt
 
 
 def row_payload(where: str, model: str, name: str | None) -> str:
@@ -178,11 +186,19 @@ class Plan:
 
     def estimate_s(self) -> float:
         """Rough wall time: start-up (warm compile cache), warm-up, measurement, stop, in-process, peers."""
-        per_row = 45 + self.run.seconds + (self.run.in_process_seconds + 30 if self.run.in_process else 0)
+        per_row = (
+            45
+            + self.run.seconds
+            + self.run.warmup_seconds
+            + (self.run.in_process_seconds + 30 if self.run.in_process else 0)
+        )
         per_peer = 40 + self.run.in_process_seconds
-        per_served_peer = 30 + self.run.seconds
+        per_served_peer = 30 + self.run.seconds + self.run.warmup_seconds
         peers = len(self.peers) * per_peer + len(self.served_peers) * per_served_peer
-        return len(self.rows) * per_row + peers * len(self.run.models)
+        if self.run.rounds > 1:  # bench/versus.py: served rows and served peers only, each once a round
+            per_row = 45 + self.run.seconds + self.run.warmup_seconds
+            peers = len(self.served_peers) * per_served_peer
+        return self.run.rounds * (len(self.rows) * per_row + peers * len(self.run.models))
 
 
 def _expand(raw: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
@@ -222,7 +238,10 @@ def _rows(index: int, raw: dict[str, Any], run: RunSettings, topology: Topology 
             name = f"{values['name']} {suffix}".strip()
             concurrency = values.get("concurrency", run.concurrency)
             payload = row_payload(where, model, values.get("payload"))
-            rows.append(Row(name, model, serve, concurrency, payload, bool(values.get("baseline", False))))
+            itt = values.get("itt")
+            if itt is not None and not isinstance(itt, bool):
+                raise PlanError(f"{where}: itt must be true or false, got {itt!r}")
+            rows.append(Row(name, model, serve, concurrency, payload, bool(values.get("baseline", False)), itt))
     return rows
 
 

@@ -213,6 +213,28 @@ def cpu_table(results: list[RowResult]) -> list[str]:
     return [*lines, ""]
 
 
+def stage_table(results: list[RowResult]) -> list[str]:
+    """Where the kit's workers spend a call, per stage (handlers/stages.py): ms per request, p50 / p99 per call."""
+    rows = [r for r in results if r.stages]
+    if not rows:
+        return []
+    stages = list(dict.fromkeys(stage for r in rows for stage in r.stages))
+    lines = [
+        "## Where the workers' time goes",
+        "",
+        "Per stage of an inference call, during the ab window (handlers/stages.py; wall time, so a "
+        "stage the frontend preempts includes the wait): mean ms per request, then p50 / p99 ms per call.",
+        "",
+        f"| model | row | {' | '.join(stages)} |",
+        f"|---|---|{'---|' * len(stages)}",
+    ]
+    for r in rows:
+        cells = [r.stages.get(stage) for stage in stages]
+        text = [f"{c['ms_per_request']:.2f} ({c['p50_ms']:.2f} / {c['p99_ms']:.2f})" if c else "-" for c in cells]
+        lines.append(f"| {r.model} | {r.name} | {' | '.join(text)} |")
+    return [*lines, ""]
+
+
 def itt_table(results: list[RowResult]) -> list[str]:
     """ITT ranges the workers recorded against the requests the frontend answered, per served row."""
     rows = [r for r in results if r.itt_ranges is not None]
@@ -292,7 +314,7 @@ def markdown(run: BenchRun) -> str:
         others = [r for r in references if r.model == model]
         if others:
             lines += [*reference_table(others), ""]
-    lines += cpu_table(results) + itt_table(results)
+    lines += cpu_table(results) + stage_table(results) + itt_table(results)
     if run.skipped:
         lines += ["## Skipped rows", "", *(f"- {reason}" for reason in run.skipped), ""]
     if run.failed:

@@ -100,6 +100,10 @@ class RowResult:
     # PSS of each worker after the ab window (kit/footprint.py): pages shared between workers
     # (libraries, memory-mapped weights) divided among them; their sum is what the row really held.
     worker_pss_mb: list[float] = dataclasses.field(default_factory=list)
+    # The workers' time per stage of a call during the ab window (handlers/stages.py): stage ->
+    # calls, requests, ms_per_request, p50_ms, p99_ms. Empty for peers and TorchServe's own worker.
+    stages: dict[str, dict] = dataclasses.field(default_factory=dict)
+    round: int = 0  # interleaved rounds (bench/versus.py): which one measured this
 
 
 @dataclasses.dataclass

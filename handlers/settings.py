@@ -285,6 +285,7 @@ PROFILE_REQUESTS_VAR = "KIT_PROFILE_REQUESTS"
 ITT_OPS_VAR = "KIT_ITT_OPS"
 WHOLE_JPEG_VAR = "KIT_WHOLE_JPEG_DECODE"
 LOG_DIR_VAR = "LOG_LOCATION"  # TorchServe's log directory, set by kit/server.py
+STAGES_DIR = "stages"  # in it: each worker's stage histograms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,6 +296,9 @@ class Diagnostics:
     # Decode every JPEG whole (handlers/image.py's reduced decoding off): the reference the
     # bench compares phone photos against.
     whole_jpeg_decode: bool = False
+    # Where each worker writes its stage histograms (handlers/stages.py): the server's log
+    # directory's stages/; None outside a server (kept in memory).
+    stages_dir: Path | None = None
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Diagnostics:
@@ -303,7 +307,11 @@ class Diagnostics:
             raise ValueError(f"{PROFILE_REQUESTS_VAR} must be a whole number of requests, got {raw!r}")
         log_dir = Path(environ.get(LOG_DIR_VAR, "logs"))
         return cls(
-            int(raw), log_dir / "profile", environ.get(ITT_OPS_VAR, "") == "1", environ.get(WHOLE_JPEG_VAR, "") == "1"
+            int(raw),
+            log_dir / "profile",
+            environ.get(ITT_OPS_VAR, "") == "1",
+            environ.get(WHOLE_JPEG_VAR, "") == "1",
+            log_dir / STAGES_DIR if LOG_DIR_VAR in environ else None,
         )
 
     def environment(self) -> dict[str, str]:

@@ -23,6 +23,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from handlers.stages import stage_table
 from kit import probe, supervise
 from kit.footprint import Footprint, measure_live, recorded
 from kit.itt import chrome_trace, read_ranges
@@ -188,6 +189,10 @@ def status(args: argparse.Namespace) -> int:
           f"CPUs no worker runs on: {format_cpus(idle) if idle else 'none'}")  # fmt: skip
     if oom := server.oom_note():
         print(f"[status] WARNING: {oom}")
+    stages = server.stage_times()
+    if stages:
+        print("[status] where the workers' time goes, per stage of a call, since start (handlers/stages.py):")
+        print("\n".join(stage_table(stages)))
     return 0
 
 

@@ -22,6 +22,9 @@ LIBRARY = ROOT / "build" / "itt" / "libkit_itt.so"
 DIR_VAR = "KIT_ITT_DIR"  # where the collector writes (read by itt_collector.c)
 # The ITT groups libittnotify binds to a collector: tasks, domains and string handles are "structure".
 GROUPS = "structure"
+DOMAINS_VAR = "KIT_ITT_DOMAINS"  # the domains the collector records (itt_collector.c); others are off
+# torch's (torch.profiler.itt, emit_itt): the kit's inference ranges and ITT_OPS's op ranges.
+DOMAINS = ("PyTorch",)
 
 
 class CollectorError(RuntimeError):
@@ -59,6 +62,7 @@ def collector_environment(out_dir: Path) -> dict[str, str]:
         "INTEL_LIBITTNOTIFY64": str(build_collector()),
         "INTEL_ITTNOTIFY_GROUPS": GROUPS,
         DIR_VAR: str(out_dir),
+        DOMAINS_VAR: ",".join(DOMAINS),
         # oneDNN reports every primitive it runs as a task of its own once a collector is attached:
         # ~400 per ResNet-50 inference, 1-2 ms of writes per request. The kit's ranges only.
         "ONEDNN_ITT_TASK_LEVEL": "0",

@@ -12,6 +12,11 @@
  *     B <tid> <CLOCK_MONOTONIC ns> <name>
  *     E <tid> <CLOCK_MONOTONIC ns>
  * kit/itt.py builds this file with the system compiler and reads the records back.
+ *
+ * Only the domains named in $KIT_ITT_DOMAINS (comma-separated; kit/itt.py: torch's "PyTorch") are
+ * recorded, and the others are created disabled, so that ITT's callers skip their calls altogether
+ * (flags 0). OpenVINO and TBB carry ITT too: TBB sets its own domains' flags and records a task per
+ * parallel loop, OpenVINO asks for string handles per node it runs.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -67,21 +72,50 @@ static void record(char kind, const char *name) {
         return; /* nowhere to report it: the trace is simply short */
 }
 
-/* Handles live as long as the process: torch asks for the same few names on every call. */
+/* Handles live as long as the process. OpenVINO asks for a string handle by name on every node it
+ * runs (hundreds per inference, each name once more): they are found by hash, not by a list walk. */
+#define BUCKETS 4096
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+/* The domain ITT's callers see, and whether this collector records it: kept apart from the flags,
+ * which a caller may set itself (TBB turns its own domains' flags on after creating them). */
+typedef struct kit_domain {
+    kit_itt_domain itt; /* first: callers get a pointer to it */
+    int recorded;
+} kit_domain;
 static kit_itt_domain *domains;
-static kit_itt_string_handle *strings;
+static kit_itt_string_handle *strings[BUCKETS];
+
+static unsigned bucket(const char *name) {
+    unsigned hash = 2166136261u; /* FNV-1a */
+    for (; *name; name++)
+        hash = (hash ^ (unsigned char)*name) * 16777619u;
+    return hash % BUCKETS;
+}
 
 const char *__itt_api_version(void) { return "kit-itt-collector 1"; }
 
+/* Whether `name` is one of the comma-separated $KIT_ITT_DOMAINS. */
+static int enabled(const char *name) {
+    const char *list = getenv("KIT_ITT_DOMAINS"), *start;
+    size_t length = strlen(name);
+    for (start = list; start && *start; start = strchr(start, ',') ? strchr(start, ',') + 1 : NULL) {
+        const char *end = strchr(start, ',');
+        if ((end ? (size_t)(end - start) : strlen(start)) == length && !strncmp(start, name, length))
+            return 1;
+    }
+    return 0;
+}
+
 kit_itt_domain *__itt_domain_create(const char *name) {
     kit_itt_domain *d;
+    kit_domain *created;
     if (!name)
         return NULL;
     pthread_mutex_lock(&lock);
     for (d = domains; d && strcmp(d->name, name); d = d->next) {}
-    if (!d && (d = calloc(1, sizeof *d)) && (d->name = strdup(name))) {
-        d->flags = 1;
+    if (!d && (created = calloc(1, sizeof *created)) && (created->itt.name = strdup(name))) {
+        d = &created->itt;
+        created->recorded = d->flags = enabled(name);
         d->next = domains;
         domains = d;
     }
@@ -89,26 +123,34 @@ kit_itt_domain *__itt_domain_create(const char *name) {
     return d;
 }
 
+static int recorded(const kit_itt_domain *domain) {
+    return domain && ((const kit_domain *)domain)->recorded;
+}
+
 kit_itt_string_handle *__itt_string_handle_create(const char *name) {
     kit_itt_string_handle *h;
+    unsigned b;
     if (!name)
         return NULL;
+    b = bucket(name);
     pthread_mutex_lock(&lock);
-    for (h = strings; h && strcmp(h->str, name); h = h->next) {}
+    for (h = strings[b]; h && strcmp(h->str, name); h = h->next) {}
     if (!h && (h = calloc(1, sizeof *h)) && (h->str = strdup(name))) {
-        h->next = strings;
-        strings = h;
+        h->next = strings[b];
+        strings[b] = h;
     }
     pthread_mutex_unlock(&lock);
     return h;
 }
 
+/* A caller that ignores the flags, or sets them itself, still records nothing for another domain. */
 void __itt_task_begin(const kit_itt_domain *domain, kit_itt_id id, kit_itt_id parent, kit_itt_string_handle *name) {
-    (void)domain; (void)id; (void)parent;
-    record('B', name ? name->str : "?");
+    (void)id; (void)parent;
+    if (recorded(domain))
+        record('B', name ? name->str : "?");
 }
 
 void __itt_task_end(const kit_itt_domain *domain) {
-    (void)domain;
-    record('E', NULL);
+    if (recorded(domain))
+        record('E', NULL);
 }

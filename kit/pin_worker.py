@@ -11,7 +11,9 @@ model's extracted archive directory. The kit points PYTHON_EXECUTABLE here (kit/
    slot and TorchServe's replacement lands on the same cores;
 3. it execs `numactl --physcpubind=CPUS --membind=NODE $KIT_WORKER_PYTHON ...` with
    OMP_NUM_THREADS and the model's planned allocator preloaded: no process stays behind (TorchServe's own
-   launcher, torch.backends.xeon.run_cpu, stays as a parent of every worker, ~225 MB each).
+   launcher, torch.backends.xeon.run_cpu, stays as a parent of every worker, ~225 MB each);
+4. the worker it runs is the kit's (handlers/worker.py, in every archive the kit builds) in place
+   of ts/model_service_worker.py: the same protocol without TorchServe's per-request extras.
 
 Standard library only: it runs before every worker, so it must start fast.
 """
@@ -31,6 +33,9 @@ ALLOCATOR_DIR_VAR = "KIT_ALLOCATOR_DIR"  # where lib<allocator>.so are: the envi
 # Allocator.DEFAULT's value (kit/plan.py), glibc malloc: nothing preloaded. Spelled out because
 # this script imports nothing of the kit; tests/unit/test_pin_worker.py keeps the two equal.
 GLIBC_MALLOC = "default"
+TS_WORKER = "model_service_worker.py"  # the script TorchServe's frontend starts
+KIT_WORKER_MODULE = "handlers.worker"  # run with -m from the archive's directory, the worker's cwd
+KIT_WORKER_FILE = Path("handlers") / "worker.py"
 
 
 def allocator_library(lib_dir: Path, allocator: str) -> Path | None:
@@ -55,6 +60,19 @@ def claim_slot(slots_dir: Path, model: str, count: int) -> tuple[int, int]:
     return os.getpid() % count, -1
 
 
+def is_worker(command: list[str]) -> bool:
+    """Whether a process's command line is a TorchServe worker's, TorchServe's or the kit's."""
+    return any(arg.endswith(TS_WORKER) for arg in command) or KIT_WORKER_MODULE in command
+
+
+def worker_args(args: list[str], model_dir: Path) -> list[str]:
+    """TorchServe's worker command (`ts/model_service_worker.py ARGS`) with the kit's worker module
+    in place of its script, when the archive carries it (an archive built by the kit does)."""
+    if args and args[0].endswith(TS_WORKER) and (model_dir / KIT_WORKER_FILE).is_file():
+        return ["-m", KIT_WORKER_MODULE, *args[1:]]
+    return args
+
+
 def command(worker: dict, python: str, args: list[str]) -> list[str]:
     cpus = ",".join(map(str, worker["cpus"]))
     numactl = shutil.which("numactl")
@@ -66,6 +84,7 @@ def command(worker: dict, python: str, args: list[str]) -> list[str]:
 
 def main(args: list[str]) -> None:
     python = os.environ[PYTHON_VAR]
+    args = worker_args(args, Path.cwd())
     layout_file = Path(os.environ[LAYOUT_VAR])
     model = json.loads(Path("MAR-INF/MANIFEST.json").read_text())["model"]["modelName"]
     plan = json.loads(layout_file.read_text())["models"].get(model)

@@ -127,8 +127,10 @@ class ServeConfig:
     token_auth: bool | None = None
     # JVM options of TorchServe's Java frontend, as its `vmargs`; "" = the JVM's own choice (G1).
     # The serial collector: less frontend CPU per request than G1 in every round on every payload
-    # measured (`make bench PLAN=frontend`, docs/benchmarks.md).
-    frontend_jvm_args: str = "-XX:+UseSerialGC"
+    # measured (`make bench PLAN=frontend`, docs/benchmarks.md). Only the quick (C1) compiler:
+    # C2 was still compiling TorchServe's request path minutes into a load, ~0.5 ms of CPU per
+    # request on the cores the workers need, for no cheaper request after (`make bench PLAN=versus`).
+    frontend_jvm_args: str = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
     # Diagnostics (handlers/diagnostics.py): a profiler trace of each worker's first N inference
     # calls into logs/profile/, and op-level ITT ranges for VTune.
     profile_requests: int = 0

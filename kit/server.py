@@ -26,7 +26,8 @@ from typing import Any
 import psutil
 import requests
 
-from handlers.settings import parse_settings
+from handlers.settings import STAGES_DIR, parse_settings
+from handlers.stages import Histogram, Stage, merge, read_stage_files
 from kit.footprint import measure, record
 from kit.launch import LAYOUT_FILE, Launch
 from kit.models import STARTUP_TIMEOUT_S
@@ -143,6 +144,14 @@ class Server:
     def model_log(self) -> Path:
         return self.run_dir / "model_log.log"
 
+    @property
+    def stages_dir(self) -> Path:
+        return self.run_dir / STAGES_DIR  # each worker's stage histograms (handlers/stages.py)
+
+    def stage_times(self) -> dict[str, dict[Stage, Histogram]]:
+        """Per model, its workers' stage histograms so far (each worker writes at most once a second)."""
+        return merge(read_stage_files(self.stages_dir))
+
     @classmethod
     def from_state(cls, run_dir: Path) -> Server | None:
         """The server a previous `start` left in run_dir, if its state file is there."""
@@ -193,6 +202,7 @@ class Server:
         if self.layout:
             (self.run_dir / LAYOUT_FILE).write_text(json.dumps(self.layout.to_dict(), indent=2))
             shutil.rmtree(self.run_dir / "slots", ignore_errors=True)  # a previous run's worker slots
+        shutil.rmtree(self.stages_dir, ignore_errors=True)  # a previous run's workers' stage times
         config_file = self.run_dir / "config.properties"
         config_file.write_text(render(self.config, self.model_store, self.layout))
         self.log_offsets = {log: log.stat().st_size if log.is_file() else 0 for log in self.failure_markers}

@@ -26,6 +26,7 @@ import torch
 from handlers.loaders import load_model
 from handlers.settings import Architecture, TextSettings
 from handlers.text import encode, load_tokenizer
+from kit.pin_worker import is_worker
 from tests.e2e.conftest import one_cpu
 from tests.e2e.test_placement import allowed_list
 from tests.e2e.test_serving import EMBEDDING_ATOL
@@ -130,7 +131,7 @@ class Pod:
         return psutil.Process(self.process.pid).children(recursive=True)
 
     def workers(self) -> list[psutil.Process]:
-        return [p for p in self.processes() if "model_service_worker.py" in " ".join(p.cmdline())]
+        return [p for p in self.processes() if is_worker(p.cmdline())]
 
     def supervisor(self) -> psutil.Process:
         """The image's PID 1 as this host sees it: `python -m kit run`."""

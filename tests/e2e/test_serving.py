@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import time
+
 import psutil
 import pytest
 import requests
 import torch
 
+from bench.cpu_accounting import process_cpu_s
 from bench.metrics import parse_prometheus
 from bench.payloads import photo_jpeg
 from handlers.image import image_to_tensor
 from handlers.loaders import load_model
 from handlers.settings import Architecture, ImageSettings, TextSettings
+from handlers.stages import FLUSH_S, Stage, merge, read_stage_files, summarize
 from handlers.text import encode, load_tokenizer
+from kit.pin_worker import KIT_WORKER_MODULE
 from kit.server import Server
 
 pytestmark = pytest.mark.e2e
@@ -145,5 +150,41 @@ def test_metrics_endpoint_counts_each_request(optimized_server):
 def test_the_frontend_jvm_runs_the_presets_collector(optimized_server):
     java = [p for p in optimized_server.process_tree() if p.name() == "java"]
     assert len(java) == 1, [p.name() for p in optimized_server.process_tree()]
-    assert optimized_server.config.frontend_jvm_args == "-XX:+UseSerialGC"
-    assert "-XX:+UseSerialGC" in java[0].cmdline()  # TorchServe passed the vmargs on
+    assert optimized_server.config.frontend_jvm_args == "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+    assert {"-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"} <= set(java[0].cmdline())  # TorchServe passed them on
+
+
+def test_workers_are_the_kits_and_time_every_stage(optimized_server):
+    """kit/pin_worker.py runs handlers/worker.py: no per-request log or metric lines, and each worker's
+    stage histograms on disk (what `make status` and the bench read), every stage once per call."""
+    model = "bert"
+    workers = [w for w in optimized_server.workers() if w.model == model]
+    assert all(KIT_WORKER_MODULE in psutil.Process(w.process.pid).cmdline() for w in workers)
+    log_start = optimized_server.model_log.stat().st_size
+    for round_ in range(2):  # a worker writes at most once a second, on a call: a second round flushes the first
+        for index in range(4 * len(workers)):
+            assert post(optimized_server, model, f"text {round_} {index}".encode(), "text/plain").status_code == 200
+        time.sleep(FLUSH_S + 0.1)
+    files = list(read_stage_files(optimized_server.stages_dir))
+    with_files = {int(path.stem.rpartition("-")[2]) for path in optimized_server.stages_dir.glob("*.json")}
+    assert worker_pids(optimized_server, model) <= with_files
+    for name, histograms in files:
+        calls = {stage: histograms[stage].calls for stage in Stage}
+        # The frame stages time every call, the handler's every call it answered (a batch-level
+        # gRPC error raises before they are recorded).
+        assert calls[Stage.READ] == calls[Stage.WRITE] >= calls[Stage.MODEL] > 0, (name, calls)
+        assert calls[Stage.DECODE] == calls[Stage.MODEL] == calls[Stage.FORMAT], (name, calls)
+        assert calls[Stage.WAIT] == calls[Stage.READ] - 1  # none before a worker's first call
+    served = summarize(merge(files)[model])
+    assert served[Stage.MODEL].requests >= 4 * len(workers)
+    assert 0 < served[Stage.MODEL].p50_ms < 60_000
+    written = optimized_server.model_log.read_text(errors="replace")[log_start:]
+    assert "Backend received inference" not in written and "PredictionTime" not in written
+
+
+def test_the_frontend_jit_is_accounted_apart(optimized_server):
+    frontend = next(p for p in optimized_server.process_tree() if p.name() == "java")
+    cpu = process_cpu_s([frontend], lambda process: "frontend")
+    assert cpu[(frontend.pid, "jit")][0] == "frontend JIT" and cpu[(frontend.pid, "jit")][1] > 0
+    total = frontend.cpu_times().user + frontend.cpu_times().system
+    assert 0 < cpu[(frontend.pid, "")][1] < total

@@ -341,9 +341,13 @@ def test_bf16_rows_are_skipped_with_the_reason_on_a_cpu_without_bf16(tmp_path, m
 
 
 def test_cpu_per_request_counts_processes_alive_at_both_ends():
-    before = {10: ("frontend", 1.0), 11: ("workers", 2.0), 12: ("workers", 5.0)}
-    after = {10: ("frontend", 1.5), 11: ("workers", 3.0), 13: ("workers", 9.0)}  # 12 died, 13 replaced it
-    assert per_request_ms(before, after, ab_cpu_s=0.1, requests=100) == {"ab": 1.0, "frontend": 5.0, "workers": 10.0}
+    before = {(10, ""): ("frontend", 1.0), (10, "jit"): ("frontend JIT", 0.5), (11, ""): ("workers", 2.0),
+              (12, ""): ("workers", 5.0)}  # fmt: skip
+    after = {(10, ""): ("frontend", 1.5), (10, "jit"): ("frontend JIT", 0.6), (11, ""): ("workers", 3.0),
+             (13, ""): ("workers", 9.0)}  # 12 died, 13 replaced it  # fmt: skip
+    assert per_request_ms(before, after, ab_cpu_s=0.1, requests=100) == {
+        "ab": 1.0, "frontend": 5.0, "frontend JIT": 1.0, "workers": 10.0
+    }  # fmt: skip
 
 
 def test_report_breaks_down_cpu_per_request(tmp_path):

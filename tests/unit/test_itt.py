@@ -64,3 +64,29 @@ def test_itt_trace_command_writes_the_timeline_and_summarises(tmp_path, capsys):
     assert main(["itt-trace", "--dir", str(tmp_path)]) == 0
     assert "m:bs1: 2 ranges, median 3.0 ms, max 4.0 ms" in capsys.readouterr().out
     assert len(json.loads((tmp_path / "trace.json").read_text())["traceEvents"]) == 2
+
+
+def test_only_the_kits_domains_are_recorded(tmp_path, monkeypatch):
+    """OpenVINO and TBB carry ITT too: a domain not in KIT_ITT_DOMAINS is created disabled (its
+    callers then skip it) and records nothing even when called with its flags set, while torch's records."""
+    import ctypes
+
+    from kit.itt import DOMAINS, build_collector
+
+    for name, value in collector_environment(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    collector = ctypes.CDLL(str(build_collector()))
+    collector.__itt_domain_create.restype = ctypes.POINTER(ctypes.c_int)  # the struct's first field: flags
+    collector.__itt_string_handle_create.restype = ctypes.c_void_p
+
+    class Id(ctypes.Structure):  # __itt_id, passed by value
+        _fields_ = [("d1", ctypes.c_ulonglong), ("d2", ctypes.c_ulonglong), ("d3", ctypes.c_ulonglong)]
+
+    for domain_name, task in ((DOMAINS[0].encode(), b"kept:bs1"), (b"ov_intel_cpu", b"node"), (b"tbb", b"loop")):
+        domain = collector.__itt_domain_create(domain_name)
+        assert domain.contents.value == (1 if task == b"kept:bs1" else 0)
+        domain.contents.value = 1  # as TBB does to its own domains: still not recorded
+        handle = collector.__itt_string_handle_create(task)
+        collector.__itt_task_begin(domain, Id(), Id(), ctypes.c_void_p(handle))
+        collector.__itt_task_end(domain)
+    assert [r.name for r in read_ranges(tmp_path)] == ["kept:bs1"]

@@ -20,12 +20,16 @@ echo "args=$*"
 """
 
 
-def start_worker(tmp_path: Path, model: str, layout: dict) -> dict[str, str]:
+def start_worker(tmp_path: Path, model: str, layout: dict, args: tuple[str, ...] = ("--sock-type", "unix"),
+                 kit_worker: bool = False) -> dict[str, str]:  # fmt: skip
     tmp_path.mkdir()
     (tmp_path / "layout.json").write_text(json.dumps(layout))
     worker_dir = tmp_path / model / "MAR-INF"
     worker_dir.mkdir(parents=True)
     (worker_dir / "MANIFEST.json").write_text(json.dumps({"model": {"modelName": model}}))
+    if kit_worker:  # an archive the kit built carries handlers/worker.py
+        (tmp_path / model / pin_worker.KIT_WORKER_FILE).parent.mkdir()
+        (tmp_path / model / pin_worker.KIT_WORKER_FILE).write_text("")
     script = tmp_path / "report.sh"
     script.write_text(REPORT)
     script.chmod(0o755)
@@ -35,7 +39,7 @@ def start_worker(tmp_path: Path, model: str, layout: dict) -> dict[str, str]:
            pin_worker.ALLOCATOR_DIR_VAR: str(Path(sys.prefix) / "lib")},  # make install links the allocators there
     )  # fmt: skip
     env.pop("LD_PRELOAD", None)
-    out = subprocess.run([sys.executable, pin_worker.__file__, "--sock-type", "unix"], cwd=worker_dir.parent,
+    out = subprocess.run([sys.executable, pin_worker.__file__, *args], cwd=worker_dir.parent,
                          env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
     return dict(line.split("=", 1) for line in out.splitlines())
 
@@ -60,3 +64,19 @@ def test_glibc_malloc_is_spelled_as_the_allocator_enum_spells_it(tmp_path):
     assert Allocator.DEFAULT.value == pin_worker.GLIBC_MALLOC
     assert pin_worker.allocator_library(tmp_path, Allocator.DEFAULT.value) is None
     assert pin_worker.allocator_library(tmp_path, Allocator.JEMALLOC.value) == tmp_path / "libjemalloc.so"
+
+
+def test_the_kits_worker_replaces_torchserves_when_the_archive_carries_it(tmp_path):
+    cpu = max(os.sched_getaffinity(0))
+    layout = {"models": {"m": {"workers": [{"cpus": [cpu], "threads": 1, "numa_node": 0}], "allocator": "default"}}}
+    ts_worker = ("/venv/lib/python3.11/site-packages/ts/model_service_worker.py", "--sock-type", "unix")
+    ours = start_worker(tmp_path / "a", "m", layout, ts_worker, kit_worker=True)
+    assert ours["args"] == "-m handlers.worker --sock-type unix"
+    theirs = start_worker(tmp_path / "b", "m", layout, ts_worker)  # an archive built elsewhere: TorchServe's
+    assert theirs["args"] == " ".join(ts_worker)
+
+
+def test_both_workers_are_recognised_by_their_command_line():
+    assert pin_worker.is_worker(["python", "/x/ts/model_service_worker.py", "--sock-type", "unix"])
+    assert pin_worker.is_worker(["python", "-m", "handlers.worker", "--sock-type", "unix"])
+    assert not pin_worker.is_worker(["python", "-m", "kit", "serve"])

@@ -194,9 +194,11 @@ def test_frontend_jvm_options_are_rendered_as_vmargs(tmp_path):
     config = ServeConfig.from_preset("optimized", frontend_jvm_args="-XX:+UseSerialGC -Xss512k")
     assert properties(render(config, Path("/store")))["vmargs"] == "-XX:+UseSerialGC -Xss512k"
     assert "vmargs" not in properties(render(ServeConfig.from_preset("baseline"), Path("/store")))  # JVM defaults
-    assert properties(render(ServeConfig.from_preset("optimized"), Path("/store")))["vmargs"] == "-XX:+UseSerialGC"
+    default = ServeConfig.frontend_jvm_args
+    assert default == "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+    assert properties(render(ServeConfig.from_preset("optimized"), Path("/store")))["vmargs"] == default
     written = tmp_path / "tuned.yaml"  # a preset that does not name it, as `make tune` writes one
     written.write_text("variant: inductor\nbatch_size: 4\n")
-    assert ServeConfig.from_preset(str(written)).frontend_jvm_args == "-XX:+UseSerialGC"
+    assert ServeConfig.from_preset(str(written)).frontend_jvm_args == default
     with pytest.raises(ConfigError, match=r"frontend_jvm_args takes JVM options .* got \['UseSerialGC'\]"):
         ServeConfig.from_preset("optimized", frontend_jvm_args="UseSerialGC")

@@ -1,0 +1,185 @@
+"""The interleaved rounds of bench/versus.py as medians, spreads and verdicts: report.md and results.json.
+
+    summaries = summarize_entries(run.results)     # one per kit row or peer, over its rounds
+    verdicts = compare(summaries)                  # per model and concurrency: best kit vs best peer
+    write_versus_report(out_dir, run)
+
+A verdict says `ahead` (or `behind`) only when every round of one side was faster than every round
+of the other; overlapping spreads are `level`, whatever the medians' ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import statistics
+from pathlib import Path
+
+from bench.results import BenchRun, RowResult
+from handlers.stages import WORK
+
+
+@dataclasses.dataclass(frozen=True)
+class EntrySummary:
+    model: str
+    name: str
+    kind: str  # served (the kit) | served_peer
+    precision: str
+    batch_size: int
+    concurrency: int
+    rounds: int
+    requests_per_s: float  # median over the rounds
+    requests_per_s_min: float
+    requests_per_s_max: float
+    p50_ms: float  # medians
+    p99_ms: float
+    cpu_ms_per_request: dict[str, float]  # process group -> median
+    stage_ms_per_request: dict[str, float]  # the kit's workers: stage -> median (handlers/stages.py)
+    itt: bool  # its workers recorded ITT ranges: a measurement of the trace's cost, not a contender
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median: how far apart the rounds were."""
+        return (self.requests_per_s_max - self.requests_per_s_min) / self.requests_per_s if self.requests_per_s else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    model: str
+    precision: str
+    concurrency: int
+    kit: str  # the best kit row (by median)
+    peer: str  # the best peer
+    ratio: float  # kit median / peer median
+    verdict: str  # ahead | level | behind
+
+
+def median_of(values: list[float]) -> float:
+    return round(statistics.median(values), 2)
+
+
+def medians_by_key(dicts: list[dict[str, float]]) -> dict[str, float]:
+    keys = sorted({key for d in dicts for key in d})
+    return {key: median_of([d[key] for d in dicts if key in d]) for key in keys}
+
+
+def summarize_entry(results: list[RowResult]) -> EntrySummary:
+    first = results[0]
+    speeds = [r.requests_per_s for r in results]
+    return EntrySummary(
+        model=first.model,
+        name=first.name,
+        kind=first.kind,
+        precision=first.precision,
+        batch_size=first.batch_size,
+        concurrency=first.concurrency,
+        rounds=len(results),
+        requests_per_s=median_of(speeds),
+        requests_per_s_min=min(speeds),
+        requests_per_s_max=max(speeds),
+        p50_ms=median_of([r.p50_ms for r in results]),
+        p99_ms=median_of([r.p99_ms for r in results]),
+        cpu_ms_per_request=medians_by_key([r.cpu_ms_per_request for r in results]),
+        stage_ms_per_request=medians_by_key(
+            [{stage: s["ms_per_request"] for stage, s in r.stages.items()} for r in results]
+        ),
+        itt=first.itt_ranges is not None,
+    )
+
+
+def summarize_entries(results: list[RowResult]) -> list[EntrySummary]:
+    """One summary per (model, name), in the order first measured."""
+    groups: dict[tuple[str, str], list[RowResult]] = {}
+    for result in results:
+        groups.setdefault((result.model, result.name), []).append(result)
+    return [summarize_entry(group) for group in groups.values()]
+
+
+def verdict(kit: EntrySummary, peer: EntrySummary) -> str:
+    if kit.requests_per_s_min > peer.requests_per_s_max:
+        return "ahead"
+    if kit.requests_per_s_max < peer.requests_per_s_min:
+        return "behind"
+    return "level"
+
+
+def compare(summaries: list[EntrySummary]) -> list[Verdict]:
+    """Per model, precision and concurrency with both sides measured: the best kit row (as `make
+    serve` runs it: no ITT collector) against the best peer."""
+    verdicts = []
+    key = lambda s: (s.model, s.precision, s.concurrency)  # noqa: E731
+    for (model, precision, concurrency), group in itertools.groupby(sorted(summaries, key=key), key=key):
+        group = list(group)
+        kits = [s for s in group if s.kind == "served" and not s.itt]
+        peers = [s for s in group if s.kind == "served_peer"]
+        if not kits or not peers:
+            continue
+        kit = max(kits, key=lambda s: s.requests_per_s)
+        peer = max(peers, key=lambda s: s.requests_per_s)
+        ratio = round(kit.requests_per_s / peer.requests_per_s, 2) if peer.requests_per_s else 0.0
+        verdicts.append(Verdict(model, precision, concurrency, kit.name, peer.name, ratio, verdict(kit, peer)))
+    return verdicts
+
+
+def markdown(run: BenchRun, summaries: list[EntrySummary], verdicts: list[Verdict]) -> str:
+    env = run.environment
+    lines = [
+        f"# The kit against the servers a user would write: plan `{run.plan.name}`, {run.plan.run.rounds} "
+        "interleaved rounds",
+        "",
+        f"`{run.command}` at commit {env.git_commit}, {env.date}; CPU: {env.cpu_model}, {env.cores} CPUs; "
+        f"torch {env.torch}, TorchServe {env.torchserve}; ab for {run.plan.run.seconds} s per measurement.",
+        "",
+        "| model | side | name | c | req/s median | min–max (spread) | p50 ms | p99 ms | CPU ms/request |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        side = "kit" if s.kind == "served" else "peer"
+        cpu = ", ".join(f"{group} {ms}" for group, ms in s.cpu_ms_per_request.items() if ms)
+        lines.append(
+            f"| {s.model} | {side} | {s.name} | {s.concurrency} | {s.requests_per_s} | {s.requests_per_s_min}–"
+            f"{s.requests_per_s_max} ({s.spread:.0%}) | {s.p50_ms} | {s.p99_ms} | {cpu} |"
+        )
+    staged = [s for s in summaries if s.stage_ms_per_request]
+    if staged:
+        stages = list(staged[0].stage_ms_per_request)
+        lines += ["", "Where the kit's workers spend a request (median ms per request over the rounds, "
+                  "handlers/stages.py; `all` leaves out `wait`, the idle time before a call):", "", f"| model | name | {' | '.join(stages)} | all |",
+                  f"|---|---|{'---|' * (len(stages) + 1)}"]  # fmt: skip
+        for s in staged:
+            values = [s.stage_ms_per_request.get(stage, 0.0) for stage in stages]
+            work = sum(v for stage, v in zip(stages, values, strict=True) if stage in WORK)
+            lines.append(f"| {s.model} | {s.name} | {' | '.join(f'{v:.2f}' for v in values)} | {work:.2f} |")
+    lines += ["", "Best kit row against the best peer, per model, precision and concurrency (ahead / behind "
+              "only when every round of one beat every round of the other):", "",
+              "| model | precision | c | kit | peer | kit / peer (medians) | verdict |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [f"| {v.model} | {v.precision} | {v.concurrency} | {v.kit} | {v.peer} | {v.ratio:.2f}× | {v.verdict} |"
+              for v in verdicts]  # fmt: skip
+    if run.skipped:
+        lines += ["", "Skipped:", *[f"- {reason}" for reason in run.skipped]]
+    if run.failed:
+        lines += ["", "Failed:", *[f"- {f.model} / {f.name}: {f.reason} (log: {f.log})" for f in run.failed]]
+    return "\n".join(lines) + "\n"
+
+
+def write_versus_report(out_dir: Path, run: BenchRun) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = summarize_entries(run.results)
+    verdicts = compare(summaries)
+    document = {
+        "plan": run.plan.name,
+        "command": run.command,
+        "environment": dataclasses.asdict(run.environment),
+        "summaries": [dataclasses.asdict(s) for s in summaries],
+        "verdicts": [dataclasses.asdict(v) for v in verdicts],
+        "rows": [dataclasses.asdict(r) for r in run.results],
+        "skipped": list(run.skipped),
+        "failed": [dataclasses.asdict(f) for f in run.failed],
+    }
+    (out_dir / "results.json").write_text(json.dumps(document, indent=2))
+    (out_dir / "report.md").write_text(markdown(run, summaries, verdicts))
+    latest = out_dir.parent / "latest"
+    latest.unlink(missing_ok=True)
+    latest.symlink_to(out_dir.name)

@@ -1,0 +1,172 @@
+"""Where a worker's time goes, per stage of each inference call, as histograms on disk.
+
+    clock = StageClock("resnet50", Path("logs/stages"))
+    start = time.perf_counter(); ...decode...; clock.record(Stage.DECODE, time.perf_counter() - start, requests=1)
+    clock.flush_if_due()                       # at most once a second: logs/stages/resnet50-<pid>.json
+    summary = summarize(read_stage_files(Path("logs/stages")))["resnet50"]   # make status, the bench
+
+Stages of one call, in order: the wait for it since the previous answer, TorchServe's frame read
+from the frontend's socket, decoding the requests, the model call (collate + the backend),
+formatting the answers, encoding and writing the answer frame. Each is timed with two `time.perf_counter()` calls (~0.1 µs each) into a fixed set of
+buckets; the file is rewritten at most once a second (~0.1 ms): well under 1 % of a request.
+The frontend's own time (its queue) is TorchServe's `ts_queue_latency_microseconds`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import enum
+import json
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+
+class Stage(enum.StrEnum):
+    # Idle: from the last answer sent to this call's first byte (handlers/worker.py). Under load
+    # with requests queued in the frontend, this is its hand-off time, which the worker waits out.
+    WAIT = "wait"
+    READ = "read"  # the request frame, from its first byte to parsed
+    DECODE = "decode"  # body -> input tensors, every request of the call
+    MODEL = "model"  # collate + the optimized model
+    FORMAT = "format"  # output rows -> answers (+ status and headers)
+    WRITE = "write"  # the answer frame encoded and sent
+
+
+WORK = tuple(stage for stage in Stage if stage is not Stage.WAIT)  # a call's own time, added up as "all"
+
+# Upper bounds in ms: 0.02 ms to 10 s, ~12 % apart (enough for p50/p99 within ~6 %).
+BOUNDS_MS: tuple[float, ...] = tuple(round(0.02 * 1.12**i, 4) for i in range(116))
+FLUSH_S = 1.0  # how often a worker rewrites its file at most
+SUFFIX = ".json"
+
+
+@dataclasses.dataclass
+class Histogram:
+    counts: list[int] = dataclasses.field(default_factory=lambda: [0] * (len(BOUNDS_MS) + 1))  # last: overflow
+    calls: int = 0
+    requests: int = 0
+    total_ms: float = 0.0
+
+    def add(self, ms: float, requests: int) -> None:
+        self.counts[bisect.bisect_left(BOUNDS_MS, ms)] += 1
+        self.calls += 1
+        self.requests += requests
+        self.total_ms += ms
+
+    def merge(self, other: Histogram) -> None:
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.calls += other.calls
+        self.requests += other.requests
+        self.total_ms += other.total_ms
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile of the calls, in ms: the upper bound of the bucket it falls in."""
+        if not self.calls:
+            return None
+        rank, seen = q * self.calls, 0
+        for index, count in enumerate(self.counts):
+            seen += count
+            if seen >= rank and count:
+                return BOUNDS_MS[min(index, len(BOUNDS_MS) - 1)]
+        return BOUNDS_MS[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSummary:
+    calls: int
+    requests: int
+    ms_per_request: float  # mean: the stage's time divided among the requests it served
+    p50_ms: float  # per call
+    p99_ms: float
+
+
+class StageClock:
+    """One worker's histograms; `out_dir` None keeps them in memory only (a handler outside a server)."""
+
+    def __init__(self, model: str, out_dir: Path | None):
+        self.model = model
+        self.path = out_dir / f"{model}-{os.getpid()}{SUFFIX}" if out_dir else None
+        self.histograms = {stage: Histogram() for stage in Stage}
+        self.flushed_at = time.monotonic()
+
+    def record(self, stage: Stage, seconds: float, requests: int) -> None:
+        self.histograms[stage].add(seconds * 1000, requests)
+
+    def flush_if_due(self) -> None:
+        now = time.monotonic()
+        if self.path is not None and now - self.flushed_at >= FLUSH_S:
+            self.flushed_at = now
+            self.write()
+
+    def write(self) -> None:
+        record = {"model": self.model, "pid": os.getpid(), "bounds_ms": BOUNDS_MS,
+                  "stages": {stage.value: dataclasses.asdict(h) for stage, h in self.histograms.items()}}  # fmt: skip
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_suffix(".partial")
+        partial.write_text(json.dumps(record))
+        partial.replace(self.path)  # readers never see half a file
+
+
+def read_stage_files(stages_dir: Path) -> Iterable[tuple[str, dict[Stage, Histogram]]]:
+    """(model, histograms) of every worker file in `stages_dir`; files of another bucket layout are skipped."""
+    for path in sorted(stages_dir.glob(f"*{SUFFIX}")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # removed or replaced while read
+        if tuple(record.get("bounds_ms", ())) != BOUNDS_MS:
+            continue
+        yield record["model"], {Stage(name): Histogram(**fields) for name, fields in record["stages"].items()}
+
+
+def merge(workers: Iterable[tuple[str, dict[Stage, Histogram]]]) -> dict[str, dict[Stage, Histogram]]:
+    """Per model, every worker's histograms added up."""
+    models: dict[str, dict[Stage, Histogram]] = {}
+    for model, histograms in workers:
+        merged = models.setdefault(model, {stage: Histogram() for stage in Stage})
+        for stage, histogram in histograms.items():
+            merged[stage].merge(histogram)
+    return models
+
+
+def difference(after: dict[Stage, Histogram], before: dict[Stage, Histogram] | None) -> dict[Stage, Histogram]:
+    """What was recorded between two reads of one model's merged histograms (a bench row's window)."""
+    if before is None:
+        return after
+    out = {}
+    for stage, histogram in after.items():
+        earlier = before.get(stage, Histogram())
+        out[stage] = Histogram(
+            [a - b for a, b in zip(histogram.counts, earlier.counts, strict=True)],
+            histogram.calls - earlier.calls,
+            histogram.requests - earlier.requests,
+            histogram.total_ms - earlier.total_ms,
+        )
+    return out
+
+
+def summarize(histograms: dict[Stage, Histogram]) -> dict[Stage, StageSummary]:
+    return {
+        stage: StageSummary(h.calls, h.requests, round(h.total_ms / h.requests, 3), h.quantile(0.5), h.quantile(0.99))
+        for stage, h in histograms.items()
+        if h.requests
+    }
+
+
+def stage_table(models: dict[str, dict[Stage, Histogram]]) -> list[str]:
+    """Lines of a table: per model and stage, calls, mean ms per request, p50 and p99 ms per call;
+    "all" adds up the call's own stages, not the wait before it."""
+    lines = [f"{'model':12} {'stage':7} {'calls':>8} {'ms/request':>10} {'p50 ms':>8} {'p99 ms':>8}"]
+    for model, histograms in sorted(models.items()):
+        summaries = summarize(histograms)
+        for stage, s in summaries.items():
+            lines.append(
+                f"{model:12} {stage.value:7} {s.calls:8d} {s.ms_per_request:10.3f} {s.p50_ms:8.3f} {s.p99_ms:8.3f}"
+            )
+        if summaries:
+            total = sum(s.ms_per_request for stage, s in summaries.items() if stage in WORK)
+            lines.append(f"{model:12} {'all':7} {'':>8} {total:10.3f}   (wait not included)")
+    return lines

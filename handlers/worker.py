@@ -1,0 +1,131 @@
+"""The kit's TorchServe worker: TorchServe 0.12's Python worker loop without its per-request extras.
+
+    python -m handlers.worker --sock-type unix --sock-name /tmp/.ts.sock.9000 --metrics-config ...
+
+kit/pin_worker.py runs it in place of ts/model_service_worker.py, with the same arguments, in the
+model's unpacked archive (where this package is). Same socket protocol, same model loading and
+answer encoding (TorchServe's own functions); per request it leaves out what py-spy showed a
+worker spending on things nobody reads (openvino-int8 ResNet-50, docs/benchmarks.md "Where a
+worker's time goes"):
+- two stdout lines, "Backend received inference at: ..." and the PredictionTime [METRICS] line
+  (with a gethostname() system call), which the frontend reads back, parses and logs: ~7 % of the
+  worker's CPU and some of the frontend's. The kit's own stage histograms (handlers/stages.py)
+  say more, for a fraction of the cost;
+- a recv() system call per field of the request frame (4 per HTTP header): the frame is read
+  through a buffer, usually in one or two system calls.
+A handler that is not one of the kit's (no stage clock) is served the same way, untimed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from ts.arg_parser import ArgParser
+from ts.model_service_worker import SOCKET_ACCEPT_TIMEOUT, TorchModelServiceWorker
+from ts.protocol import otf_message_handler as otf
+from ts.service import Service
+from ts.utils.util import PredictionException
+
+from handlers.stages import Stage, StageClock
+
+log = logging.getLogger(__name__)
+READ_BUFFER = 256 * 1024  # a typical request frame (a JPEG, a text) in one or two reads
+
+
+class BufferedConnection:
+    """What TorchServe's frame parsers call (`recv(n)`), served from a buffered reader: each call
+    returns exactly n bytes, or b"" when the frontend has gone (the parsers then exit, as with recv)."""
+
+    def __init__(self, connection: socket.socket):
+        self.file = connection.makefile("rb", buffering=READ_BUFFER)
+        self.recv = self.file.read
+
+
+def predict(service: Service, batch: list[dict[str, Any]]) -> bytearray:
+    """Service.predict without its PredictionTime metric: the same errors, codes and answer frame."""
+    headers, inputs, request_ids = Service.retrieve_data_for_inference(batch)
+    context = service.context
+    context.request_ids = request_ids
+    context.request_processor = headers
+    context.metrics.request_ids = request_ids
+    context.cl_socket = service.cl_socket
+    try:
+        answers = service._entry_point(inputs, context)
+    except MemoryError:
+        log.error("System out of memory", exc_info=True)
+        return otf.create_predict_response(None, request_ids, "Out of resources", 507)
+    except PredictionException as error:
+        log.error("Prediction error", exc_info=True)
+        return otf.create_predict_response(None, request_ids, error.message, error.error_code)
+    except Exception:  # noqa: BLE001 - as TorchServe: the worker answers 503 and stays up
+        log.warning("Invoking custom service failed.", exc_info=True)
+        return otf.create_predict_response(None, request_ids, "Prediction failed", 503)
+    if not isinstance(answers, list) or len(answers) != len(inputs):
+        log.warning("model %s answered %r for %d requests", context.model_name, type(answers), len(inputs))
+        return otf.create_predict_response(None, request_ids, "number of batch response mismatched", 503)
+    return otf.create_predict_response(answers, request_ids, "Prediction success", 200, context=context)
+
+
+def stage_clock(service: Service) -> StageClock | None:
+    """The kit handler's clock (handlers/base.py), which this loop adds the frame stages to."""
+    return getattr(getattr(service._entry_point, "__self__", None), "stages", None)
+
+
+class KitWorker(TorchModelServiceWorker):
+    def handle_connection(self, cl_socket: socket.socket) -> None:
+        connection = BufferedConnection(cl_socket)
+        service, clock, sent = None, None, None
+        while True:
+            command = otf._retrieve_buffer(connection, 1)
+            if command == otf.PREDICT_MSG:
+                if service is None:
+                    raise RuntimeError("received an inference request before the model was loaded")
+                start = time.perf_counter()  # the first byte is here: idle time is the wait's
+                batch = otf._retrieve_inference_msg(connection)
+                read = time.perf_counter()
+                answer = predict(service, batch)
+                answered = time.perf_counter()
+                cl_socket.sendall(answer)
+                if clock is not None:
+                    if sent is not None:  # not before the first call: loading is no wait for work
+                        clock.record(Stage.WAIT, start - sent, len(batch))
+                    sent = time.perf_counter()
+                    clock.record(Stage.READ, read - start, len(batch))
+                    clock.record(Stage.WRITE, sent - answered, len(batch))
+                    clock.flush_if_due()
+            elif command == otf.LOAD_MSG:
+                service, result, code = self.load_model(otf._retrieve_load_msg(connection))
+                cl_socket.sendall(otf.create_load_model_response(code, result))
+                if code != 200:
+                    raise RuntimeError(f"{code} - {result}")
+                service.set_cl_socket(cl_socket)
+                clock = stage_clock(service)
+            else:
+                raise ValueError(f"received unknown command: {command!r}")
+
+
+def main() -> None:
+    # As ts/model_service_worker.py's own main: INFO lines on stdout, which the frontend logs.
+    logging.basicConfig(stream=sys.stdout, format="%(message)s", level=logging.INFO)
+    args = ArgParser.model_service_worker_args().parse_args()
+    if args.async_comm:
+        raise SystemExit("the kit's worker serves synchronous handlers only (asyncCommunication is off)")
+    try:
+        KitWorker(args.sock_type, args.sock_name, args.host, args.port, args.metrics_config).run_server()
+    except TimeoutError:
+        log.error("Backend worker did not receive connection in: %d", SOCKET_ACCEPT_TIMEOUT)
+    except Exception:  # noqa: BLE001 - logged for the frontend's model_log, as TorchServe does
+        log.error("Backend worker process died.", exc_info=True)
+    finally:
+        if args.sock_type == "unix" and args.sock_name and os.path.exists(args.sock_name):
+            os.remove(args.sock_name)
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""handlers/stages.py: the stage histograms a worker writes and `make status` and the bench read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from handlers.stages import (
+    BOUNDS_MS,
+    Histogram,
+    Stage,
+    StageClock,
+    difference,
+    merge,
+    read_stage_files,
+    stage_table,
+    summarize,
+)
+
+
+def histogram(*ms: float, requests_per_call: int = 1) -> Histogram:
+    h = Histogram()
+    for value in ms:
+        h.add(value, requests_per_call)
+    return h
+
+
+def test_quantiles_are_the_upper_bound_of_their_bucket_within_12_percent():
+    h = histogram(*([1.0] * 98 + [50.0, 50.0]))
+    p50, p99 = h.quantile(0.5), h.quantile(0.99)
+    assert 1.0 <= p50 <= 1.12 and 50.0 <= p99 <= 56.0
+    assert Histogram().quantile(0.5) is None
+
+
+def test_values_past_the_last_bound_are_counted_not_lost():
+    h = histogram(BOUNDS_MS[-1] * 10)
+    assert h.counts[-1] == 1 and h.quantile(0.5) == BOUNDS_MS[-1]
+
+
+def test_ms_per_request_divides_a_batched_call_among_its_requests():
+    summary = summarize({Stage.MODEL: histogram(40.0, requests_per_call=4)})[Stage.MODEL]
+    assert (summary.calls, summary.requests, summary.ms_per_request) == (1, 4, 10.0)
+    assert Stage.DECODE not in summarize({Stage.DECODE: Histogram()})  # nothing recorded: no row
+
+
+def test_a_written_clock_reads_back_merged_per_model(tmp_path):
+    first, second = StageClock("resnet50", tmp_path), StageClock("resnet50", tmp_path)
+    second.path = tmp_path / "resnet50-2.json"  # two workers: one file each (by pid)
+    first.record(Stage.DECODE, 0.003, 1)
+    second.record(Stage.DECODE, 0.005, 2)
+    first.write(), second.write()
+    merged = merge(read_stage_files(tmp_path))
+    assert set(merged) == {"resnet50"}
+    decode = merged["resnet50"][Stage.DECODE]
+    assert (decode.calls, decode.requests) == (2, 3) and decode.total_ms == pytest.approx(8.0)
+    assert not list(tmp_path.glob("*.partial"))  # written whole, then renamed
+
+
+def test_a_file_of_another_bucket_layout_or_half_written_is_skipped(tmp_path):
+    (tmp_path / "old-1.json").write_text(json.dumps({"model": "old", "bounds_ms": [1, 2], "stages": {}}))
+    (tmp_path / "torn-2.json").write_text('{"model": "to')
+    assert list(read_stage_files(tmp_path)) == []
+
+
+def test_a_flush_waits_a_second_and_a_clock_without_a_directory_never_writes(tmp_path, monkeypatch):
+    clock = StageClock("m", tmp_path)
+    clock.record(Stage.READ, 0.001, 1)
+    clock.flush_if_due()
+    assert not clock.path.exists()  # less than FLUSH_S since the clock started
+    clock.flushed_at -= 2
+    clock.flush_if_due()
+    assert clock.path.exists()
+    StageClock("m", None).flush_if_due()  # a handler outside a server: in memory only
+
+
+def test_difference_is_what_a_bench_window_recorded():
+    before = {Stage.MODEL: histogram(10.0)}
+    after = {Stage.MODEL: histogram(10.0, 20.0, 20.0)}
+    window = difference(after, before)[Stage.MODEL]
+    assert (window.calls, window.total_ms) == (2, pytest.approx(40.0))
+    assert difference(after, None) is after
+
+
+def test_the_status_table_names_every_stage_recorded_and_the_total_without_the_wait():
+    lines = stage_table(
+        {"bert": {Stage.WAIT: histogram(50.0), Stage.DECODE: histogram(2.0), Stage.MODEL: histogram(8.0)}}
+    )
+    assert lines[0].split() == ["model", "stage", "calls", "ms/request", "p50", "ms", "p99", "ms"]
+    assert [line.split()[1] for line in lines[1:]] == ["wait", "decode", "model", "all"]
+    assert float(lines[-1].split()[2]) == pytest.approx(10.0)

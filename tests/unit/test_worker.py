@@ -1,0 +1,164 @@
+"""handlers/worker.py against TorchServe 0.12's own worker code: the same frames parsed and answered,
+without the per-request log and metric lines, over a real socket pair."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+from ts.protocol import otf_message_handler as otf
+from ts.service import Service
+
+from handlers.stages import Stage, StageClock
+from handlers.worker import BufferedConnection, KitWorker, predict, stage_clock
+
+METRICS_CONFIG = Path(otf.__file__).parents[1] / "configs" / "metrics.yaml"
+
+
+def field(data: bytes) -> bytes:
+    return struct.pack("!i", len(data)) + data
+
+
+def request_frame(requests: list[tuple[str, dict[str, str], bytes, str]]) -> bytes:
+    """An inference frame as the frontend encodes it (ts/protocol/otf_message_handler.py reads it)."""
+    frame = bytearray(otf.PREDICT_MSG)
+    for request_id, headers, body, content_type in requests:
+        frame += field(request_id.encode())
+        for name, value in headers.items():
+            frame += field(name.encode()) + field(value.encode())
+        frame += struct.pack("!i", -1)
+        frame += field(b"body") + field(content_type.encode()) + field(body)
+        frame += struct.pack("!i", -1)
+    return bytes(frame + struct.pack("!i", -1))
+
+
+REQUESTS = [
+    ("id-1", {"Host": "127.0.0.1:8080", "Content-Length": "70000"}, bytes(range(256)) * 280, "image/jpeg"),
+    ("id-2", {"Content-Type": "text/plain"}, b"a short text", "text/plain"),
+]
+
+
+def parsed_over_a_socket(frame: bytes, wrap) -> list:
+    left, right = socket.socketpair()
+    with left, right:
+        sender = threading.Thread(target=left.sendall, args=(frame,))
+        sender.start()
+        connection = wrap(right)
+        assert otf._retrieve_buffer(connection, 1) == otf.PREDICT_MSG
+        batch = otf._retrieve_inference_msg(connection)
+        sender.join()
+    return batch
+
+
+def test_a_buffered_frame_parses_as_torchserve_parses_it_from_the_socket():
+    frame = request_frame(REQUESTS)
+    ours = parsed_over_a_socket(frame, BufferedConnection)
+    theirs = parsed_over_a_socket(frame, lambda sock: sock)  # TorchServe: one recv() per field
+    assert ours == theirs
+    assert [r["parameters"][0]["value"] for r in ours] == [REQUESTS[0][2], "a short text"]
+
+
+def test_a_closed_connection_ends_the_worker_as_torchserve_does():
+    left, right = socket.socketpair()
+    left.close()
+    with right, pytest.raises(SystemExit):
+        otf._retrieve_buffer(BufferedConnection(right), 1)
+
+
+class EchoHandler:
+    """A handler whose clock the worker finds (stage_clock) and whose answers are the bodies' sizes."""
+
+    def __init__(self):
+        self.stages = StageClock("echo", None)
+
+    def handle(self, inputs, context):
+        for index in range(len(inputs)):
+            context.set_response_content_type(index, "application/json")
+        return [{"bytes": len(item["body"])} for item in inputs]
+
+
+def service_of(entry_point) -> Service:
+    metrics = MetricsCacheYamlImpl(str(METRICS_CONFIG))
+    metrics.initialize_cache()
+    service = Service("echo", "/tmp", None, entry_point, None, 4, metrics_cache=metrics)
+    service.set_cl_socket(None)
+    return service
+
+
+def batch_of() -> list:
+    return parsed_over_a_socket(request_frame(REQUESTS), BufferedConnection)
+
+
+def test_the_answer_frame_is_torchserves_without_its_prediction_metric_line(caplog):
+    handler = EchoHandler()
+    service = service_of(handler.handle)
+    with caplog.at_level(logging.INFO):
+        theirs = service.predict(batch_of())
+    assert any("[METRICS]PredictionTime" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    service = service_of(handler.handle)  # a fresh context: response headers are per call
+    with caplog.at_level(logging.INFO):
+        ours = predict(service, batch_of())
+    assert ours == theirs
+    assert not [r.getMessage() for r in caplog.records]
+    assert stage_clock(service) is handler.stages
+
+
+def test_a_failing_handler_gets_torchserves_503_and_the_worker_goes_on(caplog):
+    def broken(inputs, context):
+        raise RuntimeError("boom")
+
+    frame = predict(service_of(broken), batch_of())
+    assert struct.unpack("!i", frame[:4])[0] == 503 and b"Prediction failed" in frame
+    assert stage_clock(service_of(broken)) is None  # a plain function: served untimed
+
+
+def test_a_handler_answering_too_few_rows_is_a_503():
+    frame = predict(service_of(lambda inputs, context: [1]), batch_of())
+    assert struct.unpack("!i", frame[:4])[0] == 503 and b"number of batch response mismatched" in frame
+
+
+def load_frame() -> bytes:
+    """A load frame as the frontend sends it (otf._retrieve_load_msg)."""
+    return (otf.LOAD_MSG + field(b"echo") + field(b"/tmp") + struct.pack("!i", 4) + field(b"echo.py")
+            + struct.pack("!i", -1) + field(b"") + struct.pack("!?", True))  # fmt: skip
+
+
+def read_answer(sock: socket.socket) -> bytes:
+    """One answer frame (create_predict_response's layout, no response headers here) read whole."""
+    data = b""
+    while not data.endswith(struct.pack("!i", -1)) or len(data) < 12:
+        data += sock.recv(65536)
+    return data
+
+
+def test_the_loop_loads_answers_and_times_the_frame_stages():
+    handler = EchoHandler()
+
+    class LoadedWorker(KitWorker):
+        def load_model(self, request):
+            assert request["modelName"] == b"echo"
+            return service_of(handler.handle), "loaded", 200
+
+    frontend, worker_end = socket.socketpair()
+    worker = LoadedWorker.__new__(LoadedWorker)  # no listening socket: the pair is the connection
+    loop = threading.Thread(target=lambda: pytest.raises(SystemExit, worker.handle_connection, worker_end))
+    loop.start()
+    with frontend:
+        frontend.sendall(load_frame())
+        assert struct.unpack("!i", read_answer(frontend)[:4])[0] == 200
+        for _ in range(3):
+            frontend.sendall(request_frame(REQUESTS))
+            answer = read_answer(frontend)
+            assert struct.unpack("!i", answer[:4])[0] == 200 and b'"bytes": 71680' in answer
+    loop.join(timeout=10)  # the frontend went away: the loop exits, as TorchServe's does
+    assert not loop.is_alive()
+    worker_end.close()
+    for stage in (Stage.READ, Stage.WRITE):
+        assert (handler.stages.histograms[stage].calls, handler.stages.histograms[stage].requests) == (3, 6)
+    assert handler.stages.histograms[Stage.WAIT].calls == 2  # between calls, not before the first
