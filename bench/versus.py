@@ -1,7 +1,7 @@
 """The kit against the servers a user would write instead, in interleaved rounds (a plan with `rounds:`).
 
-    make bench PLAN=versus [MODELS=resnet50]          # bench/plans/versus.yaml
-    .venv/bin/python -m bench --plan versus --models resnet50
+    make bench PLAN=versus [MODELS=mine]              # bench/plans/versus.yaml
+    .venv/bin/python -m bench --plan versus --models mine
 
 Runs of one configuration differ by ±20 % between fresh processes on these hosts: one measurement
 of each side is no comparison. Every round runs each of the plan's kit rows and served peers once,
@@ -33,8 +33,9 @@ class Entry:
     """One side of the comparison, measured once per round."""
 
     label: str
-    failure: RowFailure  # what a failed measurement is recorded as (reason filled in then)
+    failure: RowFailure  # what a failed measurement is recorded as (reason and log filled in then)
     measure: Callable[[Path], RowResult]  # the round's directory -> a result
+    log: Callable[[Path], Path]  # the round's directory -> where the measurement's server logs
 
 
 def kit_entry(row: Row, plan: Plan) -> Entry:
@@ -42,7 +43,7 @@ def kit_entry(row: Row, plan: Plan) -> Entry:
         return run_row(row, plan, out_dir, write_payload(row.payload, Model.load(row.model), out_dir / "payloads"))
 
     failure = RowFailure(row.model, row.name, "served", row.baseline, "", "")
-    return Entry(row.label, failure, measure)
+    return Entry(row.label, failure, measure, lambda round_dir: row_dir(round_dir, row))
 
 
 def peer_entry(peer: ServedPeer, model: str, plan: Plan) -> Entry:
@@ -53,7 +54,8 @@ def peer_entry(peer: ServedPeer, model: str, plan: Plan) -> Entry:
         return run_served_peer(peer, model, payload, plan.run, out_dir)
 
     failure = RowFailure(model, row_name(peer, plan.run), "served_peer", False, "", "")
-    return Entry(f"{model} / {row_name(peer, plan.run)}", failure, measure)
+    log = lambda round_dir: peer_log(peer, model, plan.run, round_dir)  # noqa: E731
+    return Entry(f"{model} / {row_name(peer, plan.run)}", failure, measure, log)
 
 
 def entries(run: BenchRun) -> list[Entry]:
@@ -73,14 +75,6 @@ def entries(run: BenchRun) -> list[Entry]:
     return out
 
 
-def log_path(entry: Entry, plan: Plan, round_dir: Path) -> str:
-    if entry.failure.kind == "served":
-        row = next(r for r in plan.rows if r.label == entry.label)
-        return str(row_dir(round_dir, row))
-    peer = next(p for p in plan.served_peers if entry.label.endswith(row_name(p, plan.run)))
-    return str(peer_log(peer, entry.failure.model, plan.run, round_dir))
-
-
 def run_rounds(run: BenchRun, out_dir: Path) -> None:
     """run.results gets one RowResult per entry and round (its `round` set), failures run.failed."""
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill` stops cleanly like Ctrl-C
@@ -93,7 +87,7 @@ def run_rounds(run: BenchRun, out_dir: Path) -> None:
             for index, entry in enumerate(order, start=1):
                 log(f"[round {number + 1}/{plan.run.rounds}, {index}/{len(order)}] {entry.label}: "
                     f"start, warm up, ab {plan.run.seconds}s")  # fmt: skip
-                failure = dataclasses.replace(entry.failure, log=log_path(entry, plan, round_dir))
+                failure = dataclasses.replace(entry.failure, log=str(entry.log(round_dir)))
                 before = len(run.results)
                 record(run, failure, functools.partial(entry.measure, round_dir))
                 for result in run.results[before:]:

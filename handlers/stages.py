@@ -1,9 +1,9 @@
 """Where a worker's time goes, per stage of each inference call, as histograms on disk.
 
-    clock = StageClock("resnet50", Path("logs/stages"))
+    clock = StageClock(model_name, Path("logs/stages"))
     start = time.perf_counter(); ...decode...; clock.record(Stage.DECODE, time.perf_counter() - start, requests=1)
-    clock.flush_if_due()                       # at most once a second: logs/stages/resnet50-<pid>.json
-    summary = summarize(read_stage_files(Path("logs/stages")))["resnet50"]   # make status, the bench
+    clock.flush_if_due()                       # at most once a second: logs/stages/<model>-<pid>.json
+    summary = summarize(merge(read_stage_files(Path("logs/stages")))[model_name])   # make status, the bench
 
 Stages of one call, in order: the wait for it since the previous answer, TorchServe's frame read
 from the frontend's socket, decoding the requests, the model call (collate + the backend),

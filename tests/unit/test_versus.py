@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -84,10 +85,10 @@ def test_rounds_alternate_the_order_and_number_each_result(tmp_path, monkeypatch
 
     def entry(label: str) -> Entry:
         failure = RowFailure("resnet50", label, "served", False, "", "")
-        return Entry(label, failure, lambda out_dir: order.append(label) or row_result(name=label))
+        return Entry(label, failure, lambda out_dir: order.append(label) or row_result(name=label),
+                     lambda round_dir: round_dir / label)  # fmt: skip
 
     monkeypatch.setattr("bench.versus.entries", lambda run: [entry("kit a"), entry("kit b"), entry("peer")])
-    monkeypatch.setattr("bench.versus.log_path", lambda entry, plan, round_dir: str(round_dir))
     run_rounds(run, tmp_path)
     assert order == ["kit a", "kit b", "peer", "peer", "kit b", "kit a", "kit a", "kit b", "peer"]
     assert [r.round for r in run.results] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
@@ -108,7 +109,15 @@ def test_entries_skip_what_this_machine_cannot_run_with_the_reason(monkeypatch):
     plan = load_plan("versus", ["resnet50"])
     monkeypatch.setattr("bench.versus.missing_environment", lambda row: "bf16 needs AMX" if "bf16" in row.name else "")
     run = BenchRun(plan, "cmd", ENVIRONMENT)
-    labels = [e.label for e in entries(run)]
+    made = entries(run)
+    labels = [e.label for e in made]
+    by_label = {e.label: e for e in made}
+    round_dir = Path("/r")
+    assert by_label["resnet50 / fastapi openvino int8 b1 c=4"].log(round_dir).parent == round_dir / "servers"
+    assert (
+        by_label["resnet50 / openvino-int8 plan"].log(round_dir)
+        == round_dir / "servers" / "resnet50-openvino-int8-plan"
+    )
     assert not [label for label in labels if "bf16 plan" in label]
     assert any("bf16 needs AMX" in reason for reason in run.skipped)
     assert "resnet50 / fastapi openvino int8 b1 c=4" in labels
