@@ -30,12 +30,16 @@ from handlers.archive import archived_handler, read_manifest
 from handlers.backends.common import Inputs
 from handlers.backends.openvino import IR_FILE, PRECISION_HINT
 from handlers.payload import InvalidInput
+from handlers.stages import Stage, StageClock, now
 from kit.serve_config import ServeConfig
 
 # The fastapi app is built by uvicorn in each worker process (an import string + factory), so
 # its arguments travel in the environment.
 MODEL_DIR_VAR = "PEER_MODEL_DIR"
 THREADS_VAR = "PEER_THREADS"
+# Where each process writes the stage times of what it runs (handlers/stages.py), as the kit's
+# workers do: the bench compares the two per stage. Unset: kept in memory.
+STAGES_DIR_VAR = "PEER_STAGES_DIR"
 HOST = "127.0.0.1"
 # litserve with batch > 1: waits as long as the kit's batches do
 BATCH_TIMEOUT_S = ServeConfig.max_batch_delay_ms / 1000
@@ -45,7 +49,8 @@ HEALTH_PATH = {Framework.FASTAPI: "/ping", Framework.LITSERVE: "/health"}
 
 
 class PeerModel:
-    """An archive's IR compiled for this CPU, with the kit's preprocessing and answer format."""
+    """An archive's IR compiled for this CPU, with the kit's preprocessing and answer format; the
+    decode, model and format stages timed as the kit's workers time theirs."""
 
     def __init__(self, model_dir: Path, threads: int):
         import openvino as ov
@@ -63,16 +68,29 @@ class PeerModel:
         }
         core = ov.Core()
         self.request = core.compile_model(str(model_dir / IR_FILE), "CPU", config).create_infer_request()
+        stages_dir = os.environ.get(STAGES_DIR_VAR)
+        self.stages = StageClock(self.name, Path(stages_dir) if stages_dir else None)
 
     def decode(self, body: bytes) -> Inputs:
-        return self.handler.decode({"body": body})
+        start = now()
+        try:
+            return self.handler.decode({"body": body})
+        finally:
+            self.stages.record(Stage.DECODE, start, now(), 1)
+            self.stages.flush_if_due()  # LitServe decodes in processes that never predict
 
     def predict(self, items: list[Inputs]) -> list[Any]:
+        start = now()
         # Batched as the kit's handler batches (its collate): text at its length bucket, as the
         # IR's dynamic length allows any framework to.
         arrays = [t.numpy() for t in self.handler.collate(items, len(items))]
         outputs = self.request.infer(arrays)[0]
-        return [self.handler.format(torch.from_numpy(row.copy())) for row in outputs]
+        inferred = now()
+        answers = [self.handler.format(torch.from_numpy(row.copy())) for row in outputs]
+        self.stages.record(Stage.MODEL, start, inferred, len(items))
+        self.stages.record(Stage.FORMAT, inferred, now(), len(items))
+        self.stages.flush_if_due()
+        return answers
 
 
 def fastapi_app():

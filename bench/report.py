@@ -214,7 +214,8 @@ def cpu_table(results: list[RowResult]) -> list[str]:
 
 
 def stage_table(results: list[RowResult]) -> list[str]:
-    """Where the kit's workers spend a call, per stage (handlers/stages.py): ms per request, p50 / p99 per call."""
+    """Where the kit's workers (and a served peer's processes) spend a call, per stage
+    (handlers/stages.py): wall and CPU ms per request, p50 / p99 wall ms per call."""
     rows = [r for r in results if r.stages]
     if not rows:
         return []
@@ -222,15 +223,17 @@ def stage_table(results: list[RowResult]) -> list[str]:
     lines = [
         "## Where the workers' time goes",
         "",
-        "Per stage of an inference call, during the ab window (handlers/stages.py; wall time, so a "
-        "stage the frontend preempts includes the wait): mean ms per request, then p50 / p99 ms per call.",
+        "Per stage of an inference call, during the ab window (handlers/stages.py; a served peer times its "
+        "decode, model call and format the same way): mean wall ms per request, its CPU ms (wall time "
+        "includes the turns of processes that preempt the stage, CPU time does not), then p50 / p99 wall ms per call.",
         "",
         f"| model | row | {' | '.join(stages)} |",
         f"|---|---|{'---|' * len(stages)}",
     ]
     for r in rows:
         cells = [r.stages.get(stage) for stage in stages]
-        text = [f"{c['ms_per_request']:.2f} ({c['p50_ms']:.2f} / {c['p99_ms']:.2f})" if c else "-" for c in cells]
+        text = [f"{c['ms_per_request']:.2f}, cpu {c.get('cpu_ms_per_request', 0.0):.2f} "
+                f"({c['p50_ms']:.2f} / {c['p99_ms']:.2f})" if c else "-" for c in cells]  # fmt: skip
         lines.append(f"| {r.model} | {r.name} | {' | '.join(text)} |")
     return [*lines, ""]
 

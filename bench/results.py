@@ -101,7 +101,8 @@ class RowResult:
     # (libraries, memory-mapped weights) divided among them; their sum is what the row really held.
     worker_pss_mb: list[float] = dataclasses.field(default_factory=list)
     # The workers' time per stage of a call during the ab window (handlers/stages.py): stage ->
-    # calls, requests, ms_per_request, p50_ms, p99_ms. Empty for peers and TorchServe's own worker.
+    # calls, requests, ms_per_request, cpu_ms_per_request, p50_ms, p99_ms; a served peer's decode,
+    # model and format (bench/peer_apps.py). Empty for in-process rows and TorchServe's own worker.
     stages: dict[str, dict] = dataclasses.field(default_factory=dict)
     round: int = 0  # interleaved rounds (bench/versus.py): which one measured this
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -21,10 +22,11 @@ import requests
 
 from bench.ab import measure_ab, warm_up
 from bench.payloads import Payload
-from bench.peer_apps import BATCH_TIMEOUT_S, HEALTH_PATH, HOST
+from bench.peer_apps import BATCH_TIMEOUT_S, HEALTH_PATH, HOST, STAGES_DIR_VAR
 from bench.plan import RunSettings, ServedPeer
 from bench.results import RowResult
 from handlers.archive import extract
+from handlers.stages import difference, merge, read_stage_files, summarize
 from kit.footprint import measure_live
 from kit.paths import ROOT, process_environment
 from kit.ports import PORTS, PortInUseError, bind_failure, start_on_fresh_ports
@@ -40,7 +42,9 @@ PEER_GROUP = "peer server"  # every process of the peer: its own API/worker spli
 
 class PeerServer:
     def __init__(self, peer: ServedPeer, model: str, log_path: Path, work_dir: Path):
-        self.peer, self.log_path = peer, log_path
+        self.peer, self.log_path, self.model = peer, log_path, model
+        # Its processes' stage times (bench/peer_apps.py), beside its log; a fresh directory per start.
+        self.stages_dir = log_path.parent / "stages" / log_path.stem
         self.model_dir = extract(Variant.load(peer.variant).archive(model), work_dir)
         # One single-threaded worker per core this process may use (CPU set and quota), as the kit's plan.
         self.workers = read_topology().capacity
@@ -57,8 +61,10 @@ class PeerServer:
                    "--port", str(self.port), "--workers", str(self.workers), "--threads", "1",
                    "--batch", str(self.peer.batch_size)]  # fmt: skip
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.stages_dir, ignore_errors=True)
+        env = process_environment({**os.environ, STAGES_DIR_VAR: str(self.stages_dir)})
         with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(command, cwd=ROOT, env=process_environment(dict(os.environ)),
+            self.process = subprocess.Popen(command, cwd=ROOT, env=env,
                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
     def wait_ready(self) -> None:
@@ -74,6 +80,10 @@ class PeerServer:
                     return
             time.sleep(0.5)
         raise RuntimeError(f"{self.peer.name} not ready within {READY_DEADLINE_S} s; see {self.log_path}")
+
+    def stage_times(self):
+        """The peer's stage histograms so far, all its processes merged (empty before the first flush)."""
+        return merge(read_stage_files(self.stages_dir)).get(self.model, {})
 
     def process_tree(self):
         return process_tree(self.process.pid if self.process else None)
@@ -105,10 +115,11 @@ def run_served_peer(peer: ServedPeer, model: str, payload: Payload, run: RunSett
         ready_s = time.monotonic() - server.started_at
         url = server.url(f"/predictions/{model}")
         warm_up(url, {}, payload, concurrency, run)
-        cpu_before = cpu_times()
+        cpu_before, stages_before = cpu_times(), server.stage_times()
         result, argv, cpu_ms = measure_ab(url, {}, payload, concurrency, run.seconds, server.process_tree,
                                           lambda process: PEER_GROUP)  # fmt: skip
         busy = busy_fractions(cpu_before, cpu_times())
+        stages = difference(server.stage_times(), stages_before or None)
         footprints = [f for f in map(measure_live, (p.pid for p in server.process_tree())) if f]
         rss_mb, pss_mb = (sum(getattr(f, size) for f in footprints) / 2**20 for size in ("rss", "pss"))
     finally:
@@ -147,4 +158,5 @@ def run_served_peer(peer: ServedPeer, model: str, payload: Payload, run: RunSett
         ab_command=" ".join(argv),
         cpu_busy={str(cpu): round(fraction, 3) for cpu, fraction in sorted(busy.items())},
         cpu_ms_per_request=cpu_ms,
+        stages={stage.value: dataclasses.asdict(s) for stage, s in summarize(stages).items()},
     )

@@ -16,7 +16,9 @@ import json
 import statistics
 from pathlib import Path
 
+from bench.cpu_accounting import FRONTEND, FRONTEND_JIT, LOAD_GENERATOR
 from bench.results import BenchRun, RowResult
+from bench.served_peers import PEER_GROUP
 from handlers.stages import WORK
 
 
@@ -35,7 +37,8 @@ class EntrySummary:
     p50_ms: float  # medians
     p99_ms: float
     cpu_ms_per_request: dict[str, float]  # process group -> median
-    stage_ms_per_request: dict[str, float]  # the kit's workers: stage -> median (handlers/stages.py)
+    stage_ms_per_request: dict[str, float]  # stage -> median wall ms (handlers/stages.py; peers time theirs too)
+    stage_cpu_ms_per_request: dict[str, float]  # stage -> median CPU ms
     itt: bool  # its workers recorded ITT ranges: a measurement of the trace's cost, not a contender
 
     @property
@@ -84,7 +87,42 @@ def summarize_entry(results: list[RowResult]) -> EntrySummary:
         stage_ms_per_request=medians_by_key(
             [{stage: s["ms_per_request"] for stage, s in r.stages.items()} for r in results]
         ),
+        stage_cpu_ms_per_request=medians_by_key(
+            [{stage: s.get("cpu_ms_per_request", 0.0) for stage, s in r.stages.items()} for r in results]
+        ),
         itt=first.itt_ranges is not None,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class OutsideModel:
+    """One entry's CPU per request outside the model call: what serving costs beside the model.
+    The model stage holds the same IR run the same way on both sides (collate + infer)."""
+
+    model_call: float
+    decode: float
+    serving_process: float  # the kit's workers / the peer's processes, outside the model call
+    frontend: float  # the kit's TorchServe frontend (its JIT included); 0 for a peer
+    total: float  # everything the row ran but ab, outside the model call
+
+
+SERVING_PROCESS = {"served": "workers", "served_peer": PEER_GROUP}
+
+
+def outside_model(s: EntrySummary) -> OutsideModel | None:
+    """None when the entry has no stage times (TorchServe's own worker) or no CPU accounting."""
+    model_call = s.stage_cpu_ms_per_request.get("model")
+    process = s.cpu_ms_per_request.get(SERVING_PROCESS[s.kind])
+    if not model_call or process is None:
+        return None
+    frontend = s.cpu_ms_per_request.get(FRONTEND, 0.0) + s.cpu_ms_per_request.get(FRONTEND_JIT, 0.0)
+    everything = sum(ms for group, ms in s.cpu_ms_per_request.items() if group != LOAD_GENERATOR)
+    return OutsideModel(
+        round(model_call, 2),
+        round(s.stage_cpu_ms_per_request.get("decode", 0.0), 2),
+        round(process - model_call, 2),
+        round(frontend, 2),
+        round(everything - model_call, 2),
     )
 
 
@@ -135,22 +173,12 @@ def markdown(run: BenchRun, summaries: list[EntrySummary], verdicts: list[Verdic
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
-        side = "kit" if s.kind == "served" else "peer"
         cpu = ", ".join(f"{group} {ms}" for group, ms in s.cpu_ms_per_request.items() if ms)
         lines.append(
-            f"| {s.model} | {side} | {s.name} | {s.concurrency} | {s.requests_per_s} | {s.requests_per_s_min}–"
+            f"| {s.model} | {side_of(s)} | {s.name} | {s.concurrency} | {s.requests_per_s} | {s.requests_per_s_min}–"
             f"{s.requests_per_s_max} ({s.spread:.0%}) | {s.p50_ms} | {s.p99_ms} | {cpu} |"
         )
-    staged = [s for s in summaries if s.stage_ms_per_request]
-    if staged:
-        stages = list(staged[0].stage_ms_per_request)
-        lines += ["", "Where the kit's workers spend a request (median ms per request over the rounds, "
-                  "handlers/stages.py; `all` leaves out `wait`, the idle time before a call):", "", f"| model | name | {' | '.join(stages)} | all |",
-                  f"|---|---|{'---|' * (len(stages) + 1)}"]  # fmt: skip
-        for s in staged:
-            values = [s.stage_ms_per_request.get(stage, 0.0) for stage in stages]
-            work = sum(v for stage, v in zip(stages, values, strict=True) if stage in WORK)
-            lines.append(f"| {s.model} | {s.name} | {' | '.join(f'{v:.2f}' for v in values)} | {work:.2f} |")
+    lines += stage_lines(summaries) + outside_model_lines(summaries)
     lines += ["", "Best kit row against the best peer, per model, precision and concurrency (ahead / behind "
               "only when every round of one beat every round of the other):", "",
               "| model | precision | c | kit | peer | kit / peer (medians) | verdict |",
@@ -164,6 +192,41 @@ def markdown(run: BenchRun, summaries: list[EntrySummary], verdicts: list[Verdic
     return "\n".join(lines) + "\n"
 
 
+def stage_lines(summaries: list[EntrySummary]) -> list[str]:
+    staged = [s for s in summaries if s.stage_ms_per_request]
+    if not staged:
+        return []
+    stages = list(dict.fromkeys(stage for s in staged for stage in s.stage_ms_per_request))
+    lines = ["", "Where a request's time goes, per stage (handlers/stages.py; the peers time their decode, model "
+             "call and format the same way): median wall ms / CPU ms per request over the rounds; `all` leaves "
+             "out `wait`, the idle time before a call:", "",
+             f"| model | side | name | {' | '.join(stages)} | all |", f"|---|---|---|{'---|' * (len(stages) + 1)}"]  # fmt: skip
+    for s in staged:
+        cells = [f"{s.stage_ms_per_request.get(stage, 0.0):.2f} / {s.stage_cpu_ms_per_request.get(stage, 0.0):.2f}"
+                 if stage in s.stage_ms_per_request else "–" for stage in stages]  # fmt: skip
+        wall = sum(ms for stage, ms in s.stage_ms_per_request.items() if stage in WORK)
+        cpu = sum(ms for stage, ms in s.stage_cpu_ms_per_request.items() if stage in WORK)
+        lines.append(f"| {s.model} | {side_of(s)} | {s.name} | {' | '.join(cells)} | {wall:.2f} / {cpu:.2f} |")
+    return lines
+
+
+def outside_model_lines(summaries: list[EntrySummary]) -> list[str]:
+    measured = [(s, o) for s in summaries if (o := outside_model(s))]
+    if not measured:
+        return []
+    lines = ["", "CPU per request outside the model call (median ms; the model call's CPU from its stage, the "
+             "processes' from /proc): the kit's workers against the peer's processes, then everything but ab:", "",
+             "| model | side | name | model call | decode | workers / app outside the model | frontend | "
+             "all outside the model |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [f"| {s.model} | {side_of(s)} | {s.name} | {o.model_call:.2f} | {o.decode:.2f} | {o.serving_process:.2f} | "
+              f"{o.frontend:.2f} | {o.total:.2f} |" for s, o in measured]  # fmt: skip
+    return lines
+
+
+def side_of(summary: EntrySummary) -> str:
+    return "kit" if summary.kind == "served" else "peer"
+
+
 def write_versus_report(out_dir: Path, run: BenchRun) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = summarize_entries(run.results)
@@ -173,6 +236,7 @@ def write_versus_report(out_dir: Path, run: BenchRun) -> None:
         "command": run.command,
         "environment": dataclasses.asdict(run.environment),
         "summaries": [dataclasses.asdict(s) for s in summaries],
+        "outside_model": {f"{s.model}/{s.name}": dataclasses.asdict(o) for s in summaries if (o := outside_model(s))},
         "verdicts": [dataclasses.asdict(v) for v in verdicts],
         "rows": [dataclasses.asdict(r) for r in run.results],
         "skipped": list(run.skipped),

@@ -36,7 +36,7 @@ from handlers.payload import (
     status_phrase,
 )
 from handlers.settings import Diagnostics, OptimizationSettings, parse_settings
-from handlers.stages import Stage, StageClock
+from handlers.stages import Stage, StageClock, now
 
 log = logging.getLogger(__name__)
 
@@ -187,15 +187,15 @@ class OptimizedHandler(abc.ABC):
     def handle(self, requests: list[dict[str, Any]], context) -> list[Any]:
         self.context = context
         count = len(requests)
-        start = time.perf_counter()
+        start = now()
         batch = self.preprocess(requests)
-        decoded = time.perf_counter()
+        decoded = now()
         self.inference(batch)
-        inferred = time.perf_counter()
+        inferred = now()
         responses = self.postprocess(batch)
-        self.stages.record(Stage.DECODE, decoded - start, count)
-        self.stages.record(Stage.MODEL, inferred - decoded, count)
-        self.stages.record(Stage.FORMAT, time.perf_counter() - inferred, count)
+        self.stages.record(Stage.DECODE, start, decoded, count)
+        self.stages.record(Stage.MODEL, decoded, inferred, count)
+        self.stages.record(Stage.FORMAT, inferred, now(), count)
         return responses
 
     def preprocess(self, requests: list[dict[str, Any]]) -> Batch:

@@ -1,14 +1,18 @@
 """Where a worker's time goes, per stage of each inference call, as histograms on disk.
 
     clock = StageClock(model_name, Path("logs/stages"))
-    start = time.perf_counter(); ...decode...; clock.record(Stage.DECODE, time.perf_counter() - start, requests=1)
+    start = now(); ...decode...; clock.record(Stage.DECODE, start, now(), requests=1)
     clock.flush_if_due()                       # at most once a second: logs/stages/<model>-<pid>.json
     summary = summarize(merge(read_stage_files(Path("logs/stages")))[model_name])   # make status, the bench
 
 Stages of one call, in order: the wait for it since the previous answer, TorchServe's frame read
 from the frontend's socket, decoding the requests, the model call (collate + the backend),
-formatting the answers, encoding and writing the answer frame. Each is timed with two `time.perf_counter()` calls (~0.1 µs each) into a fixed set of
-buckets; the file is rewritten at most once a second (~0.1 ms): well under 1 % of a request.
+formatting the answers, encoding and writing the answer frame. Each is timed in wall time into a
+fixed set of buckets, and the worker process's CPU time in it (all its threads: a backend's own
+inference threads too) is added up beside it: wall time alone cannot tell work from being
+preempted, and on a machine the frontend shares, a stage's wall time holds the frontend's turns.
+One `now()` is a `perf_counter()` and a `process_time()` (~0.3 µs together, 12 per call); the file is rewritten at most once a second (~0.1 ms): well under 1 % of a
+request.
 The frontend's own time (its queue) is TorchServe's `ts_queue_latency_microseconds`.
 """
 
@@ -44,23 +48,40 @@ SUFFIX = ".json"
 
 
 @dataclasses.dataclass
+class Instant:
+    """A point in a call: wall time and the process's CPU time, in seconds."""
+
+    __slots__ = ("wall", "cpu")
+
+    def __init__(self, wall: float, cpu: float):
+        self.wall, self.cpu = wall, cpu
+
+
+def now() -> Instant:
+    return Instant(time.perf_counter(), time.process_time())
+
+
+@dataclasses.dataclass
 class Histogram:
     counts: list[int] = dataclasses.field(default_factory=lambda: [0] * (len(BOUNDS_MS) + 1))  # last: overflow
     calls: int = 0
     requests: int = 0
     total_ms: float = 0.0
+    cpu_ms: float = 0.0  # the process's CPU time in the stage, added up (no histogram: the mean is what is compared)
 
-    def add(self, ms: float, requests: int) -> None:
+    def add(self, ms: float, requests: int, cpu_ms: float = 0.0) -> None:
         self.counts[bisect.bisect_left(BOUNDS_MS, ms)] += 1
         self.calls += 1
         self.requests += requests
         self.total_ms += ms
+        self.cpu_ms += cpu_ms
 
     def merge(self, other: Histogram) -> None:
         self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
         self.calls += other.calls
         self.requests += other.requests
         self.total_ms += other.total_ms
+        self.cpu_ms += other.cpu_ms
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile of the calls, in ms: the upper bound of the bucket it falls in."""
@@ -79,6 +100,7 @@ class StageSummary:
     calls: int
     requests: int
     ms_per_request: float  # mean: the stage's time divided among the requests it served
+    cpu_ms_per_request: float  # the same for its CPU time
     p50_ms: float  # per call
     p99_ms: float
 
@@ -92,8 +114,8 @@ class StageClock:
         self.histograms = {stage: Histogram() for stage in Stage}
         self.flushed_at = time.monotonic()
 
-    def record(self, stage: Stage, seconds: float, requests: int) -> None:
-        self.histograms[stage].add(seconds * 1000, requests)
+    def record(self, stage: Stage, start: Instant, end: Instant, requests: int) -> None:
+        self.histograms[stage].add((end.wall - start.wall) * 1000, requests, (end.cpu - start.cpu) * 1000)
 
     def flush_if_due(self) -> None:
         now = time.monotonic()
@@ -144,29 +166,43 @@ def difference(after: dict[Stage, Histogram], before: dict[Stage, Histogram] | N
             histogram.calls - earlier.calls,
             histogram.requests - earlier.requests,
             histogram.total_ms - earlier.total_ms,
+            histogram.cpu_ms - earlier.cpu_ms,
         )
     return out
 
 
 def summarize(histograms: dict[Stage, Histogram]) -> dict[Stage, StageSummary]:
     return {
-        stage: StageSummary(h.calls, h.requests, round(h.total_ms / h.requests, 3), h.quantile(0.5), h.quantile(0.99))
+        stage: StageSummary(
+            h.calls,
+            h.requests,
+            round(h.total_ms / h.requests, 3),
+            round(h.cpu_ms / h.requests, 3),
+            h.quantile(0.5),
+            h.quantile(0.99),
+        )
         for stage, h in histograms.items()
         if h.requests
     }
 
 
 def stage_table(models: dict[str, dict[Stage, Histogram]]) -> list[str]:
-    """Lines of a table: per model and stage, calls, mean ms per request, p50 and p99 ms per call;
-    "all" adds up the call's own stages, not the wait before it."""
-    lines = [f"{'model':12} {'stage':7} {'calls':>8} {'ms/request':>10} {'p50 ms':>8} {'p99 ms':>8}"]
+    """Lines of a table: per model and stage, calls, mean wall and CPU ms per request, p50 and p99
+    wall ms per call; "all" adds up the call's own stages, not the wait before it."""
+    lines = [f"{'model':12} {'stage':7} {'calls':>8} {'ms/request':>10} {'cpu ms/req':>10} {'p50 ms':>8} {'p99 ms':>8}"]
     for model, histograms in sorted(models.items()):
         summaries = summarize(histograms)
         for stage, s in summaries.items():
             lines.append(
-                f"{model:12} {stage.value:7} {s.calls:8d} {s.ms_per_request:10.3f} {s.p50_ms:8.3f} {s.p99_ms:8.3f}"
+                f"{model:12} {stage.value:7} {s.calls:8d} {s.ms_per_request:10.3f} {s.cpu_ms_per_request:10.3f} "
+                f"{s.p50_ms:8.3f} {s.p99_ms:8.3f}"
             )
         if summaries:
-            total = sum(s.ms_per_request for stage, s in summaries.items() if stage in WORK)
-            lines.append(f"{model:12} {'all':7} {'':>8} {total:10.3f}   (wait not included)")
+            work = [s for stage, s in summaries.items() if stage in WORK]
+            wall, cpu = sum(s.ms_per_request for s in work), sum(s.cpu_ms_per_request for s in work)
+            model_cpu = summaries[Stage.MODEL].cpu_ms_per_request if Stage.MODEL in summaries else 0.0
+            lines.append(
+                f"{model:12} {'all':7} {'':>8} {wall:10.3f} {cpu:10.3f}   (wait not included; "
+                f"CPU outside the model call: {cpu - model_cpu:.3f} ms/request)"
+            )
     return lines

@@ -22,7 +22,6 @@ import logging
 import os
 import socket
 import sys
-import time
 from typing import Any
 
 from ts.arg_parser import ArgParser
@@ -31,7 +30,7 @@ from ts.protocol import otf_message_handler as otf
 from ts.service import Service
 from ts.utils.util import PredictionException
 
-from handlers.stages import Stage, StageClock
+from handlers.stages import Stage, StageClock, now
 
 log = logging.getLogger(__name__)
 READ_BUFFER = 256 * 1024  # a typical request frame (a JPEG, a text) in one or two reads
@@ -85,18 +84,18 @@ class KitWorker(TorchModelServiceWorker):
             if command == otf.PREDICT_MSG:
                 if service is None:
                     raise RuntimeError("received an inference request before the model was loaded")
-                start = time.perf_counter()  # the first byte is here: idle time is the wait's
+                start = now()  # the first byte is here: idle time is the wait's
                 batch = otf._retrieve_inference_msg(connection)
-                read = time.perf_counter()
+                read = now()
                 answer = predict(service, batch)
-                answered = time.perf_counter()
+                answered = now()
                 cl_socket.sendall(answer)
                 if clock is not None:
                     if sent is not None:  # not before the first call: loading is no wait for work
-                        clock.record(Stage.WAIT, start - sent, len(batch))
-                    sent = time.perf_counter()
-                    clock.record(Stage.READ, read - start, len(batch))
-                    clock.record(Stage.WRITE, sent - answered, len(batch))
+                        clock.record(Stage.WAIT, sent, start, len(batch))
+                    sent = now()
+                    clock.record(Stage.READ, start, read, len(batch))
+                    clock.record(Stage.WRITE, answered, sent, len(batch))
                     clock.flush_if_due()
             elif command == otf.LOAD_MSG:
                 service, result, code = self.load_model(otf._retrieve_load_msg(connection))

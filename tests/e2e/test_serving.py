@@ -178,6 +178,10 @@ def test_workers_are_the_kits_and_time_every_stage(optimized_server):
     served = summarize(merge(files)[model])
     assert served[Stage.MODEL].requests >= 4 * len(workers)
     assert 0 < served[Stage.MODEL].p50_ms < 60_000
+    # The process's CPU in a stage: some; more than its wall time only with the backend's threads.
+    threads = max(w.threads for w in optimized_server.layout.models[model].workers)
+    for stage in (Stage.DECODE, Stage.MODEL):
+        assert 0 < served[stage].cpu_ms_per_request <= threads * served[stage].ms_per_request + 0.1, served[stage]
     written = optimized_server.model_log.read_text(errors="replace")[log_start:]
     assert "Backend received inference" not in written and "PredictionTime" not in written
 

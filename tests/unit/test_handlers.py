@@ -18,6 +18,7 @@ import handlers.itt
 from handlers.architectures.text import BertClassifier, SentenceEmbedder
 from handlers.archive import bare_handler
 from handlers.backends import BACKENDS, Backend, batch_buckets
+from handlers.backends.aoti import DYNAMIC_BATCH_PACKAGE
 from handlers.image import image_to_tensor
 from handlers.image_classification import ImageClassificationHandler
 from handlers.precompile import precompile
@@ -258,7 +259,14 @@ TEXTS_BY_LENGTH = {
         # The precompiled artifacts keep the length dynamic: one package, one IR for every bucket.
         (TextClassificationHandler, BertClassifier, "bert-classifier", {"backend": "aoti"}, 1),
         (SentenceEmbeddingHandler, SentenceEmbedder, "sentence-embedder", {"backend": "openvino"}, 1),
-        (SentenceEmbeddingHandler, SentenceEmbedder, "sentence-embedder", {"backend": "aoti", "dtype": "int8"}, 1),
+        # Batches of 2 from the one package of a text model, its batch dimension dynamic too.
+        (
+            SentenceEmbeddingHandler,
+            SentenceEmbedder,
+            "sentence-embedder",
+            {"backend": "aoti", "dtype": "int8", "aoti_batch_sizes": [1, 2]},
+            2,
+        ),
     ],
     ids=["inductor", "eager", "aoti", "openvino", "aoti-int8"],
 )
@@ -272,6 +280,8 @@ def test_text_is_padded_to_its_length_bucket_and_answers_as_unpadded(
     if BACKENDS[Backend(settings["backend"])].precompiled:
         bare = bare_handler(f"{handler_class.__module__.split('.')[-1]}.py", settings, tmp_path)
         precompile(bare, model, tmp_path, progress=print)
+    if settings["backend"] == "aoti":  # one copy of the weights, whatever the batch sizes served
+        assert [path.name for path in tmp_path.glob("*.pt2")] == [DYNAMIC_BATCH_PACKAGE]
     context = make_context(tmp_path, settings, batch_size)
     handler = handler_class()
     handler.initialize(context)

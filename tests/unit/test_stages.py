@@ -3,27 +3,35 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from handlers.stages import (
     BOUNDS_MS,
     Histogram,
+    Instant,
     Stage,
     StageClock,
     difference,
     merge,
+    now,
     read_stage_files,
     stage_table,
     summarize,
 )
 
 
-def histogram(*ms: float, requests_per_call: int = 1) -> Histogram:
+def histogram(*ms: float, requests_per_call: int = 1, cpu_share: float = 1.0) -> Histogram:
     h = Histogram()
     for value in ms:
-        h.add(value, requests_per_call)
+        h.add(value, requests_per_call, value * cpu_share)
     return h
+
+
+def span(seconds: float, cpu_seconds: float | None = None) -> tuple[Instant, Instant]:
+    """A stage's start and end: `seconds` apart in wall time, `cpu_seconds` (default the same) in CPU."""
+    return Instant(100.0, 7.0), Instant(100.0 + seconds, 7.0 + (seconds if cpu_seconds is None else cpu_seconds))
 
 
 def test_quantiles_are_the_upper_bound_of_their_bucket_within_12_percent():
@@ -39,21 +47,23 @@ def test_values_past_the_last_bound_are_counted_not_lost():
 
 
 def test_ms_per_request_divides_a_batched_call_among_its_requests():
-    summary = summarize({Stage.MODEL: histogram(40.0, requests_per_call=4)})[Stage.MODEL]
+    summary = summarize({Stage.MODEL: histogram(40.0, requests_per_call=4, cpu_share=0.5)})[Stage.MODEL]
     assert (summary.calls, summary.requests, summary.ms_per_request) == (1, 4, 10.0)
+    assert summary.cpu_ms_per_request == 5.0
     assert Stage.DECODE not in summarize({Stage.DECODE: Histogram()})  # nothing recorded: no row
 
 
 def test_a_written_clock_reads_back_merged_per_model(tmp_path):
     first, second = StageClock("resnet50", tmp_path), StageClock("resnet50", tmp_path)
     second.path = tmp_path / "resnet50-2.json"  # two workers: one file each (by pid)
-    first.record(Stage.DECODE, 0.003, 1)
-    second.record(Stage.DECODE, 0.005, 2)
+    first.record(Stage.DECODE, *span(0.003), 1)
+    second.record(Stage.DECODE, *span(0.005, cpu_seconds=0.001), 2)
     first.write(), second.write()
     merged = merge(read_stage_files(tmp_path))
     assert set(merged) == {"resnet50"}
     decode = merged["resnet50"][Stage.DECODE]
     assert (decode.calls, decode.requests) == (2, 3) and decode.total_ms == pytest.approx(8.0)
+    assert decode.cpu_ms == pytest.approx(4.0)  # 3 ms of the first, 1 of the second (preempted for 4)
     assert not list(tmp_path.glob("*.partial"))  # written whole, then renamed
 
 
@@ -65,7 +75,7 @@ def test_a_file_of_another_bucket_layout_or_half_written_is_skipped(tmp_path):
 
 def test_a_flush_waits_a_second_and_a_clock_without_a_directory_never_writes(tmp_path, monkeypatch):
     clock = StageClock("m", tmp_path)
-    clock.record(Stage.READ, 0.001, 1)
+    clock.record(Stage.READ, *span(0.001), 1)
     clock.flush_if_due()
     assert not clock.path.exists()  # less than FLUSH_S since the clock started
     clock.flushed_at -= 2
@@ -78,14 +88,33 @@ def test_difference_is_what_a_bench_window_recorded():
     before = {Stage.MODEL: histogram(10.0)}
     after = {Stage.MODEL: histogram(10.0, 20.0, 20.0)}
     window = difference(after, before)[Stage.MODEL]
-    assert (window.calls, window.total_ms) == (2, pytest.approx(40.0))
+    assert (window.calls, window.total_ms, window.cpu_ms) == (2, pytest.approx(40.0), pytest.approx(40.0))
     assert difference(after, None) is after
 
 
 def test_the_status_table_names_every_stage_recorded_and_the_total_without_the_wait():
     lines = stage_table(
-        {"bert": {Stage.WAIT: histogram(50.0), Stage.DECODE: histogram(2.0), Stage.MODEL: histogram(8.0)}}
+        {
+            "bert": {
+                Stage.WAIT: histogram(50.0, cpu_share=0.0),
+                Stage.DECODE: histogram(2.0),
+                Stage.MODEL: histogram(8.0, cpu_share=0.75),
+            }
+        }
     )
-    assert lines[0].split() == ["model", "stage", "calls", "ms/request", "p50", "ms", "p99", "ms"]
+    assert lines[0].split() == ["model", "stage", "calls", "ms/request", "cpu", "ms/req", "p50", "ms", "p99", "ms"]
     assert [line.split()[1] for line in lines[1:]] == ["wait", "decode", "model", "all"]
-    assert float(lines[-1].split()[2]) == pytest.approx(10.0)
+    assert [float(cell) for cell in lines[-1].split()[2:4]] == pytest.approx([10.0, 8.0])
+    assert lines[-1].endswith("CPU outside the model call: 2.000 ms/request)")  # decode's 2 of the 8
+
+
+def test_now_reads_the_cpu_time_which_a_sleep_does_not_spend():
+    start = now()
+    time.sleep(0.05)
+    slept = now()
+    deadline = time.perf_counter() + 0.05
+    while time.perf_counter() < deadline:
+        pass
+    spun = now()
+    assert slept.wall - start.wall >= 0.05 and slept.cpu - start.cpu < 0.02
+    assert spun.cpu - slept.cpu >= 0.03  # busy: CPU time follows wall time (less if the thread was preempted)

@@ -64,18 +64,28 @@ def test_the_best_of_each_side_is_compared_per_precision_and_concurrency():
 
 def test_the_report_names_cpu_commit_medians_and_verdicts(tmp_path):
     plan = load_plan("versus", ["resnet50"])
-    results = rounds("served", "openvino-int8 plan", [120.0, 125.0], precision="int8", stages={"model": {"ms_per_request": 9.5}},
-                     cpu_ms_per_request={"frontend": 0.7, "frontend JIT": 0.1, "workers": 12.2})  # fmt: skip
-    results += rounds("served_peer", "fastapi openvino int8 b1 c=4", [150.0, 152.0], precision="int8")
+    kit_stages = {"decode": {"ms_per_request": 3.1, "cpu_ms_per_request": 2.9},
+                  "model": {"ms_per_request": 9.5, "cpu_ms_per_request": 6.5}}  # fmt: skip
+    results = rounds("served", "openvino-int8 plan", [120.0, 125.0], precision="int8", stages=kit_stages,
+                     cpu_ms_per_request={"frontend": 0.7, "frontend JIT": 0.1, "workers": 12.2, "ab": 0.5})  # fmt: skip
+    results += rounds("served_peer", "fastapi openvino int8 b1 c=4", [150.0, 152.0], precision="int8",
+                      stages={"model": {"ms_per_request": 6.0, "cpu_ms_per_request": 6.0}},
+                      cpu_ms_per_request={"peer server": 9.5, "ab": 0.5})  # fmt: skip
     write_versus_report(tmp_path, BenchRun(plan, "python -m bench --plan versus", ENVIRONMENT, results))
     report = (tmp_path / "report.md").read_text()
     assert ENVIRONMENT.cpu_model in report and ENVIRONMENT.git_commit in report
     assert "| resnet50 | kit | openvino-int8 plan | 4 | 122.5 | 120.0–125.0 (4%) |" in report
     assert "frontend 0.7, frontend JIT 0.1, workers 12.2" in report
-    assert "| resnet50 | openvino-int8 plan | 9.50 | 9.50 |" in report
+    # Wall / CPU per stage on both sides; `all` adds up the call's stages.
+    assert "| resnet50 | kit | openvino-int8 plan | 3.10 / 2.90 | 9.50 / 6.50 | 12.60 / 9.40 |" in report
+    assert "| resnet50 | peer | fastapi openvino int8 b1 c=4 | – | 6.00 / 6.00 | 6.00 / 6.00 |" in report
+    # Outside the model call: the workers' 12.2 - 6.5, the frontend's 0.8; ab is not the server's.
+    assert "| resnet50 | kit | openvino-int8 plan | 6.50 | 2.90 | 5.70 | 0.80 | 6.50 |" in report
+    assert "| resnet50 | peer | fastapi openvino int8 b1 c=4 | 6.00 | 0.00 | 3.50 | 0.00 | 3.50 |" in report
     assert "| resnet50 | int8 | 4 | openvino-int8 plan | fastapi openvino int8 b1 c=4 | 0.81× | behind |" in report
     document = json.loads((tmp_path / "results.json").read_text())
     assert len(document["rows"]) == 4 and document["verdicts"][0]["verdict"] == "behind"
+    assert document["outside_model"]["resnet50/openvino-int8 plan"]["serving_process"] == pytest.approx(5.7)
 
 
 def test_rounds_alternate_the_order_and_number_each_result(tmp_path, monkeypatch):
