@@ -30,7 +30,7 @@ help:
 	@echo "make image-start [MODELS=...] [ROUNDS=N]   (container start to ready, per cold-start option)"
 	@echo "make bench [PLAN=quick|default|full|versus] | tune | soak [SOAK_SECONDS=300] | bench-preprocess"
 	@echo "make bench-lengths [MODELS=all text models] [LENGTH_VARIANTS=inductor,openvino] [ROUNDS=3]   (which text length buckets pay)"
-	@echo "make model NAME=mine SRC=hf-dir|model.pt2 [TASK=image-classification|text-classification|feature-extraction] [FORCE=1]"
+	@echo "make model NAME=mine SRC=hf-dir|model.pt2 [TASK=image-classification|text-classification|feature-extraction] [SAMPLES=...] [TOLERANCE=...] [FORCE=1]"
 	@echo "make doctor | profile MODEL=name [VARIANT=inductor]"
 	@echo "(BACKEND= is the old spelling of VARIANT=, still understood)"
 
@@ -46,8 +46,9 @@ archive: install
 
 # Your own model: writes config/models/NAME.yaml, then builds its VARIANTS archives.
 model: install
-	@test -n "$(NAME)" -a -n "$(SRC)" || { echo "usage: make model NAME=mine SRC=hf-dir|model.pt2 [TASK=...] [SAMPLES=...] [FORCE=1]"; exit 2; }
-	@$(PY) -m model_store.model_file $(NAME) $(SRC) $(if $(TASK),--task $(TASK)) $(if $(SAMPLES),--samples $(SAMPLES)) $(if $(FORCE),--force)
+	@test -n "$(NAME)" -a -n "$(SRC)" || { echo "usage: make model NAME=mine SRC=hf-dir|model.pt2 [TASK=...] [SAMPLES=...] [TOLERANCE=...] [FORCE=1]"; exit 2; }
+	@$(PY) -m model_store.model_file $(NAME) $(SRC) $(if $(TASK),--task $(TASK)) $(if $(SAMPLES),--samples $(SAMPLES)) \
+		$(if $(TOLERANCE),--tolerance $(TOLERANCE)) $(if $(FORCE),--force)
 	@$(PY) -m model_store.build --models $(NAME) --variants $(VARIANTS)
 
 # The preset's archives plus VARIANT's (ipex and ipex-compile are served from .venv-ipex).

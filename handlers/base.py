@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from ts.utils.util import PredictionException
 
+from handlers.accuracy import Answer
 from handlers.backends.common import Inputs
 from handlers.calibration import CALIBRATION_COUNT, UserSamples
 from handlers.diagnostics import RequestProfiler, op_ranges
@@ -70,7 +71,9 @@ class OptimizedHandler(abc.ABC):
     """
 
     settings_class: type[OptimizationSettings] = OptimizationSettings
-    classifier = False  # answers class probabilities: agreement reports top-1 and probability differences
+    # What a client is answered, which the accuracy guard judges: a classifier's handler answers
+    # probabilities (agreement then reports top-1 and probability differences too).
+    answer: Answer = Answer.VALUES
     samples: UserSamples | None = None  # the archive's own (SAMPLES=), set by load_files
     initialized = False
     diagnostics = Diagnostics()  # a handler used outside TorchServe (bench, tests) has none set
@@ -103,6 +106,7 @@ class OptimizedHandler(abc.ABC):
             [inputs for size in self.buckets for inputs in self.examples(size)],
             Path(self.model_dir),
             checks,
+            self.answer,
         )
         self.graphs = graphs_compiled()
         self.shapes_served: set[tuple[int, ...]] = set()
@@ -122,6 +126,10 @@ class OptimizedHandler(abc.ABC):
             "n/a" if self.optimized.accuracy_error is None else f"{self.optimized.accuracy_error:.2g}",
         )
         self.initialized = True
+
+    @property
+    def classifier(self) -> bool:
+        return self.answer is Answer.PROBABILITIES
 
     def load_files(self, model_dir: str) -> None:
         """What decoding and the samples need from the archive (also for a bare handler)."""

@@ -77,6 +77,23 @@ SENTENCES = (
     "The documentary explains how coral reefs recover after bleaching events.",
     "My order was cancelled without notice, and nobody answers the phone.",
     "The final chapter reveals who wrote the anonymous letters.",
+    # 16 more, so a model given no samples is judged on 32 held-out sentences (handlers/precompile.py).
+    "Fog delayed every morning flight, so passengers waited in long queues at the gates.",
+    "The bakery on the corner sells out of sourdough before nine.",
+    "Firmware version 2.1 drains the battery overnight even when the device is idle.",
+    "The jury deliberated for three days before reaching a unanimous verdict.",
+    "A stray cat adopted the library and now sleeps on the returns desk.",
+    "Wind turbines supplied almost half of the region's electricity last winter.",
+    "The waiter forgot our order twice and the soup arrived cold.",
+    "Students measured the speed of sound with two microphones and a stopwatch.",
+    "The bridge reopened after engineers replaced its corroded cables.",
+    "Terrible battery, flimsy case, and the charger stopped working after a week.",
+    "The violinist's encore brought the whole audience to its feet.",
+    "Farmers expect a smaller harvest after the driest summer in decades.",
+    "Click the blue button, then enter the code we sent to your phone.",
+    "Archaeologists uncovered a Roman mosaic beneath a car park in the town centre.",
+    "The sequel is funnier, faster and far better written than the original.",
+    "Power was restored to most homes by midnight, but some streets stayed dark.",
 )
 
 

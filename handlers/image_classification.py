@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from handlers.accuracy import Answer
 from handlers.backends.common import Inputs
 from handlers.base import OptimizedHandler
 from handlers.calibration import synthetic_photo
@@ -20,7 +21,7 @@ from handlers.settings import ImageSettings
 
 class ImageClassificationHandler(OptimizedHandler):
     settings_class = ImageSettings
-    classifier = True
+    answer = Answer.PROBABILITIES
 
     def setup(self, model_dir: str) -> None:
         self.labels = Labels.load(model_dir, self.settings.labels_file)

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from handlers.accuracy import AccuracyError, Reference, require_accuracy
+from handlers.accuracy import AccuracyError, Answer, Reference, require_accuracy, tolerance
 from handlers.backends import Backend, builder
 from handlers.backends.common import (
     BackendUnavailable,
@@ -115,9 +115,11 @@ def optimize(
     examples: Sequence[Inputs],
     model_dir: Path | None = None,
     checks: Sequence[Inputs] = (),
+    answer: Answer = Answer.VALUES,
 ) -> OptimizedModel:
     """`examples` are warmed up (one per served batch shape); the accuracy guard compares
-    `checks` (default: the examples) with eager. int8 needs realistic checks: random token ids
+    `checks` (default: the examples) with eager, judging what a client is answered (`answer`:
+    a classifier's handler passes PROBABILITIES; VALUES judges the raw output, the stricter). int8 needs realistic checks: random token ids
     are far outside what it was calibrated on. A precompiled backend checks against the archive's
     Reference instead and needs no `model` (None: loaded only if it falls back to eager)."""
     require_dtype_supported(settings.dtype)
@@ -139,7 +141,8 @@ def optimize(
             reference = Reference.load(spec.archive())
         else:
             reference = Reference.of(prepared, checks or examples, settings.channels_last)
-        error = require_accuracy(optimized, reference, settings.backend.value, settings.dtype, settings.tolerance)
+        limit = tolerance(settings, answer)
+        error = require_accuracy(optimized, reference, settings.backend.value, answer, limit)
         return dataclasses.replace(optimized, accuracy_error=error)
     except BackendUnavailable:
         raise  # a missing environment is a configuration error, never silently eager

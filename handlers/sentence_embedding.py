@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import torch
 
+from handlers.accuracy import Answer
 from handlers.text_classification import TextClassificationHandler
 
 
 class SentenceEmbeddingHandler(TextClassificationHandler):
     """Same text input path as the classifier; the model already pools and normalises."""
 
-    classifier = False
+    answer = Answer.VALUES  # the vector itself
 
     def format(self, output: torch.Tensor) -> list[float]:
         return output.float().tolist()

@@ -90,14 +90,6 @@ class LinearKernel(enum.StrEnum):
     ONEDNN = "onednn"  # oneDNN's linear, as AOTInductor and bfloat16 use
 
 
-# float32: compiled vs eager differ by summation order and fused kernels, ~1e-5 of
-# max |out - ref| / (1 + |ref|). bfloat16 and int8 are compared by cosine distance per output row
-# (accuracy.ERROR_METRICS): 0.01 = cosine >= 0.99, 0.02 = cosine >= 0.98.
-# bf16 keeps 8 mantissa bits (~4e-3 per rounding): noise of 4e-3..5e-2 of a row's norm costs
-# 1e-5..1.3e-3 of cosine, so 0.01 passes bf16 and fails a wrong kernel.
-ACCURACY_TOLERANCE = {DType.FLOAT32: 1e-3, DType.BFLOAT16: 1e-2, DType.INT8: 2e-2}
-
-
 class SettingsError(ValueError):
     """A configuration value is wrong; the message names it and says how to fix it."""
 
@@ -121,9 +113,9 @@ class OptimizationSettings:
     itt: bool = True
     # Warm-up calls per batch size after the compiling one.
     warmup_iterations: int = 2
-    # Accuracy guard at start-up: the backend's outputs on the check inputs against eager, by the
-    # dtype's metric (accuracy.ERROR_METRICS). Above it the worker refuses to start (or runs eager
-    # when fallback_to_eager). null = the default for the dtype (ACCURACY_TOLERANCE).
+    # The accuracy guard's limit (handlers/accuracy.py): the backend's answers against eager's, by
+    # the task's metric; above it the build refuses the variant and a worker refuses to start (or
+    # runs eager when fallback_to_eager). null = the precision's and task's (accuracy.TOLERANCES).
     accuracy_tolerance: float | None = None
     # backend aoti: one package per batch size, compiled by `make archive` (static shapes are
     # fastest); serving pads each batch up to the next of these sizes.
@@ -143,12 +135,6 @@ class OptimizationSettings:
                 f"{', '.join(sorted(d.value for d in served))}); for {self.dtype.value} choose backend "
                 f"{', '.join(backends_serving(self.dtype))}"
             )
-
-    @property
-    def tolerance(self) -> float:
-        if self.accuracy_tolerance is not None:
-            return self.accuracy_tolerance
-        return ACCURACY_TOLERANCE[self.dtype]
 
     @property
     def traits(self) -> BackendTraits:

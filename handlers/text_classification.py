@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from handlers.accuracy import Answer
 from handlers.backends.common import Inputs
 from handlers.base import OptimizedHandler, collate
 from handlers.calibration import SENTENCES
@@ -37,7 +38,7 @@ def text_example(batch_size: int, max_length: int, names: Sequence[str] = tuple(
 
 class TextClassificationHandler(OptimizedHandler):
     settings_class = TextSettings
-    classifier = True
+    answer = Answer.PROBABILITIES
 
     def setup(self, model_dir: str) -> None:
         self.tokenizer = load_tokenizer(model_dir, self.settings.pad_token)

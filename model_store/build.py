@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -73,7 +74,8 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     from handlers.loaders import load_model
     from handlers.accuracy import AccuracyError
     from handlers.backends import DType, cpu_refusal
-    from handlers.precompile import check_artifact, precompile
+    from handlers.calibration import HELD_OUT_SHARE
+    from handlers.precompile import HELD_OUT_WANTED, check_artifact, precompile
     from handlers.archive import bare_handler
 
     handler = bare_handler(handler_file, handler_config, staging)
@@ -92,6 +94,10 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     except AccuracyError as error:
         raise VariantRefused(f"{label} is not installed: {error}") from None
     log(f"{label}: {check.summary(handler.classifier)}")
+    if check.held_out < HELD_OUT_WANTED:
+        log(f"{label}: WARNING only {check.held_out} held-out input(s) judged this build (a quarter of your samples is "
+            f"held out): give at least {math.ceil(HELD_OUT_WANTED / HELD_OUT_SHARE)} samples with make model ... SAMPLES= for "
+            f"{HELD_OUT_WANTED} or more")  # fmt: skip
 
 
 def require_free_space(paths: list[Path], what: str) -> None:

@@ -34,7 +34,9 @@ def source_of(path: Path) -> SourceKind:
     raise SettingsError(f"SRC {path} is neither a Hugging Face directory nor a .pt2 file (torch.export.save)")
 
 
-def model_document(name: str, source: Path, task: Task | None, samples: Path | None = None) -> dict:
+def model_document(
+    name: str, source: Path, task: Task | None, samples: Path | None = None, tolerance: float | None = None
+) -> dict:
     if not NAME.fullmatch(name):
         raise SettingsError(f"NAME {name!r} must be lower-case letters, digits, '-' or '_' (it is a URL path)")
     kind = source_of(source)
@@ -54,16 +56,25 @@ def model_document(name: str, source: Path, task: Task | None, samples: Path | N
     if samples is not None:
         read_samples(samples, task.medium)  # the form fits the task, and there are enough
         document["samples"] = str(samples.resolve())
+    if tolerance is not None:  # the accuracy guard's limit for this model (handlers/accuracy.py)
+        document.setdefault("handler", {})["accuracy_tolerance"] = tolerance
     parse_model(name, document)  # the file the registry will read: valid before it is written
     return document
 
 
-def write_model_file(name: str, source: Path, task: Task | None, force: bool = False, samples: Path | None = None) -> Path:
+def write_model_file(
+    name: str,
+    source: Path,
+    task: Task | None,
+    force: bool = False,
+    samples: Path | None = None,
+    tolerance: float | None = None,
+) -> Path:
     path = model_file(name)
     if path.exists() and not force:
         existing = Model.load(name)
         raise SettingsError(f"{path} already exists ({existing.source.kind.value} {existing.source.location}); pass FORCE=1 to replace it")
-    document = model_document(name, source, task, samples)
+    document = model_document(name, source, task, samples, tolerance)
     header = (
         f"# {name}: written by `make model`. Add TorchServe keys (responseTimeout, ...) or a `handler:`\n"
         "# section (handlers/settings.py: max_length, top_k, ...) to override what the source says.\n"
@@ -79,9 +90,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--task", type=Task, choices=list(Task), default=None)
     parser.add_argument("--force", action="store_true", help="replace an existing model file")
     parser.add_argument("--samples", type=Path, default=None, help="request bodies like your traffic (kit/samples.py)")
+    parser.add_argument(
+        "--tolerance", type=float, default=None, help="the accuracy guard's limit (handlers/accuracy.py TOLERANCES)"
+    )
     args = parser.parse_args(argv)
     try:
-        path = write_model_file(args.name, args.source, args.task, args.force, args.samples)
+        path = write_model_file(args.name, args.source, args.task, args.force, args.samples, args.tolerance)
     except SettingsError as error:
         sys.exit(f"[model] ERROR: {error}")
     print(f"[model] wrote {path}: serve it with make serve MODELS={args.name}", flush=True)

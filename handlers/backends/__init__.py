@@ -150,7 +150,7 @@ def builder(backend: Backend) -> Callable[..., Any]:
 
 
 def precompiler(backend: Backend) -> Callable[..., Any]:
-    """`precompile(model, settings, example_of, calibration, out_dir, progress)` of a precompiled backend."""
+    """`precompile(model, settings, example_of, calibration, out_dir, progress, validation)` of a precompiled backend."""
     return _module(backend).precompile
 
 

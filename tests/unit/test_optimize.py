@@ -7,12 +7,20 @@ import pytest
 import torch
 
 from handlers import backends
-from handlers.accuracy import AccuracyError, Reference, require_accuracy
+from handlers.accuracy import (
+    TOLERANCES,
+    AccuracyError,
+    Answer,
+    Reference,
+    cosine_distance,
+    probability_errors,
+    require_accuracy,
+)
 from handlers.architectures.text import BertClassifier
 from handlers.backends import Backend, DType
 from handlers.backends.common import BackendUnavailable, CompileError
 from handlers.optimize import optimize
-from handlers.settings import ACCURACY_TOLERANCE, ImageSettings, SettingsError, TextSettings, parse_settings
+from handlers.settings import ImageSettings, SettingsError, TextSettings, parse_settings
 from handlers.text_classification import text_example
 
 # Inductor reorders float reductions (and folds BN into conv under freezing): fp32 agrees to ~1e-5.
@@ -175,24 +183,49 @@ def test_wrong_compiled_output_stops_the_worker(broken_relu_lowering):
     settings = parse_settings(ImageSettings, {"channels_last": False})
     with pytest.raises(
         AccuracyError,
-        match=r"'inductor' differs from eager by .* \(max \|out - ref\| / \(1 \+ \|ref\|\), tolerance 0.001\); "
-        "run `make doctor`",
+        match=r"'inductor' answers differently from eager on \d+ of 2 check inputs: worst \S+ "
+        r"\(\|\|out - ref\|\| / \|\|ref\|\| per answer; tolerance 0.001\); run `make doctor`",
     ):
         optimize(PointwiseNet(), settings, [(torch.randn(2, 3, 8, 8),)])
 
 
-def test_bf16_guard_judges_the_direction_of_each_row_not_each_element():
-    """bf16's error scales with the values: 7 % on a large logit is rounding, a row pointing
-    elsewhere is a wrong kernel."""
-    expected = torch.randn(2, 1000) * 20
+def test_values_are_judged_by_scale_as_well_as_direction():
+    """Issue 39's case: an answer a quarter too small in every entry points the same way (cosine 1)
+    and is wrong; rounding noise of 1 % of a row is not."""
+    expected = torch.randn(4, 3) * 5
     reference = Reference([(torch.zeros(1),)], [expected])
-    rounded = expected * (1 + 0.07 * torch.randn(2, 1000).clamp(-1, 1))
-    bf16_tolerance = ACCURACY_TOLERANCE[DType.BFLOAT16]
-    assert require_accuracy(lambda x: rounded, reference, "openvino", DType.BFLOAT16, bf16_tolerance) < 5e-3
-    with pytest.raises(AccuracyError, match=r"\(max \|out - ref\| / \(1 \+ \|ref\|\), tolerance 0.01\)"):
-        require_accuracy(lambda x: rounded, reference, "openvino", DType.FLOAT32, bf16_tolerance)
-    with pytest.raises(AccuracyError, match=r"\(cosine distance per output row, tolerance 0.01\)"):
-        require_accuracy(lambda x: expected.roll(1, dims=1), reference, "openvino", DType.BFLOAT16, bf16_tolerance)
+    int8 = TOLERANCES[(DType.INT8, Answer.VALUES)]
+    noisy = expected + 0.01 * expected.norm(dim=1, keepdim=True) * torch.nn.functional.normalize(
+        torch.randn(4, 3), dim=1
+    )
+    assert require_accuracy(lambda x: noisy, reference, "openvino", Answer.VALUES, int8) == pytest.approx(
+        0.01, rel=1e-3
+    )
+    shrunk = 0.74 * expected
+    assert cosine_distance(shrunk, expected) == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(AccuracyError, match=r"on 4 of 4 check inputs: worst 0.26 .*tolerance 0.2\)"):
+        require_accuracy(lambda x: shrunk, reference, "openvino", Answer.VALUES, int8)
+
+
+def test_probabilities_are_judged_by_their_difference_and_a_clear_top1_flip():
+    """A classifier's client sees probabilities: a flip between classes eager calls tied passes,
+    a flip past a clear margin or probabilities off by more than the tolerance fails."""
+    limit = TOLERANCES[(DType.INT8, Answer.PROBABILITIES)]
+    tied = torch.tensor([[2.0, 2.0 - 1e-3, -1.0]])  # eager: 0.488 vs 0.487
+    flipped_tie = torch.tensor([[2.0 - 1e-3, 2.0, -1.0]])
+    assert probability_errors(flipped_tie, tied).item() < 1e-3
+    clear = torch.tensor([[3.0, 2.0, -1.0]])  # eager: 0.72 vs 0.26
+    swapped = torch.tensor([[2.0, 3.0, -1.0]])
+    assert probability_errors(swapped, clear).item() == pytest.approx(0.72 - 0.26, abs=0.01)
+    reference = Reference([(torch.zeros(1),)], [clear])
+    with pytest.raises(
+        AccuracyError, match=r"on 1 of 1 check inputs: worst 0.45\d \(largest difference of a class probability"
+    ):
+        require_accuracy(lambda x: swapped, reference, "aoti", Answer.PROBABILITIES, limit)
+    colder = clear * 2  # the same ranking, sharper probabilities: 0.88 for 0.72
+    with pytest.raises(AccuracyError, match="worst 0.159"):
+        require_accuracy(lambda x: colder, reference, "aoti", Answer.PROBABILITIES, limit)
+    assert require_accuracy(lambda x: clear * 1.05, reference, "aoti", Answer.PROBABILITIES, limit) < limit
 
 
 def test_wrong_compiled_output_falls_back_when_configured(broken_relu_lowering, caplog):
@@ -201,7 +234,8 @@ def test_wrong_compiled_output_falls_back_when_configured(broken_relu_lowering, 
     with caplog.at_level(logging.WARNING):
         optimized = optimize(PointwiseNet(), settings, [x])
     assert optimized.backend is Backend.EAGER
-    assert "differs from eager by" in optimized.fallback_reason and "differs from eager" in caplog.text
+    assert "answers differently from eager" in optimized.fallback_reason
+    assert "answers differently from eager" in caplog.text
     torch.testing.assert_close(run(optimized, x), PointwiseNet()(*x))
 
 
@@ -224,9 +258,11 @@ def test_the_guard_measures_the_difference_to_eager(tiny_cnn, monkeypatch):
     use_backend(monkeypatch, offset_backend)
     x = (torch.randn(2, 3, 32, 32),)
     with torch.inference_mode():
-        smallest = tiny_cnn(*x).abs().min().item()  # the metric, 1e-4 / (1 + |logit|), peaks there
+        logits = tiny_cnn(*x)
+    # Each row off by 1e-4 in all of its entries: ||1e-4|| / ||row||, the worst row's.
+    expected = (1e-4 * logits.shape[1] ** 0.5 / logits.norm(dim=1)).max().item()
     optimized = optimize(tiny_cnn, parse_settings(ImageSettings, {}), [x])
-    assert optimized.accuracy_error == pytest.approx(1e-4 / (1 + smallest), rel=1e-2)
+    assert optimized.accuracy_error == pytest.approx(expected, rel=1e-2)
 
 
 def test_ipex_compile_serves_float32_only_and_says_so_when_parsed():

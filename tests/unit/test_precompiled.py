@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 
-from handlers.accuracy import AccuracyError, Reference, cosine_distance, relative_error
+from handlers.accuracy import AccuracyError, Reference, cosine_distance, relative_errors
 from handlers.archive import bare_handler
 from handlers.backends import aoti
 from handlers.backends.aoti import package_name
@@ -50,7 +50,7 @@ def test_cosine_distance_ignores_scale_not_direction():
     x = torch.randn(3, 10)
     assert cosine_distance(2 * x, x) == pytest.approx(0.0, abs=1e-6)
     assert cosine_distance(-x, x) == pytest.approx(2.0, abs=1e-6)
-    assert relative_error(2 * x, x) > 0.1  # the float metric would call a rescaled output wrong
+    assert relative_errors(2 * x, x).tolist() == pytest.approx([1.0] * 3)  # a rescaled answer is wrong
 
 
 @pytest.fixture
@@ -115,7 +115,7 @@ def test_a_precompiled_worker_checks_the_shipped_reference_without_the_eager_mod
 
     reference = Reference.load(aoti_archive)
     Reference(reference.inputs, [-output for output in reference.outputs]).save(aoti_archive)
-    with pytest.raises(AccuracyError, match="backend 'aoti' differs from eager by"):
+    with pytest.raises(AccuracyError, match="backend 'aoti' answers differently from eager on"):
         image_handler(aoti_archive, backend="aoti")
 
 
@@ -168,14 +168,21 @@ def test_the_build_checks_the_artifact_on_your_samples_and_records_the_agreement
     precompile(handler, model, exported_cnn, progress=print)
 
     check = check_artifact(handler, model, exported_cnn)
-    assert json.loads((exported_cnn / ACCURACY_FILE).read_text()) == dataclasses.asdict(check)
-    assert check.dtype == "int8" and 0 <= check.guard_error <= check.tolerance == 0.02
-    assert check.agreement.cosine_min > 0.98 and 0 <= check.agreement.top1_agreement <= 1
-    assert "top-1 agreement" in check.summary(classifier=True) and "top-1" not in check.summary(classifier=False)
+    assert json.loads(json.dumps(dataclasses.asdict(check))) == json.loads((exported_cnn / ACCURACY_FILE).read_text())
+    assert check.dtype == "int8" and check.answer == "probabilities" and check.tolerance == 0.1
+    assert 0 <= check.guard_error <= check.tolerance
+    # Every input judged, counted per set: 2 held out, 6 that calibrated, 32 synthetic (reported only).
+    assert [(len(j.errors), decisive) for j, decisive in zip(check.judgements, check.decisive, strict=True)] == [
+        (2, True), (6, True), (32, False)
+    ]  # fmt: skip
+    assert check.passed and check.held_out == 2
+    summary = check.summary(classifier=True)
+    assert "your held-out samples: 2, worst" in summary and "top-1 agreement" in summary
+    assert "top-1 agreement" not in check.summary(classifier=False)
 
     reference = Reference.load(exported_cnn)  # a reference the artifact cannot match: refused
-    Reference(reference.inputs, [-output for output in reference.outputs]).save(exported_cnn)
-    with pytest.raises(AccuracyError, match="backend 'openvino' differs from eager by"):
+    Reference(reference.inputs, [-100 * output for output in reference.outputs]).save(exported_cnn)
+    with pytest.raises(AccuracyError, match="backend 'openvino' answers differently from eager on"):
         check_artifact(handler, model, exported_cnn)
 
 
@@ -189,3 +196,64 @@ def test_a_sample_the_handler_cannot_decode_stops_the_build_by_name(exported_cnn
     handler = bare_handler("image_classification.py", {"architecture": "exported-program"}, exported_cnn)
     with pytest.raises(InvalidInput, match="a sample given with SAMPLES= cannot be served: .*not a decodable image"):
         handler.calibration()
+
+
+class TabularMLP(torch.nn.Module):
+    """Issue 39's case: 32 floats in, 3 scores out, GELU and LayerNorm: static int8 answers some
+    rows a fifth to two thirds off (seed 0: 0.65) while pointing about the same way."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64),
+            torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 3),
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def test_an_int8_build_off_by_a_fifth_is_repaired_or_refused_never_installed_as_it_is(tmp_path):
+    import json
+
+    from handlers.accuracy import TOLERANCES, Answer, relative_errors
+    from handlers.backends import DType
+    from handlers.backends import openvino as ov_backend
+    from handlers.calibration import SAMPLES_DIR
+    from handlers.loaders import load_model
+    from handlers.precompile import check_artifact
+
+    torch.manual_seed(0)
+    model = TabularMLP().eval()
+    program = torch.export.export(model, (torch.randn(2, 32),), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    torch.export.save(program, tmp_path / "model.pt2")
+    rows = torch.randn(16, 32, generator=torch.Generator().manual_seed(100))
+    (tmp_path / SAMPLES_DIR).mkdir()
+    for index, row in enumerate(rows):
+        (tmp_path / SAMPLES_DIR / str(index)).write_text(json.dumps(row.tolist()))
+    settings = {"architecture": "exported-program", "backend": "openvino", "dtype": "int8",
+                "input_shapes": [[32]], "input_dtypes": ["float32"]}  # fmt: skip
+    handler = bare_handler("tensor.py", settings, tmp_path)
+    limit = TOLERANCES[(DType.INT8, Answer.VALUES)]
+    with torch.inference_mode():
+        expected = model(rows)
+    # The case is real: plain static int8 is off by more than the limit on some of these rows.
+    plain = ov_backend.quantize_int8(
+        ov_backend.convert(model, handler.settings, (rows[:2],)), handler.calibration(), False
+    )
+    import openvino as ov
+
+    answers = ov_backend.CompiledIR(ov.Core().compile_model(plain, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}))(rows)
+    assert relative_errors(answers, expected).max() > limit
+
+    precompile(handler, load_model(handler.settings, tmp_path), tmp_path, progress=print)
+    try:
+        check = check_artifact(handler, model, tmp_path)
+    except AccuracyError as error:  # refused, with its numbers
+        assert "your held-out samples: 4, worst" in str(error)
+        return
+    from handlers.optimize import optimize
+
+    repaired = optimize(None, handler.settings, [handler.example(1)], tmp_path)
+    errors = relative_errors(torch.cat([repaired(row[None]) for row in rows]), expected)
+    assert check.passed and errors.max() <= limit, errors  # every sample given, the 4 it never saw included
