@@ -31,7 +31,7 @@ from handlers.accuracy import (
     tolerance,
 )
 from handlers.backends import precompiler
-from handlers.backends.common import Inputs, prepare
+from handlers.backends.common import Inputs
 from handlers.base import OptimizedHandler
 from handlers.calibration import CALIBRATION_COUNT
 
@@ -42,20 +42,34 @@ def precompile(handler: OptimizedHandler, model: nn.Module, out_dir: Path, progr
     if not settings.traits.precompiled:
         return
     calibration = handler.calibration()
-    # What an int8 repair may look at: the calibration inputs, never the held-out ones judged after.
-    with torch.inference_mode():
-        expected = [model(*batch) for batch in calibration]
-    validation = Validation(calibration, expected, handler.answer, tolerance(settings, handler.answer))
+    validation = repair_validation(handler, model, calibration)
     precompiler(settings.backend)(model, settings, handler.example, calibration, out_dir, progress, validation)
     # What the worker's accuracy guard compares the artifact with, at the smallest served batch.
     size = settings.serving_buckets(1)[0]
-    Reference.of(prepare(model, settings), handler.checks(size), settings.channels_last).save(out_dir)
+    Reference.of(model, handler.checks(size), settings.channels_last).save(out_dir)  # float32 eager's answers
 
 
 # A build judged on fewer held-out inputs than this says so: in issue 39 a quarter of 16 samples,
 # four rows, decided that an int8 build answering up to 26 % off was fine.
 HELD_OUT_WANTED = 32
 HELD_OUT_SYNTHETIC = 32  # held-out inputs of a model given no samples: the kit's synthetic ones
+
+
+# A model given no samples: the kit's synthetic inputs from here on are neither calibration nor
+# held-out ones; an int8 repair looks at VALIDATION_EXTRA of them beside the calibration inputs.
+VALIDATION_START = 1000
+VALIDATION_EXTRA = 32
+
+
+def repair_validation(handler: OptimizedHandler, model: nn.Module, calibration: list[Inputs]) -> Validation:
+    """What an int8 repair may look at: the calibration inputs, and for a model given no samples
+    more synthetic ones; never the held-out inputs the build judges afterwards."""
+    batches = list(calibration)
+    if not handler.samples:
+        batches += [handler.collate([handler.synthetic(VALIDATION_START + i)], 1) for i in range(VALIDATION_EXTRA)]
+    with torch.inference_mode():
+        expected = [model(*batch) for batch in batches]
+    return Validation(batches, expected, handler.answer, tolerance(handler.settings, handler.answer))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,6 +36,15 @@ def text_example(batch_size: int, max_length: int, names: Sequence[str] = tuple(
     return tuple(made[name] for name in names)
 
 
+def synthetic_text(index: int) -> str:
+    """SENTENCES[index]; past them, two of them joined (a text none of the others is, longer)."""
+    count = len(SENTENCES)
+    first = index % count
+    if index < count:
+        return SENTENCES[first]
+    return f"{SENTENCES[first]} {SENTENCES[(first + 1 + index // count) % count]}"
+
+
 class TextClassificationHandler(OptimizedHandler):
     settings_class = TextSettings
     answer = Answer.PROBABILITIES
@@ -74,8 +83,7 @@ class TextClassificationHandler(OptimizedHandler):
         return int(item[names.index("attention_mask")].sum())
 
     def synthetic(self, index: int) -> Inputs:
-        sentence = SENTENCES[index % len(SENTENCES)]
-        return encode(self.tokenizer, sentence, self.settings.max_length, self.settings.input_names).inputs
+        return encode(self.tokenizer, synthetic_text(index), self.settings.max_length, self.settings.input_names).inputs
 
     def format(self, output: torch.Tensor) -> dict[str, float]:
         probabilities = torch.softmax(output.float(), dim=0)
