@@ -24,10 +24,12 @@ Without freezing the quantized graph runs as decomposed fp32 ops (measured ~10x 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -36,7 +38,11 @@ from handlers.backends import ISAS, DType, cpu_flags, cpu_isas
 from handlers.backends.common import BuildSpec, Inputs, export_shapes, prepare, to_layout
 from handlers.backends.inductor import inductor_options
 from handlers.quiet_imports import torchao_import
+from handlers.repair import Quantizer, repaired_if_needed
 from handlers.settings import OptimizationSettings
+
+if TYPE_CHECKING:
+    from handlers.accuracy import Validation
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +64,24 @@ def one_package(settings: OptimizationSettings) -> bool:
     return bool(settings.varying_dims())
 
 
+def export_for_int8(model: nn.Module, settings: OptimizationSettings, example: Inputs) -> torch.export.ExportedProgram:
+    """`example` has batch size 2: the batch dimension is exported dynamic (a batch of 1 would be
+    specialised), so the quantized graph can be packaged at any size."""
+    return torch.export.export(model, example, dynamic_shapes=export_shapes(settings, example, batch=True))
+
+
 def quantize_int8(
-    model: nn.Module, settings: OptimizationSettings, example: Inputs, calibration: Sequence[Inputs]
+    program: torch.export.ExportedProgram, calibration: Sequence[Inputs], in_float: Sequence[str] = ()
 ) -> nn.Module:
-    """PT2E static int8. `example` has batch size 2: the batch dimension is exported dynamic (a
-    batch of 1 would be specialised), so the quantized graph can be packaged at any size."""
+    """PT2E static int8 of the exported model; the modules named in `in_float` stay in float."""
     with torchao_import():
         import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     quantizer = x86.X86InductorQuantizer()
     quantizer.set_global(x86.get_default_x86_inductor_quantization_config())
-    program = torch.export.export(model, example, dynamic_shapes=export_shapes(settings, example, batch=True))
+    for name in in_float:
+        quantizer.set_module_name_qconfig(name, None)
     prepared = prepare_pt2e(program.module(), quantizer)
     with torch.no_grad():
         for inputs in calibration:
@@ -84,7 +96,7 @@ def precompile(
     calibration: Sequence[Inputs],
     out_dir: Path,
     progress: Callable[[str], None] = log.info,
-    validation: object = None,  # int8 is not repaired here yet: a failing build is refused (handlers/precompile.py)
+    validation: Validation | None = None,
 ) -> list[Path]:
     """The AOTInductor packages of the eval `model`, in the served layout: one, or one per batch size (above)."""
 
@@ -95,7 +107,12 @@ def precompile(
     calibration = [served(batch) for batch in calibration]
     if settings.dtype is DType.INT8:
         progress(f"int8: calibrating on {len(calibration)} batches")
-        model = quantize_int8(model, settings, served(example_of(2)), calibration)
+        program = export_for_int8(model, settings, served(example_of(2)))
+        model = quantize_int8(program, calibration)
+        if validation is not None:
+            quantizer = Quantizer(module_groups(program), lambda in_float: quantize_int8(program, calibration, in_float),
+                                  lambda quantized: quantized)  # fmt: skip
+            model = repaired_if_needed(model, quantizer, served_validation(validation, settings), progress)
     if one_package(settings):
         progress(f"AOTInductor: compiling one package for batch sizes {list(settings.aoti_batch_sizes)}")
         # Batch 2 to export: a batch of 1 would be specialised, as in quantize_int8.
@@ -105,6 +122,33 @@ def precompile(
         progress(f"AOTInductor: compiling batch size {size}")
         packages.append(compile_package(model, settings, served(example_of(size)), False, out_dir / package_name(size)))
     return packages
+
+
+# The ops PT2E's x86 quantizer runs in int8 (with their weight as the second argument).
+QUANTIZABLE = frozenset({torch.ops.aten.linear.default, torch.ops.aten.conv2d.default, torch.ops.aten.conv1d.default})
+
+
+def module_groups(program: torch.export.ExportedProgram) -> list[list[str]]:
+    """The modules that call a quantizable op, grouped by op and weight shape: one role in every
+    layer, which a repair keeps in float together (handlers/repair.py). Names as the quantizer's
+    `set_module_name_qconfig` takes them (the module paths torch.export records)."""
+    groups: dict[tuple, list[str]] = {}
+    for node in program.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if node.op != "call_function" or node.target not in QUANTIZABLE or not stack:
+            continue
+        name = list(stack.values())[-1][0]
+        key = (str(node.target), tuple(node.args[1].meta["val"].shape))
+        if name not in groups.setdefault(key, []):
+            groups[key].append(name)
+    return list(groups.values())
+
+
+def served_validation(validation: Validation, settings: OptimizationSettings) -> Validation:
+    """The validation inputs in the served layout (channels-last), as the quantized graph takes them."""
+    return dataclasses.replace(
+        validation, batches=[to_layout(batch, settings.channels_last) for batch in validation.batches]
+    )
 
 
 def compile_package(model: nn.Module, settings: OptimizationSettings, example: Inputs, batch: bool, path: Path) -> Path:

@@ -23,6 +23,7 @@ from torch import nn
 
 from handlers.backends import DType
 from handlers.backends.common import BuildSpec, Inputs, export_shapes
+from handlers.repair import Quantizer, repaired_if_needed
 from handlers.settings import OptimizationSettings
 
 if TYPE_CHECKING:
@@ -63,10 +64,7 @@ QUANTIZABLE = frozenset({"Convolution", "GroupConvolution", "MatMul", "Convoluti
 
 def operation_groups(converted) -> list[list[str]]:
     """The quantizable operations with a constant weight, grouped by op and weight shape: one role
-    in every layer (a transformer's FFN up-projections, a CNN stage's 3x3 convolutions, a
-    classifier's last linear), which a repair keeps in float together. Per group, not per
-    operation: each trial is a whole quantization (seconds), and a role's error is alike in
-    every layer."""
+    in every layer, which a repair keeps in float together (handlers/repair.py)."""
     groups: dict[tuple, list[str]] = {}
     for op in converted.get_ops():
         weight = op.input(1).get_partial_shape() if op.get_input_size() > 1 else None
@@ -75,35 +73,12 @@ def operation_groups(converted) -> list[list[str]]:
     return list(groups.values())
 
 
-def worst_error(model, validation: Validation) -> float:
+def runner(model) -> CompiledIR:
+    """`model` compiled as a worker compiles an int8 IR."""
     import openvino as ov
 
     config = {"INFERENCE_NUM_THREADS": torch.get_num_threads(), "INFERENCE_PRECISION_HINT": "f32"}
-    return max(validation.errors(CompiledIR(ov.Core().compile_model(model, "CPU", config))))
-
-
-def repair_int8(converted, calibration: Sequence[Inputs], validation: Validation, transformer: bool, progress):
-    """Greedy, by measured sensitivity: of the groups still in int8, keep in float the one whose
-    float-keeping lowers the worst error on `validation` the most; repeat until the worst is
-    within the validation's target, or keeping more in float gains nothing.
-    (NNCF's own accuracy control, tried first, put all 36 of MiniLM's MatMuls back in float and
-    still answered worse, 1.37: NNCF 3.4.0.) Returns the model and the operations kept in float."""
-    groups, in_float = operation_groups(converted), []
-    best, best_worst = None, float("inf")
-    while groups:
-        trials = []
-        for group in groups:
-            model = quantize_int8(converted, calibration, transformer, in_float + group)
-            trials.append((worst_error(model, validation), group, model))
-        worst, group, model = min(trials, key=lambda trial: trial[0])
-        if worst >= best_worst:
-            break  # nothing left helps
-        groups.remove(group)
-        in_float, best, best_worst = in_float + group, model, worst
-        progress(f"int8 repair: {len(group)} operation(s) like {group[0]} kept in float: worst error {worst:.3g}")
-        if worst <= validation.target:
-            break
-    return best, in_float
+    return CompiledIR(ov.Core().compile_model(model, "CPU", config))
 
 
 def items_per_second(model, example: Inputs, seconds: float = 1.0) -> float:
@@ -131,7 +106,7 @@ def precompile(
     validation: Validation | None = None,
 ) -> Path:
     """The IR of the float32 NCHW eval `model`: OpenVINO chooses layouts and precision itself.
-    int8 whose answers on `validation` are beyond its limit is repaired (`repair_int8`)."""
+    int8 whose answers on `validation` are too far off is repaired (handlers/repair.py)."""
     import openvino as ov
 
     progress("OpenVINO: converting")
@@ -140,33 +115,18 @@ def precompile(
         progress(f"OpenVINO int8: NNCF calibration on {len(calibration)} batches")
         quantized = quantize_int8(converted, calibration, settings.transformer)
         if validation is not None:
-            quantized = repaired_if_needed(converted, quantized, calibration, validation, settings, progress)
+            quantizer = Quantizer(
+                operation_groups(converted),
+                lambda in_float: quantize_int8(converted, calibration, settings.transformer, in_float),
+                runner,
+                lambda model: items_per_second(model, calibration[0]),
+            )
+            quantized = repaired_if_needed(quantized, quantizer, validation, progress)
         converted = quantized
     path = out_dir / IR_FILE
     # save_model halves weights to fp16 by default; the archive keeps what was converted.
     ov.save_model(converted, str(path), compress_to_fp16=False)
     return path
-
-
-def repaired_if_needed(converted, quantized, calibration, validation: Validation, settings, progress):
-    """`quantized`, or when its answers on `validation` are beyond the target, its repair; what the
-    repair kept in float and the speed it cost are printed."""
-    worst = worst_error(quantized, validation)
-    if worst <= validation.target:
-        return quantized
-    progress(f"int8 answers differ by up to {worst:.3g} on {len(validation.batches)} inputs it may look at (limit "
-             f"{validation.limit:.3g}, aiming at {validation.target:.3g} there): keeping the most costly operations in float")  # fmt: skip
-    start = time.perf_counter()
-    repaired, in_float = repair_int8(converted, calibration, validation, settings.transformer, progress)
-    if repaired is None:
-        progress("int8 repair: keeping operations in float gained nothing; the build judges the plain int8")
-        return quantized
-    speed = [items_per_second(model, calibration[0]) for model in (quantized, repaired)]
-    total = sum(len(group) for group in operation_groups(converted))
-    progress(f"int8 repaired in {time.perf_counter() - start:.0f}s: {len(in_float)} of {total} quantizable operations "
-             f"kept in float ({', '.join(in_float[:4])}{', ...' if len(in_float) > 4 else ''}); worst error {worst:.3g} -> "
-             f"{worst_error(repaired, validation):.3g}; in-process {speed[0]:.1f} -> {speed[1]:.1f} items/s at batch 1")  # fmt: skip
-    return repaired
 
 
 def compile_config(settings: OptimizationSettings) -> dict:

@@ -257,3 +257,23 @@ def test_an_int8_build_off_by_a_fifth_is_repaired_or_refused_never_installed_as_
     repaired = optimize(None, handler.settings, [handler.example(1)], tmp_path)
     errors = relative_errors(torch.cat([repaired(row[None]) for row in rows]), expected)
     assert check.passed and errors.max() <= limit, errors  # every sample given, the 4 it never saw included
+
+
+def test_aoti_int8_groups_modules_by_role_and_keeps_the_ones_named_in_float():
+    from handlers.backends import aoti
+    from handlers.settings import TensorSettings
+
+    torch.manual_seed(0)
+    model = TabularMLP().eval()
+    settings = parse_settings(TensorSettings, {"input_shapes": [[32]], "input_dtypes": ["float32"]})
+    program = aoti.export_for_int8(model, settings, (torch.randn(2, 32),))
+    groups = aoti.module_groups(program)
+    assert groups == [["net.0"], ["net.3"], ["net.6"]]  # three linears of three weight shapes
+    calibration = [(torch.randn(1, 32),) for _ in range(8)]
+
+    def quantize_ops(graph_module) -> int:
+        return sum(1 for node in graph_module.graph.nodes if "quantize_per_tensor" in str(node.target))
+
+    assert quantize_ops(aoti.quantize_int8(program, calibration, groups[0])) < quantize_ops(
+        aoti.quantize_int8(program, calibration)
+    )
