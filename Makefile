@@ -99,6 +99,7 @@ bench-lengths: archive
 test-archives: install
 	@$(PY) -m model_store.build --variants eager,inductor,ipex,openvino-int8
 	@$(PY) -m model_store.build --models resnet50,minilm --variants aoti-int8
+	@$(PY) -m model_store.build --models resnet50,minilm --variants openvino-bf16 --where-supported
 
 # Everything, IPEX included: its backend tests run in .venv-ipex, its serving test from the main env.
 test: test-archives install-ipex image

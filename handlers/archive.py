@@ -69,6 +69,14 @@ def bare_handler(handler_file: str, handler_config: dict, model_dir: Path) -> Op
     return handler
 
 
+def archived_settings(archive: Path) -> OptimizationSettings:
+    """A built archive's `handler:` settings, parsed as its worker does, read without unpacking it."""
+    with zipfile.ZipFile(archive) as mar:
+        manifest = json.loads(mar.read("MAR-INF/MANIFEST.json"))
+        config = yaml.safe_load(mar.read("model-config.yaml")) or {}
+    return parse_settings(handler_class(manifest["model"]["handler"]).settings_class, config.get("handler") or {})
+
+
 def archived_handler(model_dir: Path, overrides: dict | None = None) -> OptimizedHandler:
     """The bare handler of an extracted archive (its decode, format, example); `overrides` replace `handler:` keys."""
     config = yaml.safe_load((model_dir / "model-config.yaml").read_text()) or {}

@@ -148,10 +148,23 @@ class OptimizedHandler(abc.ABC):
             return [self.collate([self.decode_sample(body)], 1) for body in self.samples.calibration]
         return [self.collate([self.synthetic(index)], 1) for index in range(CALIBRATION_COUNT)]
 
-    def held_out_sample(self, index: int) -> Inputs:
-        """A sample int8 calibration never saw (they repeat when there are fewer than asked for)."""
+    def held_out_body(self, index: int) -> bytes:
+        """A request body int8 calibration never saw (they repeat when there are fewer than asked
+        for): what a client would send, for the served accuracy check."""
         if self.samples:
-            return self.decode_sample(self.samples.held_out[index % len(self.samples.held_out)])
+            return self.samples.held_out[index % len(self.samples.held_out)]
+        return self.synthetic_body(CALIBRATION_COUNT + index)
+
+    def calibration_bodies(self) -> list[bytes]:
+        """The request bodies int8 calibration decodes (calibration())."""
+        if self.samples:
+            return list(self.samples.calibration)
+        return [self.synthetic_body(index) for index in range(CALIBRATION_COUNT)]
+
+    def held_out_sample(self, index: int) -> Inputs:
+        """A sample int8 calibration never saw, decoded as a request is."""
+        if self.samples:
+            return self.decode_sample(self.held_out_body(index))
         return self.synthetic(CALIBRATION_COUNT + index)
 
     def held_out(self, batches: int, size: int = 1) -> list[Inputs]:
@@ -183,9 +196,13 @@ class OptimizedHandler(abc.ABC):
         return collate(items, bucket)
 
     @abc.abstractmethod
+    def synthetic_body(self, index: int) -> bytes:
+        """The kit's representative request body number `index` (handlers/calibration.py), for a
+        model given no samples of its own: a client could send it as it is."""
+
     def synthetic(self, index: int) -> Inputs:
-        """The kit's representative unbatched input number `index` (handlers/calibration.py), for a
-        model given no samples of its own."""
+        """Synthetic body `index`, decoded as a request is."""
+        return self.decode({"body": self.synthetic_body(index)})
 
     @abc.abstractmethod
     def format(self, output: torch.Tensor) -> Any:

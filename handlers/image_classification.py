@@ -33,8 +33,8 @@ class ImageClassificationHandler(OptimizedHandler):
     def example(self, batch_size: int) -> Inputs:
         return (torch.randn(batch_size, 3, self.settings.crop, self.settings.crop),)
 
-    def synthetic(self, index: int) -> Inputs:
-        return (image_to_tensor(synthetic_photo(index), self.settings.preprocessing),)
+    def synthetic_body(self, index: int) -> bytes:
+        return synthetic_photo(index)
 
     def format(self, output: torch.Tensor) -> dict[str, float]:
         probabilities = torch.softmax(output.float(), dim=0)

@@ -10,6 +10,7 @@ output row as nested lists. Shapes and element types are checked against the mod
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -67,9 +68,11 @@ class TensorHandler(OptimizedHandler):
     def example(self, batch_size: int) -> Inputs:
         return tuple(self.random(batch_size, index) for index in range(len(self.settings.input_shapes)))
 
-    def synthetic(self, index: int) -> Inputs:
+    def synthetic_body(self, index: int) -> bytes:
         generator = torch.Generator().manual_seed(index)  # sample i is the same in every process
-        return tuple(self.random(1, i, generator)[0] for i in range(len(self.settings.input_shapes)))
+        # float32 -> JSON -> float32 is exact (repr round-trips), so decode gives these values back.
+        inputs = [self.random(1, i, generator)[0].tolist() for i in range(len(self.settings.input_shapes))]
+        return json.dumps({"inputs": inputs}).encode()
 
     def random(self, batch_size: int, index: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """Standard normal floats; integer and boolean inputs zero (a valid index for any table)."""

@@ -23,13 +23,16 @@ from handlers.text import ENCODING_FIELDS, encode, load_tokenizer
 log = logging.getLogger(__name__)
 
 
-def text_example(batch_size: int, max_length: int, names: Sequence[str] = tuple(ENCODING_FIELDS)) -> Inputs:
+def text_example(
+    batch_size: int, max_length: int, vocabulary: int, names: Sequence[str] = tuple(ENCODING_FIELDS)
+) -> Inputs:
+    """Warm-up rows of token ids below `vocabulary` (the tokenizer's size: protein, DNA and
+    character vocabularies have 25-100 tokens, and an id past the embedding table stops a worker)."""
     # Half-padded rows: an all-ones mask would let the compiler specialise padding away.
-    # Ids from a range every vocabulary has (BERT's ~30k, RoBERTa's ~50k, small test ones ~1k+).
     mask = torch.ones(batch_size, max_length, dtype=torch.long)
     mask[:, max_length // 2 :] = 0
     made = {
-        "input_ids": torch.randint(5, 100, (batch_size, max_length)),
+        "input_ids": torch.randint(0, vocabulary, (batch_size, max_length)),
         "attention_mask": mask,
         "token_type_ids": torch.zeros(batch_size, max_length, dtype=torch.long),
     }
@@ -52,6 +55,7 @@ class TextClassificationHandler(OptimizedHandler):
     def setup(self, model_dir: str) -> None:
         self.tokenizer = load_tokenizer(model_dir, self.settings.pad_token)
         self.labels = Labels.load(model_dir, self.settings.labels_file, prefix="LABEL_")
+        self.vocabulary = self.tokenizer.get_vocab_size()
 
     def decode(self, request: dict[str, Any]) -> Inputs:
         encoded = encode(self.tokenizer, request_text(request), self.settings.max_length, self.settings.input_names)
@@ -64,10 +68,13 @@ class TextClassificationHandler(OptimizedHandler):
         return encoded.inputs
 
     def example(self, batch_size: int) -> Inputs:
-        return text_example(batch_size, self.settings.max_length, self.settings.input_names)
+        return text_example(batch_size, self.settings.max_length, self.vocabulary, self.settings.input_names)
 
     def examples(self, batch_size: int) -> list[Inputs]:
-        return [text_example(batch_size, length, self.settings.input_names) for length in self.settings.lengths]
+        return [
+            text_example(batch_size, length, self.vocabulary, self.settings.input_names)
+            for length in self.settings.lengths
+        ]
 
     def collate(self, items: Sequence[Inputs], bucket: int) -> Inputs:
         # Items come padded to max_length; the batch keeps the length bucket its longest text needs.
@@ -82,8 +89,8 @@ class TextClassificationHandler(OptimizedHandler):
             return self.settings.max_length
         return int(item[names.index("attention_mask")].sum())
 
-    def synthetic(self, index: int) -> Inputs:
-        return encode(self.tokenizer, synthetic_text(index), self.settings.max_length, self.settings.input_names).inputs
+    def synthetic_body(self, index: int) -> bytes:
+        return synthetic_text(index).encode()
 
     def format(self, output: torch.Tensor) -> dict[str, float]:
         probabilities = torch.softmax(output.float(), dim=0)

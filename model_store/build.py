@@ -163,6 +163,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(names), help="comma list of " + ", ".join(names))
     parser.add_argument("--variants", default=",".join(variant_names()), help="comma list of " + ", ".join(variant_names()))
+    parser.add_argument(
+        "--where-supported", action="store_true",
+        help="skip, saying why, the variants this CPU cannot serve (bf16 without AMX or AVX512_BF16) instead of failing",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -177,6 +181,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"[archive] ERROR: {error}")
     refused = []
     for variant in variants:
+        if options.where_supported and (reason := variant.refusal()):
+            log(f"{variant.name} skipped on this CPU: {reason}")
+            continue
         for name in models:
             try:
                 archive(Model.load(name), variant)

@@ -49,7 +49,7 @@ def test_image_backend_matches_eager(tiny_cnn, backend):
 def test_text_backend_matches_eager_with_padding(tiny_bert_config):
     torch.manual_seed(0)
     model = BertClassifier(tiny_bert_config).eval()
-    inputs = text_example(2, 32)  # half-padded rows
+    inputs = text_example(2, 32, 100)  # half-padded rows
     optimized = optimize(model, parse_settings(TextSettings, {"backend": "ipex", "max_length": 32}), [inputs])
     torch.testing.assert_close(served(optimized, inputs), eager(model, inputs), **FP32_TOL)
 
@@ -67,7 +67,7 @@ def test_bf16_matches_eager(tiny_cnn, tiny_bert_config):
     text_model = BertClassifier(tiny_bert_config).eval()
     cases = [
         (tiny_cnn, ImageSettings, {}, (torch.randn(2, 3, 64, 64),)),
-        (text_model, TextSettings, {"max_length": 32}, text_example(2, 32)),
+        (text_model, TextSettings, {"max_length": 32}, text_example(2, 32, 100)),
     ]
     for model, kind, fields, inputs in cases:
         settings = parse_settings(kind, {"backend": "ipex", "dtype": "bfloat16", **fields})

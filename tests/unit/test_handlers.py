@@ -19,6 +19,7 @@ from handlers.architectures.text import BertClassifier, SentenceEmbedder
 from handlers.archive import bare_handler
 from handlers.backends import BACKENDS, Backend, batch_buckets
 from handlers.backends.aoti import DYNAMIC_BATCH_PACKAGE
+from handlers.calibration import CALIBRATION_COUNT
 from handlers.image import image_to_tensor
 from handlers.image_classification import ImageClassificationHandler
 from handlers.precompile import precompile
@@ -463,3 +464,60 @@ def test_tensor_model_answers_numbers_and_refuses_bad_json_by_name(tensor_archiv
         assert statuses(context) == [400, 200], body
         assert message in answers[0]["message"], answers[0]
         torch.testing.assert_close(torch.tensor(answers[1]), expected[0], atol=1e-6, rtol=0)
+
+
+def test_a_tensor_models_synthetic_inputs_are_bodies_a_client_could_send(tensor_archive):
+    from handlers.tensor import TensorHandler
+    from model_store.exported import tensor_inputs
+
+    context = make_context(tensor_archive, {"backend": "eager", **tensor_inputs(tensor_archive / "model.pt2")})
+    handler = TensorHandler()
+    handler.initialize(context)
+    body = handler.synthetic_body(3)
+    features, ids = json.loads(body)["inputs"]
+    assert len(features) == 8 and ids == [0, 0, 0]  # floats for float inputs, zeros index any table
+    decoded = handler.synthetic(3)
+    # float32 -> JSON -> float32 is exact: the decoded sample is the generator's, bit for bit.
+    assert decoded[0].dtype == torch.float32 and decoded[0].tolist() == features
+    assert torch.equal(handler.synthetic(3)[0], decoded[0]) and not torch.equal(handler.synthetic(4)[0], decoded[0])
+    served = serve(handler, context, [{"body": body}])
+    assert statuses(context) == [200]
+    assert handler.held_out_body(0) == handler.synthetic_body(CALIBRATION_COUNT)  # no samples: synthetic ones
+    assert len(handler.calibration_bodies()) == CALIBRATION_COUNT and served
+
+
+def test_the_build_skips_a_variant_this_cpu_cannot_serve_only_when_asked(monkeypatch, capsys):
+    from model_store import build
+
+    built = []
+    monkeypatch.setattr(build, "archive", lambda model, variant: built.append((model.name, variant.name)))
+    monkeypatch.setattr(build.Variant, "refusal", lambda self: "no bf16 here" if self.name == "openvino-bf16" else "")
+    build.main(["--models", "resnet50", "--variants", "openvino-bf16,eager", "--where-supported"])
+    assert built == [("resnet50", "eager")]
+    assert "openvino-bf16 skipped on this CPU: no bf16 here" in capsys.readouterr().out
+
+
+def test_a_text_model_with_a_small_vocabulary_warms_up_and_answers(tmp_path, tiny_bert_config):
+    # Protein, DNA and character models have 25-100 tokens: warm-up ids must stay inside them.
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    words = ["[PAD]", "[UNK]", *"ACDEFGHIKLMNPQRSTVWY"]  # the 20 amino acids, one token each
+    tokenizer = Tokenizer(WordLevel({word: i for i, word in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = Whitespace()
+    tiny_bert_config.vocab_size = len(words)
+    torch.manual_seed(0)
+    model = BertClassifier(tiny_bert_config).eval()
+    write_text_archive(tmp_path, model)
+    tokenizer.save(str(tmp_path / TOKENIZER_FILE))
+    context = make_context(tmp_path, {"architecture": "bert-classifier", "backend": "eager", "max_length": 32})
+    handler = TextClassificationHandler()
+    handler.initialize(context)
+    text = "M K T A Y I A K Q R"
+    (answer,) = serve(handler, context, [{"body": text}])
+    assert statuses(context) == [200], answer
+    inputs = tuple(t[None] for t in encode(load_tokenizer(tmp_path), text, 32).inputs)
+    with torch.inference_mode():
+        expected = torch.softmax(model(*inputs)[0], 0)
+    torch.testing.assert_close(torch.tensor(list(answer.values())), expected, rtol=1e-4, atol=1e-5)

@@ -75,12 +75,12 @@ def test_bf16_is_refused_on_a_cpu_without_bf16_with_the_reason(tiny_cnn, monkeyp
 def test_text_inductor_matches_eager_with_padding(tiny_bert_config):
     torch.manual_seed(0)
     model = BertClassifier(tiny_bert_config).eval()
-    examples = [text_example(2, 32)]
+    examples = [text_example(2, 32, 100)]
     reference = eager_reference(model, examples[0])
     optimized = optimize(model, parse_settings(TextSettings, {"backend": "inductor"}), examples)
     torch.testing.assert_close(run(optimized, examples[0]), reference, **FP32_TOL)
     # A different padding pattern through the same compiled graph: padding must not be baked in.
-    ids, mask, types = text_example(2, 32)
+    ids, mask, types = text_example(2, 32, 100)
     mask[0, 5:] = 0
     torch.testing.assert_close(
         run(optimized, (ids, mask, types)), eager_reference(model, (ids, mask, types)), **FP32_TOL

@@ -1,0 +1,92 @@
+"""Every int8 and bf16 variant `make test-archives` installs, served by a real TorchServe over
+HTTP, answers within the accuracy guard's tolerance of float32 eager on every input the build
+gave it: the held-out bodies it was judged on and the calibration ones it was tuned on.
+
+The check is the guard's own metric (handlers/accuracy.py) on what a client receives: for a
+classifier the probabilities it is sent (a changed top-1 counts as eager's margin between the
+two classes), for an embedder the vector (||served - eager|| / ||eager||). The tolerance is the
+served archive's own (its dtype's TOLERANCES entry, or the model file's accuracy_tolerance).
+"""
+
+from __future__ import annotations
+
+import pytest
+import requests
+import torch
+
+from handlers.accuracy import Answer, relative_errors, tolerance
+from handlers.archive import archived_settings, extract, load_archived
+from handlers.base import OptimizedHandler
+from handlers.labels import Labels
+from handlers.precompile import HELD_OUT_SYNTHETIC
+from kit.serve_config import ServeConfig
+from kit.server import Server
+from kit.variant import Variant
+from tests.conftest import BUNDLED_MODELS
+from tests.e2e.conftest import one_cpu, start_server
+
+pytestmark = pytest.mark.e2e
+
+# What `make test-archives` builds of each quantized variant (bf16 only where the CPU computes it).
+INSTALLED = {
+    "openvino-int8": BUNDLED_MODELS,
+    "aoti-int8": ["resnet50", "minilm"],
+    "openvino-bf16": ["resnet50", "minilm"],
+}
+
+
+def served_probability_error(served: dict[str, float], expected: torch.Tensor, labels: Labels) -> float:
+    """The guard's probability error on the classes a client is sent (a classifier may send only
+    its top k: the others are below the k-th sent probability in both answers' order)."""
+    eager = expected.float().softmax(0)
+    names = [labels.name(i) for i in range(eager.numel())]
+    indices = [names.index(label) for label in served]
+    sent = torch.tensor(list(served.values()))
+    difference = (sent - eager[indices]).abs().max().item()
+    flip_margin = (eager.max() - eager[indices[0]]).item()  # served top-1 vs eager's own top-1
+    return max(difference, flip_margin)
+
+
+def served_error(handler: OptimizedHandler, served, expected: torch.Tensor) -> float:
+    if handler.answer is Answer.PROBABILITIES:
+        return served_probability_error(served, expected, handler.labels)
+    return relative_errors(torch.tensor(served).reshape(expected.shape)[None], expected[None]).item()
+
+
+def post(server: Server, model: str, body: bytes):
+    response = requests.post(
+        server.url("inference", f"/predictions/{model}"),
+        data=body,
+        headers={"Content-Type": "application/octet-stream", **server.headers("inference")},
+        timeout=60,
+    )
+    assert response.status_code == 200, f"{model}: {response.status_code} {response.text}"
+    return response.json()
+
+
+@pytest.mark.parametrize("variant", sorted(INSTALLED))
+def test_every_installed_quantized_variant_answers_within_its_tolerance(variant, tmp_path):
+    if reason := Variant.load(variant).refusal():
+        pytest.skip(f"{variant} is not built on this CPU: {reason}")
+    models = INSTALLED[variant]
+    server = start_server(tmp_path / "run", ServeConfig.from_preset("optimized", variant=variant, models=models,
+                                                                     cpus=one_cpu()))  # fmt: skip
+    try:
+        verdicts = []
+        for model in models:
+            eager = load_archived(extract(Variant.load("eager").archive(model), tmp_path))
+            handler = eager.handler
+            limit = tolerance(archived_settings(Variant.load(variant).archive(model)), handler.answer)
+            bodies = [handler.held_out_body(i) for i in range(HELD_OUT_SYNTHETIC)] + handler.calibration_bodies()
+            errors = []
+            with torch.inference_mode():
+                for body in bodies:
+                    expected = eager.model(*handler.collate([handler.decode({"body": body})], 1))[0]
+                    errors.append(served_error(handler, post(server, model, body), expected))
+            over = sum(1 for error in errors if not error <= limit)  # NaN fails
+            verdicts.append((model, len(errors), max(errors), over, limit))
+        report = "; ".join(f"{m}: {n} answers, worst {w:.3g}, {o} over {t:.3g}" for m, n, w, o, t in verdicts)
+        assert all(over == 0 for _, _, _, over, _ in verdicts), f"{variant}: {report}"
+        assert all(count >= HELD_OUT_SYNTHETIC for _, count, _, _, _ in verdicts), report
+    finally:
+        server.stop()
