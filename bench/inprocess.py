@@ -97,7 +97,7 @@ def measure_in_process(archive: Path, model: str, config: ServeConfig, seconds: 
 def run_child(model_dir: Path, batch: int, seconds: int, cpus: str) -> None:
     import torch
 
-    from handlers.accuracy import agreement
+    from handlers.accuracy import HELD_OUT, agreement
     from handlers.archive import load_archived
     from handlers.backends.common import to_layout
     from handlers.optimize import optimize
@@ -112,7 +112,7 @@ def run_child(model_dir: Path, batch: int, seconds: int, cpus: str) -> None:
     # Batch 1 as well: the accuracy inputs come one at a time (AOTInductor runs packaged sizes only).
     examples = [inputs] if batch == 1 else [archived.example(1), inputs]
     optimized = optimize(archived.model, archived.settings, examples, model_dir, archived.handler.checks(1))
-    agreed = agreement(optimized, archived.model, archived.handler)
+    agreed = agreement(optimized, archived.model, archived.handler.held_out(HELD_OUT))
     print("ready", flush=True)
     sys.stdin.readline()
     items = 0

@@ -93,7 +93,7 @@ def run_child(model_dir: Path, runtime: Runtime, precision: DType, batch: int, s
     import numpy as np
     import torch
 
-    from handlers.accuracy import agreement
+    from handlers.accuracy import HELD_OUT, agreement
     from handlers.archive import load_archived
 
     archived = load_archived(model_dir)
@@ -102,7 +102,9 @@ def run_child(model_dir: Path, runtime: Runtime, precision: DType, batch: int, s
         archived.model, archived.settings, archived.example(2), calibration, precision, model_dir
     )
     agreed = agreement(
-        lambda *inputs: torch.from_numpy(np.asarray(run([t.numpy() for t in inputs]))), archived.model, archived.handler
+        lambda *inputs: torch.from_numpy(np.asarray(run([t.numpy() for t in inputs]))),
+        archived.model,
+        archived.handler.held_out(HELD_OUT),
     )
 
     arrays = [t.numpy() for t in archived.example(batch)]

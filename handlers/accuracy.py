@@ -3,7 +3,7 @@
     reference = Reference.of(prepared, check_inputs, channels_last)   # or Reference.load(model_dir)
     worst = require_accuracy(optimized, reference, "openvino", Answer.VALUES, tolerance(settings, Answer.VALUES))
     judge(optimized, batches, eager_outputs, Answer.PROBABILITIES, 0.05, "held-out samples").line()
-    agreement(optimized, model, handler)    # Agreement(cosine_mean=0.999, cosine_min=0.998, top1_agreement=1.0)
+    agreement(optimized, model, handler.held_out(16))    # Agreement(cosine_mean=0.999, cosine_min=0.998, ...)
 
 What is judged is the answer a client gets (`Answer`): a classifier's probabilities, else the
 output row itself, by an error that sees scale as well as direction, against the tolerance of
@@ -22,13 +22,9 @@ import enum
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from handlers.base import OptimizedHandler
 
 from handlers.backends import DType
 from handlers.backends.common import CompileError, Inputs, to_layout
@@ -241,12 +237,11 @@ class Agreement:
         return f"{cosine}, top-1 agreement {self.top1_agreement:.0%}, largest probability difference {self.probability_diff_max:.3g}"
 
 
-def agreement(
-    run: Callable[..., torch.Tensor], reference: nn.Module, handler: OptimizedHandler, count: int = HELD_OUT
-) -> Agreement:
+def agreement(run: Callable[..., torch.Tensor], reference: nn.Module, held_out: Sequence[Inputs]) -> Agreement:
+    """`run` against the float `reference` on held-out inputs (OptimizedHandler.held_out(HELD_OUT)), one per call."""
     cosines, same, probability_diffs = [], 0, []
     with torch.inference_mode():
-        for inputs in handler.held_out(count):
+        for inputs in held_out:
             expected = reference(*inputs).float().flatten()
             actual = run(*inputs).float().flatten()
             cosines.append(torch.nn.functional.cosine_similarity(actual, expected, dim=0).item())

@@ -21,6 +21,7 @@ from torch import nn
 from handlers.accuracy import (
     ACCURACY_FILE,
     ERROR_METRICS,
+    HELD_OUT,
     AccuracyError,
     Agreement,
     Judgement,
@@ -151,7 +152,7 @@ def check_artifact(handler: OptimizedHandler, model: nn.Module, out_dir: Path) -
         optimized.accuracy_error,
         judgements,
         [found.decisive for found in sets],
-        agreement(optimized, model, handler),
+        agreement(optimized, model, handler.held_out(HELD_OUT)),
     )
     if not check.passed:
         raise AccuracyError(f"its answers are too far from the float model's: {check.summary(handler.classifier)}")

@@ -40,6 +40,7 @@ class SourceError(SettingsError):
 class Derived:
     settings: dict[str, Any]  # the handler settings the directory implies
     labels: tuple[str, ...] = ()
+    longest_text: int = 0  # tokens: the most the model's own files take (0: not a text model)
 
 
 def read_json(directory: Path, name: str) -> dict[str, Any]:
@@ -61,7 +62,8 @@ def labels(config: dict[str, Any]) -> tuple[str, ...]:
     return tuple(id2label[str(i)] if str(i) in id2label else id2label[i] for i in range(len(id2label)))
 
 
-def text_settings(directory: Path, config: dict[str, Any]) -> dict[str, Any]:
+def text_settings(directory: Path, config: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The tokenizer's settings and the longest text, in tokens, the model's files allow."""
     from transformers import AutoTokenizer
 
     if not (directory / TOKENIZER_FILE).is_file():
@@ -87,7 +89,7 @@ def text_settings(directory: Path, config: dict[str, Any]) -> dict[str, Any]:
         "max_length": int(min(limit, TextSettings.max_length)),
         "input_names": [name for name in ENCODING_FIELDS if name in names],  # the wrappers' order
         "pad_token": str(tokenizer.pad_token),
-    }
+    }, int(limit)
 
 
 def square(size: dict[str, int], key: str) -> int:
@@ -162,13 +164,14 @@ def _image_classification(directory: Path, config: dict[str, Any]) -> Derived:
 
 
 def _text_classification(directory: Path, config: dict[str, Any]) -> Derived:
-    settings = {"architecture": Architecture.HF_SEQUENCE_CLASSIFIER.value, **text_settings(directory, config)}
-    return Derived(settings, labels(config))
+    text, longest = text_settings(directory, config)
+    return Derived({"architecture": Architecture.HF_SEQUENCE_CLASSIFIER.value, **text}, labels(config), longest)
 
 
 def _feature_extraction(directory: Path, config: dict[str, Any]) -> Derived:
-    settings = {"architecture": Architecture.HF_FEATURE_EXTRACTOR.value, **text_settings(directory, config)}
-    return Derived({**settings, **pooling(directory)})
+    text, longest = text_settings(directory, config)
+    settings = {"architecture": Architecture.HF_FEATURE_EXTRACTOR.value, **text, **pooling(directory)}
+    return Derived(settings, longest_text=longest)
 
 
 DERIVERS: dict[Task, Callable[[Path, dict[str, Any]], Derived]] = {

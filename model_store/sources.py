@@ -68,6 +68,12 @@ def write_exported(staging: Path, model: Model) -> dict[str, Any]:
 def write_huggingface(staging: Path, model: Model) -> dict[str, Any]:
     directory = require(model.source.path, "Hugging Face directory")
     derived = huggingface.derive(directory, model.task)
+    asked = model.handler_settings.get("max_length")
+    if derived.longest_text and isinstance(asked, int) and asked > derived.longest_text:
+        raise SettingsError(
+            f"{model.file} asks for max_length {asked}, but {directory} takes at most {derived.longest_text} tokens "
+            "(its tokenizer's model_max_length and config.json max_position_embeddings); lower it"
+        )
     shutil.copytree(directory, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*FOREIGN_WEIGHTS))
     if derived.labels:
         (staging / LABELS_FILE).write_text(json.dumps(list(derived.labels)))
@@ -97,4 +103,10 @@ def write_source(staging: Path, model: Model) -> dict[str, Any]:
     if model.labels:  # the model file's own class names replace any the source has
         shutil.copy(require(Path(model.labels), "labels file"), staging / LABELS_FILE)
         settings = {**settings, "labels_file": LABELS_FILE}
-    return {**settings, **model.handler_settings}
+    settings = {**settings, **model.handler_settings}
+    if "architecture" not in settings:  # a handler default would load some other model's code
+        raise SettingsError(
+            f"{model.file} names no `architecture:` under `handler:` and its source implies none; "
+            f"give one of: {', '.join(a.value for a in Architecture)}"
+        )
+    return settings

@@ -214,3 +214,36 @@ def test_an_exported_text_program_is_given_exactly_the_inputs_its_forward_takes(
     torch.export.save(torch.export.export(Features(), (torch.randn(2, 4),)), tmp_path / "other.pt2")
     with pytest.raises(SettingsError, match=r"takes \['features'\]; a text program takes input_ids .* TASK=tensor"):
         text_inputs(tmp_path / "other.pt2")
+
+
+def test_a_model_file_may_not_ask_for_longer_texts_than_its_model_takes(registry, hf_dirs, tmp_path):
+    from model_store.sources import write_source
+
+    derived = derive(hf_dirs["text"], Task.TEXT_CLASSIFICATION)
+    config = json.loads((hf_dirs["text"] / "config.json").read_text())
+    assert derived.longest_text == config["max_position_embeddings"]  # below the tokenizer's model_max_length
+    write_model_file("long", hf_dirs["text"], task=None)
+    path = registry / "long.yaml"
+    written = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**written, "handler": {"max_length": derived.longest_text + 1}}))
+    models._load.cache_clear()
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(SettingsError, match=rf"asks for max_length {derived.longest_text + 1}, but .* takes at most"):
+        write_source(staging, Model.load("long"))
+    # Longer than BERT's 512 is no error in itself: the model's own files set the bound.
+    assert parse_settings(TextSettings, {"max_length": 2048}).max_length == 2048
+
+
+def test_a_model_file_without_an_architecture_is_refused_not_given_resnet50(registry, tmp_path):
+    from model_store.sources import write_source
+
+    (registry / "bare.yaml").write_text(
+        "source: {recipe: bert}\ntask: text-classification\nhandler: {max_length: 32}\n"
+    )
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(
+        SettingsError, match=r"bare.yaml names no `architecture:` .*give one of: resnet50, bert-classifier"
+    ):
+        write_source(staging, Model.load("bare"))

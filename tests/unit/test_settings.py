@@ -55,8 +55,8 @@ def test_wrong_types_are_rejected(key, value, message):
 
 
 def test_invariants_are_checked():
-    with pytest.raises(SettingsError, match="max_length must be in"):
-        parse_settings(TextSettings, {"max_length": 4096})
+    with pytest.raises(SettingsError, match="max_length must be 8 tokens or more, got 4"):
+        parse_settings(TextSettings, {"max_length": 4})
     with pytest.raises(SettingsError, match="crop <= resize"):
         parse_settings(ImageSettings, {"crop": 300, "resize": 256})
     with pytest.raises(SettingsError, match="warmup_iterations"):
