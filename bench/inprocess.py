@@ -111,8 +111,8 @@ def run_child(model_dir: Path, batch: int, seconds: int, cpus: str) -> None:
         inputs = to_layout(archived.example(batch), archived.settings.channels_last)
     # Batch 1 as well: the accuracy inputs come one at a time (AOTInductor runs packaged sizes only).
     examples = [inputs] if batch == 1 else [archived.example(1), inputs]
-    optimized = optimize(archived.model, archived.settings, examples, model_dir, archived.handler.checks(1))
-    agreed = agreement(optimized, archived.model, archived.handler.held_out(HELD_OUT))
+    optimized = optimize(archived.model, archived.settings, examples, model_dir, archived.handler.samples.checks(1))
+    agreed = agreement(optimized, archived.model, archived.handler.samples.held_out(HELD_OUT))
     print("ready", flush=True)
     sys.stdin.readline()
     items = 0

@@ -107,7 +107,7 @@ def run_child(archive: Path, seconds: int, rounds: int, work_dir: Path) -> Varia
     first, *others = handler.examples(1)
     # The first length pays the compile of the one dynamic graph, whatever the bucket set: the
     # others cost what each more bucket adds to a worker's start, warmed as optimize warms them.
-    optimized = optimize(archived.model, compiled, [first], model_dir, handler.checks(1))
+    optimized = optimize(archived.model, compiled, [first], model_dir, handler.samples.checks(1))
     lengths_warmed = warm_up(optimized, others, compiled.warmup_iterations)
     start_s = time.perf_counter() - started
     # No others: the model pads to one length (no attention mask), and more buckets cost nothing.

@@ -44,8 +44,8 @@ class Sample:
 
 
 def send(session: requests.Session, server: Server, request: Request, timeout_s: float = 60) -> Sample:
-    url = server.url("inference", f"/predictions/{request.model}")
-    headers = {"Content-Type": request.content_type, **server.headers("inference")}
+    url = server.api.url("inference", f"/predictions/{request.model}")
+    headers = {"Content-Type": request.content_type, **server.api.headers("inference")}
     start = time.monotonic()
     try:
         response = session.post(url, data=request.body, headers=headers, timeout=timeout_s)

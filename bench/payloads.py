@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from handlers.settings import SettingsError, TensorSettings, TensorType, parse_settings
+from handlers.settings import TensorSettings, TensorType
+from handlers.typed_config import SettingsError, parse_settings
 from kit.models import Medium, Model
 from kit.samples import Body, read_samples
 

@@ -97,14 +97,14 @@ def run_child(model_dir: Path, runtime: Runtime, precision: DType, batch: int, s
     from handlers.archive import load_archived
 
     archived = load_archived(model_dir)
-    calibration = archived.handler.calibration()
+    calibration = archived.handler.samples.calibration()
     run, queue = PEER_BUILDERS[runtime](
         archived.model, archived.settings, archived.example(2), calibration, precision, model_dir
     )
     agreed = agreement(
         lambda *inputs: torch.from_numpy(np.asarray(run([t.numpy() for t in inputs]))),
         archived.model,
-        archived.handler.held_out(HELD_OUT),
+        archived.handler.samples.held_out(HELD_OUT),
     )
 
     arrays = [t.numpy() for t in archived.example(batch)]

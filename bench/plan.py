@@ -33,7 +33,7 @@ import yaml
 
 from bench.payloads import PAYLOADS, default_payload
 from handlers.backends import DType
-from handlers.settings import SettingsError, parse_settings
+from handlers.typed_config import SettingsError, parse_settings
 from kit.models import Model, check_models, model_names
 from kit.plan import thread_counts
 from kit.serve_config import ServeConfig

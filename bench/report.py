@@ -1,6 +1,9 @@
 """Write a bench run: results.json (machine-readable), report.md (tables + targets), throughput.png.
 
 write_report(out_dir, run)   # run: bench.results.BenchRun
+
+One module, because every table, target check and chart reads the same records (bench/results.py)
+and writes into the one report; the comparison with peers has its own (bench/versus_report.py).
 """
 
 from __future__ import annotations

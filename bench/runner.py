@@ -102,11 +102,11 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
                          progress=lambda m: log(f"  {m.removeprefix('[serve] ')}"))  # fmt: skip
     try:
         ready_s = time.monotonic() - server.started_at
-        metrics_url = server.url("metrics", "/metrics")
-        url = server.url("inference", f"/predictions/{row.model}")
-        warm_up(url, server.headers("inference"), payload, row.concurrency, plan.run)
+        metrics_url = server.api.url("metrics", "/metrics")
+        url = server.api.url("inference", f"/predictions/{row.model}")
+        warm_up(url, server.api.headers("inference"), payload, row.concurrency, plan.run)
         before, cpu_before, stages_before = scrape(metrics_url), cpu_times(), server.stage_times().get(row.model)
-        result, argv, cpu_ms = measure_ab(url, server.headers("inference"), payload, row.concurrency, plan.run.seconds,
+        result, argv, cpu_ms = measure_ab(url, server.api.headers("inference"), payload, row.concurrency, plan.run.seconds,
                                           server.process_tree, lambda process: group_of(process, row.model))  # fmt: skip
         load_s = worker_load_seconds(scrape_text(metrics_url), row.model)
         after = scrape(metrics_url)
@@ -116,7 +116,7 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
         stages = difference(server.stage_times().get(row.model, {}), stages_before)
         if itt:
             answered = settle_itt(itt_dir, row.model, lambda: requests_total(scrape(metrics_url), row.model))
-        workers = [w for w in server.workers() if w.process]
+        workers = [w for w in server.api.workers() if w.process]
         pss_mb = [round(f.pss / 2**20, 1) for f in map(measure_live, (w.process.pid for w in workers)) if f]
         launcher_rss_mb = sum(info.rss_mb for info in map(live_process, server.launcher_pids()) if info)
     finally:

@@ -43,12 +43,13 @@ from bench.soak_report import (
     evaluate,
     markdown,
 )
-from handlers.settings import SettingsError, parse_settings
+from handlers.typed_config import SettingsError, parse_settings
 from kit.models import Model
 from kit.paths import INDUCTOR_CACHE
 from kit.procinfo import mapped_files
 from kit.serve_config import ServeConfig
-from kit.server import Server, ServerError, WorkerStatus, start_ready
+from kit.server import Server, ServerError, start_ready
+from kit.server_api import WorkerStatus
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WINDOW_S = 2.0  # throughput window for the recovery time
@@ -86,7 +87,7 @@ def soak_phase(server: Server, settings: SoakSettings, progress: Callable[[str],
     with requests.Session() as session:
         for request in mix:  # the first request per model may still be slower
             send(session, server, request)
-    before = server.workers()
+    before = server.api.workers()
     start = time.monotonic()
     with ClosedLoop(server, mix, settings.concurrency, settings.request_timeout_s) as load:
         while (elapsed := time.monotonic() - start) < settings.seconds:
@@ -94,7 +95,7 @@ def soak_phase(server: Server, settings: SoakSettings, progress: Callable[[str],
             done = len(load.samples)
             progress(f"[soak] {time.monotonic() - start:4.0f}s/{settings.seconds}s {done} requests")
     seconds = time.monotonic() - start
-    after = server.workers()
+    after = server.api.workers()
     samples = load.samples
     latencies = [(s.end - s.start) * 1000 for s in samples]
     start_pids, end_pids = worker_pids(before), worker_pids(after)
@@ -129,12 +130,12 @@ def wait_for_replacement(
 ) -> list[WorkerStatus]:
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        workers = [w for w in server.workers() if w.model == model]
+        workers = [w for w in server.api.workers() if w.model == model]
         pids = [w.process.pid for w in workers if w.process]
         if len(pids) == expected and killed_pid not in pids and all(w.status == "READY" for w in workers):
             return workers
         time.sleep(0.25)
-    raise ServerError(f"{model}: worker {killed_pid} not replaced within {deadline_s}s; see {server.frontend_log}")
+    raise ServerError(f"{model}: worker {killed_pid} not replaced within {deadline_s}s; see {server.logs.frontend_log}")
 
 
 def full_rate_after(samples: list[Sample], killed_at: float, end: float, rate_before: float) -> float | None:
@@ -149,7 +150,7 @@ def full_rate_after(samples: list[Sample], killed_at: float, end: float, rate_be
 
 def kill_phase(server: Server, settings: SoakSettings, progress: Callable[[str], None]) -> KillPhase:
     model = settings.killed
-    workers = [w for w in server.workers() if w.model == model and w.process]
+    workers = [w for w in server.api.workers() if w.model == model and w.process]
     victim, siblings = workers[0], workers[1:]
     mix = [r for r in request_mix(settings.models) if r.model == model]
     with ClosedLoop(server, mix, settings.concurrency, settings.request_timeout_s) as load:
@@ -198,7 +199,7 @@ def restart_phase(
             answered = {r.model: send(session, server, r).status for r in request_mix(settings.models)}
         mapped = {
             f"{w.model}/{w.worker_id}": len(mapped_files(w.process.pid, INDUCTOR_CACHE))
-            for w in server.workers()
+            for w in server.api.workers()
             if w.process
         }
     finally:
@@ -209,7 +210,7 @@ def restart_phase(
         restart_s=round(restart_s, 1),
         restart_new_kernels=len(kernel_libraries() - kernels_before),
         cached_kernels_mapped=mapped,
-        compiled=served_backends(server.model_log) != {"eager"},
+        compiled=served_backends(server.logs.model_log) != {"eager"},
         answered=answered,
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from handlers.settings import SettingsError
+from handlers.typed_config import SettingsError
 from kit.models import model_names
 from kit.server import START_DEADLINE_S
 

@@ -18,7 +18,7 @@ import torch
 from diagnose.doctor import debug_dump, diagnose
 from diagnose.profile import profile_model
 from handlers.archive import extract, load_archived
-from handlers.settings import SettingsError
+from handlers.typed_config import SettingsError
 from kit.paths import LOGS
 from kit.variant import Variant
 

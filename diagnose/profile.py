@@ -143,7 +143,7 @@ def profile_model(archived: ArchivedModel, inputs: Inputs, out_dir: Path) -> str
     runs = {"eager": optimize(archived.model, eager_settings, [inputs])}
     # Named C++ kernels in the trace; set before compiling, as it changes the generated code.
     with torch._inductor.config.patch({"cpp.enable_kernel_profile": True}):
-        checks = archived.handler.checks(inputs[0].shape[0])  # realistic inputs: int8's guard needs them
+        checks = archived.handler.samples.checks(inputs[0].shape[0])  # realistic inputs: int8's guard needs them
         runs[archived.settings.backend.value] = optimize(
             archived.model, archived.settings, [inputs], archived.model_dir, checks
         )

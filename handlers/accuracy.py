@@ -3,7 +3,7 @@
     reference = Reference.of(prepared, check_inputs, channels_last)   # or Reference.load(model_dir)
     worst = require_accuracy(optimized, reference, "openvino", Answer.VALUES, tolerance(settings, Answer.VALUES))
     judge(optimized, batches, eager_outputs, Answer.PROBABILITIES, 0.05, "held-out samples").line()
-    agreement(optimized, model, handler.held_out(16))    # Agreement(cosine_mean=0.999, cosine_min=0.998, ...)
+    agreement(optimized, model, handler.samples.held_out(16))    # Agreement(cosine_mean=0.999, cosine_min=0.998, ...)
 
 What is judged is the answer a client gets (`Answer`): a classifier's probabilities, else the
 output row itself, by an error that sees scale as well as direction, against the tolerance of
@@ -238,7 +238,7 @@ class Agreement:
 
 
 def agreement(run: Callable[..., torch.Tensor], reference: nn.Module, held_out: Sequence[Inputs]) -> Agreement:
-    """`run` against the float `reference` on held-out inputs (OptimizedHandler.held_out(HELD_OUT)), one per call."""
+    """`run` against the float `reference` on held-out inputs (Samples.held_out(HELD_OUT)), one per call."""
     cosines, same, probability_diffs = [], 0, []
     with torch.inference_mode():
         for inputs in held_out:

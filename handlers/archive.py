@@ -23,7 +23,8 @@ from torch import nn
 from handlers.backends.common import Inputs
 from handlers.base import OptimizedHandler
 from handlers.loaders import load_model
-from handlers.settings import OptimizationSettings, parse_settings
+from handlers.settings import OptimizationSettings
+from handlers.typed_config import parse_settings
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,17 @@
 """The shared TorchServe handler: load -> optimize -> warm up in `initialize`, then batched serving.
 
-Task handlers subclass `OptimizedHandler`, set `settings_class`, and implement
-`decode` (one request -> unbatched tensors), `example` (warm-up inputs), `synthetic`
-(representative inputs when the model has no samples of its own) and `format`
-(one output row -> JSON). A bad request gets a 400 with a message; the rest of its batch
-is still served.
+A task handler subclasses `OptimizedHandler`, sets `settings_class` and `answer`, and
+implements what is the task's own:
+    setup(model_dir)         load what decoding needs (tokenizer, labels); optional
+    decode(request)          one request -> unbatched tensors; InvalidInput (a 400) for a bad body
+    format(output_row)       one output row -> JSON
+    example(batch_size)      warm-up inputs in the exact shapes and dtypes served
+    synthetic_body(index)    a representative request body, for a model given no samples
+    collate(items, bucket)   decoded items -> one batch (default: stack and pad rows); optional
+The base owns the rest: the model's optimization and warm-up, batching, the stage clock, ITT
+ranges, errors. Sample inputs are one object (`self.samples`, handlers/samples.py) built from
+decode, collate and synthetic_body. A bad request gets a 400 with a message; the rest of its
+batch is still served.
 """
 
 from __future__ import annotations
@@ -22,7 +29,6 @@ from ts.utils.util import PredictionException
 
 from handlers.accuracy import Answer
 from handlers.backends.common import Inputs
-from handlers.calibration import CALIBRATION_COUNT, UserSamples
 from handlers.diagnostics import RequestProfiler, op_ranges
 from handlers.itt import inference_range
 from handlers.loaders import load_model
@@ -36,8 +42,11 @@ from handlers.payload import (
     over_grpc,
     status_phrase,
 )
-from handlers.settings import Diagnostics, OptimizationSettings, parse_settings
+from handlers.samples import Samples, UserSamples
+from handlers.settings import OptimizationSettings
 from handlers.stages import Stage, StageClock, now
+from handlers.switches import Diagnostics
+from handlers.typed_config import parse_settings
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +83,7 @@ class OptimizedHandler(abc.ABC):
     # What a client is answered, which the accuracy guard judges: a classifier's handler answers
     # probabilities (agreement then reports top-1 and probability differences too).
     answer: Answer = Answer.VALUES
-    samples: UserSamples | None = None  # the archive's own (SAMPLES=), set by load_files
+    samples: Samples  # set by load_files: the user's samples, else the task's synthetic ones
     initialized = False
     diagnostics = Diagnostics()  # a handler used outside TorchServe (bench, tests) has none set
 
@@ -98,7 +107,7 @@ class OptimizedHandler(abc.ABC):
         if self.settings.traits.precompiled:
             model, checks = None, []
         else:
-            model, checks = load_model(self.settings, self.model_dir), self.checks(self.buckets[0])
+            model, checks = load_model(self.settings, self.model_dir), self.samples.checks(self.buckets[0])
         load_seconds = time.perf_counter() - start
         self.optimized = optimize(
             model,
@@ -133,47 +142,13 @@ class OptimizedHandler(abc.ABC):
 
     def load_files(self, model_dir: str) -> None:
         """What decoding and the samples need from the archive (also for a bare handler)."""
-        self.samples = UserSamples.load(Path(model_dir))
         self.setup(model_dir)
-
-    def decode_sample(self, body: bytes) -> Inputs:
-        try:
-            return self.decode({"body": body})
-        except InvalidInput as error:
-            raise InvalidInput(f"a sample given with SAMPLES= cannot be served: {error}") from None
-
-    def calibration(self) -> list[Inputs]:
-        """What int8 calibration sees, one sample per batch: your samples, else CALIBRATION_COUNT synthetic ones."""
-        if self.samples:
-            return [self.collate([self.decode_sample(body)], 1) for body in self.samples.calibration]
-        return [self.collate([self.synthetic(index)], 1) for index in range(CALIBRATION_COUNT)]
-
-    def held_out_body(self, index: int) -> bytes:
-        """A request body int8 calibration never saw (they repeat when there are fewer than asked
-        for): what a client would send, for the served accuracy check."""
-        if self.samples:
-            return self.samples.held_out[index % len(self.samples.held_out)]
-        return self.synthetic_body(CALIBRATION_COUNT + index)
-
-    def calibration_bodies(self) -> list[bytes]:
-        """The request bodies int8 calibration decodes (calibration())."""
-        if self.samples:
-            return list(self.samples.calibration)
-        return [self.synthetic_body(index) for index in range(CALIBRATION_COUNT)]
-
-    def held_out_sample(self, index: int) -> Inputs:
-        """A sample int8 calibration never saw, decoded as a request is."""
-        if self.samples:
-            return self.decode_sample(self.held_out_body(index))
-        return self.synthetic(CALIBRATION_COUNT + index)
-
-    def held_out(self, batches: int, size: int = 1) -> list[Inputs]:
-        """Held-out samples in batches: for the accuracy guard and the build's and bench's agreement."""
-        return [self.collate([self.held_out_sample(b * size + i) for i in range(size)], size) for b in range(batches)]
-
-    def checks(self, size: int, batches: int = 4) -> list[Inputs]:
-        """The accuracy guard's inputs: held-out samples in full batches of `size`."""
-        return self.held_out(batches, size)
+        self.samples = Samples(
+            lambda body: self.decode({"body": body}),
+            self.collate,
+            self.synthetic_body,
+            UserSamples.load(Path(model_dir)),
+        )
 
     # -- task hooks ---------------------------------------------------------------------------
     def setup(self, model_dir: str) -> None:  # noqa: B027 - an optional hook, not abstract
@@ -199,10 +174,6 @@ class OptimizedHandler(abc.ABC):
     def synthetic_body(self, index: int) -> bytes:
         """The kit's representative request body number `index` (handlers/calibration.py), for a
         model given no samples of its own: a client could send it as it is."""
-
-    def synthetic(self, index: int) -> Inputs:
-        """Synthetic body `index`, decoded as a request is."""
-        return self.decode({"body": self.synthetic_body(index)})
 
     @abc.abstractmethod
     def format(self, output: torch.Tensor) -> Any:

@@ -7,40 +7,17 @@ No data set can be downloaded here, so images are generated: smooth colour field
 shapes and sensor-like grain, JPEG-encoded, so they take the same decode path as requests.
 Calibration uses seeds from 0 and the sentences in order; evaluations should use other seeds
 and sentences (CALIBRATION_COUNT marks where calibration stops). A model given samples of its
-own (`make model SAMPLES=`) uses those instead (UserSamples; OptimizedHandler decodes them).
+own (`make model SAMPLES=`) uses those instead (handlers/samples.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
-from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 CALIBRATION_COUNT = 16
-SAMPLES_DIR = "samples"  # in an archive: the user's samples (kit/samples.py), samples/0, samples/1, ...
-# Of the user's samples, this share (at least one) is held out for the accuracy guard; the rest calibrate.
-HELD_OUT_SHARE = 0.25
-MAX_CALIBRATION = 128  # NNCF's and PT2E's observers settle well before; more only slows the build
-
-
-@dataclasses.dataclass(frozen=True)
-class UserSamples:
-    """The request bodies an archive carries, split into calibration and held-out ones."""
-
-    calibration: list[bytes]
-    held_out: list[bytes]
-
-    @classmethod
-    def load(cls, model_dir: Path) -> UserSamples | None:
-        directory = Path(model_dir) / SAMPLES_DIR
-        if not directory.is_dir():
-            return None
-        bodies = [p.read_bytes() for p in sorted(directory.iterdir(), key=lambda p: int(p.name))]
-        held = max(1, round(len(bodies) * HELD_OUT_SHARE))
-        return cls(bodies[:-held][:MAX_CALIBRATION], bodies[-held:])
 
 
 SENTENCES = (

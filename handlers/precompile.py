@@ -42,12 +42,12 @@ def precompile(handler: OptimizedHandler, model: nn.Module, out_dir: Path, progr
     settings = handler.settings
     if not settings.traits.precompiled:
         return
-    calibration = handler.calibration()
+    calibration = handler.samples.calibration()
     validation = repair_validation(handler, model, calibration)
     precompiler(settings.backend)(model, settings, handler.example, calibration, out_dir, progress, validation)
     # What the worker's accuracy guard compares the artifact with, at the smallest served batch.
     size = settings.serving_buckets(1)[0]
-    Reference.of(model, handler.checks(size), settings.channels_last).save(out_dir)  # float32 eager's answers
+    Reference.of(model, handler.samples.checks(size), settings.channels_last).save(out_dir)  # float32 eager's answers
 
 
 # A build judged on fewer held-out inputs than this says so: in issue 39 a quarter of 16 samples,
@@ -56,18 +56,15 @@ HELD_OUT_WANTED = 32
 HELD_OUT_SYNTHETIC = 32  # held-out inputs of a model given no samples: the kit's synthetic ones
 
 
-# A model given no samples: the kit's synthetic inputs from here on are neither calibration nor
-# held-out ones; an int8 repair looks at VALIDATION_EXTRA of them beside the calibration inputs.
-VALIDATION_START = 1000
+# A model given no samples: an int8 repair looks at this many more synthetic inputs, neither
+# calibration nor held-out ones (Samples.validation_extra), beside the calibration inputs.
 VALIDATION_EXTRA = 32
 
 
 def repair_validation(handler: OptimizedHandler, model: nn.Module, calibration: list[Inputs]) -> Validation:
     """What an int8 repair may look at: the calibration inputs, and for a model given no samples
     more synthetic ones; never the held-out inputs the build judges afterwards."""
-    batches = list(calibration)
-    if not handler.samples:
-        batches += [handler.collate([handler.synthetic(VALIDATION_START + i)], 1) for i in range(VALIDATION_EXTRA)]
+    batches = list(calibration) + handler.samples.validation_extra(VALIDATION_EXTRA)
     with torch.inference_mode():
         expected = [model(*batch) for batch in batches]
     return Validation(batches, expected, handler.answer, tolerance(handler.settings, handler.answer))
@@ -86,12 +83,13 @@ def evidence(handler: OptimizedHandler) -> list[Evidence]:
     """Every held-out input, then every sample the user gave that calibrated, then the kit's
     synthetic inputs: decisive when they stand in for samples the user did not give; beside a
     user's samples, reported only (random rows may be far from what a model is fed)."""
-    synthetic = [handler.synthetic(CALIBRATION_COUNT + index) for index in range(HELD_OUT_SYNTHETIC)]
-    if not handler.samples:
+    samples = handler.samples
+    synthetic = [samples.synthetic(CALIBRATION_COUNT + index) for index in range(HELD_OUT_SYNTHETIC)]
+    if not samples.user:
         return [Evidence("held-out synthetic inputs", synthetic)]
     return [
-        Evidence("your held-out samples", [handler.decode_sample(body) for body in handler.samples.held_out]),
-        Evidence("your calibration samples", [handler.decode_sample(body) for body in handler.samples.calibration]),
+        Evidence("your held-out samples", [samples.given(body) for body in samples.user.held_out]),
+        Evidence("your calibration samples", [samples.given(body) for body in samples.user.calibration]),
         Evidence("synthetic inputs (reported, not decisive)", synthetic, decisive=False),
     ]
 
@@ -152,7 +150,7 @@ def check_artifact(handler: OptimizedHandler, model: nn.Module, out_dir: Path) -
         optimized.accuracy_error,
         judgements,
         [found.decisive for found in sets],
-        agreement(optimized, model, handler.held_out(HELD_OUT)),
+        agreement(optimized, model, handler.samples.held_out(HELD_OUT)),
     )
     if not check.passed:
         raise AccuracyError(f"its answers are too far from the float model's: {check.summary(handler.classifier)}")

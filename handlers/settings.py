@@ -1,7 +1,5 @@
 """Typed handler settings, parsed once from the `handler:` section of model-config.yaml.
 
-`parse_settings` also parses the kit's other typed configs (serving presets).
-
     settings = parse_settings(ImageSettings, context.model_yaml_config.get("handler", {}))
 
 Every settings class is a frozen dataclass; defaults live here and nowhere else. Unknown keys,
@@ -13,13 +11,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import os
 import typing
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, TypeVar
 
 from handlers.backends import BACKENDS, Backend, BackendTraits, DType, backends_serving, serving_buckets
+from handlers.typed_config import SettingsError
 
 
 class Architecture(enum.StrEnum):
@@ -88,10 +83,6 @@ class LinearKernel(enum.StrEnum):
     AUTO = "auto"  # mkl on Intel CPUs, onednn on others
     MKL = "mkl"  # torch's default: MKL's packed GEMM
     ONEDNN = "onednn"  # oneDNN's linear, as AOTInductor and bfloat16 use
-
-
-class SettingsError(ValueError):
-    """A configuration value is wrong; the message names it and says how to fix it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,106 +257,3 @@ class TensorSettings(OptimizationSettings):
             )
         if any(size < 1 for shape in self.input_shapes for size in shape):
             raise SettingsError(f"input_shapes need sizes >= 1, got {self.input_shapes}")
-
-
-# Serve-time diagnostics (handlers/diagnostics.py), set per server through the environment.
-PROFILE_REQUESTS_VAR = "KIT_PROFILE_REQUESTS"
-ITT_OPS_VAR = "KIT_ITT_OPS"
-WHOLE_JPEG_VAR = "KIT_WHOLE_JPEG_DECODE"
-LOG_DIR_VAR = "LOG_LOCATION"  # TorchServe's log directory, set by kit/server.py
-STAGES_DIR = "stages"  # in it: each worker's stage histograms
-
-
-@dataclasses.dataclass(frozen=True)
-class Diagnostics:
-    profile_requests: int = 0  # record the first N inference calls of each worker
-    profile_dir: Path = Path("logs") / "profile"
-    itt_ops: bool = False
-    # Decode every JPEG whole (handlers/image.py's reduced decoding off): the reference the
-    # bench compares phone photos against.
-    whole_jpeg_decode: bool = False
-    # Where each worker writes its stage histograms (handlers/stages.py): the server's log
-    # directory's stages/; None outside a server (kept in memory).
-    stages_dir: Path | None = None
-
-    @classmethod
-    def from_environment(cls, environ: Mapping[str, str] = os.environ) -> Diagnostics:
-        raw = environ.get(PROFILE_REQUESTS_VAR, "0")
-        if not raw.isdigit():
-            raise ValueError(f"{PROFILE_REQUESTS_VAR} must be a whole number of requests, got {raw!r}")
-        log_dir = Path(environ.get(LOG_DIR_VAR, "logs"))
-        return cls(
-            int(raw),
-            log_dir / "profile",
-            environ.get(ITT_OPS_VAR, "") == "1",
-            environ.get(WHOLE_JPEG_VAR, "") == "1",
-            log_dir / STAGES_DIR if LOG_DIR_VAR in environ else None,
-        )
-
-    def environment(self) -> dict[str, str]:
-        """What from_environment reads back (the server sets it; the profile directory follows LOG_LOCATION)."""
-        switches = {
-            PROFILE_REQUESTS_VAR: str(self.profile_requests) if self.profile_requests else "",
-            ITT_OPS_VAR: "1" if self.itt_ops else "",
-            WHOLE_JPEG_VAR: "1" if self.whole_jpeg_decode else "",
-        }
-        return {name: value for name, value in switches.items() if value}
-
-
-S = TypeVar("S", bound=OptimizationSettings)
-
-
-def _coerce(name: str, kind: Any, value: Any) -> Any:
-    args = typing.get_args(kind)
-    if type(None) in args:  # `X | None`: null stays null, anything else must be an X
-        return None if value is None else _coerce(name, next(a for a in args if a is not type(None)), value)
-    if typing.get_origin(kind) is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise SettingsError(f"{name} must be a list, got {value!r}")
-        args = typing.get_args(kind)
-        kinds = [args[0]] * len(value) if args[1:] == (Ellipsis,) else list(args)
-        if len(kinds) != len(value):
-            raise SettingsError(f"{name} needs {len(kinds)} values, got {value!r}")
-        return tuple(_coerce(f"{name}[{i}]", k, item) for i, (k, item) in enumerate(zip(kinds, value, strict=True)))
-    if typing.get_origin(kind) is dict:
-        key_kind, value_kind = typing.get_args(kind)
-        if not isinstance(value, Mapping):
-            raise SettingsError(f"{name} must be a mapping (key: value), got {value!r}")
-        return {
-            _coerce(f"{name} key", key_kind, key): _coerce(f"{name}.{key}", value_kind, item)
-            for key, item in value.items()
-        }
-    if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        try:
-            return kind(value)
-        except ValueError:
-            choices = ", ".join(member.value for member in kind)
-            raise SettingsError(f"{name} {value!r} is unknown; choose one of: {choices}") from None
-    # YAML already gives bool/int/str; reject look-alikes such as "yes" or 1 for a bool.
-    if kind is bool and not isinstance(value, bool):
-        raise SettingsError(f"{name} must be true or false, got {value!r}")
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise SettingsError(f"{name} must be an integer, got {value!r}")
-    if kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SettingsError(f"{name} must be a number, got {value!r}")
-        return float(value)
-    if kind is str and not isinstance(value, str):
-        raise SettingsError(f"{name} must be a string, got {value!r}")
-    return value
-
-
-def parse_settings(cls: type[S], raw: Mapping[str, Any] | None) -> S:
-    """Build `cls` from a mapping, rejecting unknown keys and coercing each value once."""
-    raw = dict(raw or {})
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise SettingsError(f"unknown setting(s) {unknown} for {cls.__name__}; valid keys: {sorted(fields)}")
-    required = [name for name, f in fields.items() if f.default is f.default_factory is dataclasses.MISSING]
-    missing = [name for name in required if name not in raw]
-    if missing:
-        raise SettingsError(f"missing setting(s) {missing} for {cls.__name__}; it needs {required}")
-    hints = typing.get_type_hints(cls)
-    values = {name: _coerce(name, hints[name], value) for name, value in raw.items()}
-    return cls(**values)

@@ -11,6 +11,9 @@
 python -m kit run --config container --key-file KEYFILE    # the container's PID 1 (kit/supervise.py)
 python -m kit probe ready|live                             # its Kubernetes probes (kit/probe.py)
 .venv/bin/python -m kit itt-trace                           # after `make serve ITT_TRACE=1`: logs/itt/trace.json
+
+One module, because it is only the command line: each command parses its options and calls
+the module that does the work (kit/server.py, kit/plan.py, kit/topology.py, ...).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from kit.ports import INFERENCE_PORT, METRICS_PORT
 from kit.proxy import AuthProxy
 from kit.serve_config import ConfigError, Placement, ServeConfig
 from kit.server import START_DEADLINE_S, Server, ServerError
+from kit.server_api import KEY_FILE
 from kit.topology import (
     Memory,
     Topology,
@@ -112,18 +116,18 @@ TRY_BODY = {
 
 def print_endpoints(server: Server) -> None:
     c = server.config
-    print(f"[serve] inference  {server.url('inference', '/predictions/<model>')}   models: {', '.join(c.models)}")
-    print(f"[serve] management {server.url('management', '/models')}")
-    print(f"[serve] metrics    {server.url('metrics', '/metrics')}")
+    print(f"[serve] inference  {server.api.url('inference', '/predictions/<model>')}   models: {', '.join(c.models)}")
+    print(f"[serve] management {server.api.url('management', '/models')}")
+    print(f"[serve] metrics    {server.api.url('metrics', '/metrics')}")
     if c.token_auth_enabled:
-        key_file = server.run_dir / "key_file.json"
+        key_file = server.run_dir / KEY_FILE
         print(f"[serve] token auth is ON (bind {c.bind}); keys in {key_file}")
         print(f'  KEY=$(python3 -c \'import json; print(json.load(open("{key_file}"))["inference"]["key"])\')')
     auth = ' -H "Authorization: Bearer $KEY"' if c.token_auth_enabled else ""
     print("[serve] try:")
     for name in c.models:
         body = TRY_BODY[Model.load(name).task.medium]
-        print(f"  curl{auth} {body} {server.url('inference', f'/predictions/{name}')}")
+        print(f"  curl{auth} {body} {server.api.url('inference', f'/predictions/{name}')}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -166,7 +170,7 @@ def status(args: argparse.Namespace) -> int:
         f"{'model':10} {'worker':7} {'status':9} {'pid':>7} {'allocator':9} {'cpus':10} {'memory':10} {'omp':>3} "
         f"{'rss MB':>7} {'pss MB':>7} {'own MB':>7}"
     )
-    workers = server.workers()
+    workers = server.api.workers()
     for w in workers:
         p = w.process
         footprint = measure_live(p.pid) if p else None
@@ -187,7 +191,7 @@ def status(args: argparse.Namespace) -> int:
     frontend = server.launch.frontend_cpus()
     print(f"[status] frontend CPUs: {format_cpus(frontend) if frontend else 'all'}; "
           f"CPUs no worker runs on: {format_cpus(idle) if idle else 'none'}")  # fmt: skip
-    if oom := server.oom_note():
+    if oom := server.oom.note():
         print(f"[status] WARNING: {oom}")
     stages = server.stage_times()
     if stages:

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from handlers.settings import SettingsError, parse_settings
+from handlers.typed_config import SettingsError, parse_settings
 from kit.paths import CONFIG, ROOT
 
 MODELS_DIR = CONFIG / "models"

@@ -26,6 +26,9 @@ A pure function of the topology, the models (with their traffic shares) and the 
   the costliest model's first; when even one worker per model does not fit, the plan is refused
   naming each model's footprint and the budget. Without a footprint the memory is not planned,
   and the plan says so.
+
+One module, because cores, workers and memory are one decision: a worker that does not fit
+the memory gets more cores, which changes the layout the memory plan is made from.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ def not_live(run_dir: Path) -> str | None:
     if not server.is_running():
         return "not live: TorchServe has exited"
     try:
-        requests.get(server.url("inference", "/ping"), timeout=PING_TIMEOUT_S)
+        requests.get(server.api.url("inference", "/ping"), timeout=PING_TIMEOUT_S)
     except requests.RequestException as error:
         return f"not live: the frontend does not answer /ping ({type(error).__name__})"
     return None  # any answer, 500 included: the frontend's event loop runs

@@ -18,7 +18,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from handlers.settings import SettingsError
+from handlers.typed_config import SettingsError
 from kit.models import Medium
 
 IMAGE_TYPES = {

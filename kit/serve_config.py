@@ -5,6 +5,9 @@
     text = render(config, model_store=config.variant.store, layout=layout)
 
 Presets live in config/presets/*.yaml; the template in config/config.properties.template.
+
+One module, because a field of ServeConfig and the property, JVM flag or worker variable it
+becomes must change together: the typed record and its rendering stay side by side.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from handlers.settings import Diagnostics, SettingsError, parse_settings
+from handlers.switches import Diagnostics
+from handlers.typed_config import SettingsError, parse_settings
 from kit.footprint import recorded
 from kit.itt import collector_environment
 from kit.models import model_names

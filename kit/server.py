@@ -1,7 +1,9 @@
-"""Start, wait for, inspect and stop one TorchServe instance that the kit owns.
+"""Start, wait for and stop one TorchServe instance that the kit owns: its process lifecycle.
 
     server = Server(ServeConfig.from_preset("optimized"), run_dir=Path("logs"))
     server.start(); server.wait_ready(deadline_s=900); ...; server.stop()
+    server.api.url("inference", "/predictions/bert")     # its APIs (kit/server_api.py)
+    server.logs.tail(server.logs.model_log)               # its logs (kit/server_logs.py)
 
 Each instance lives in its own run directory (config, logs, TMPDIR, token key file, state),
 so tests and benchmarks can run servers side by side on free ports; `stop` kills only the
@@ -15,35 +17,34 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import psutil
-import requests
 
-from handlers.settings import STAGES_DIR, parse_settings
 from handlers.stages import Histogram, Stage, merge, read_stage_files
+from handlers.switches import STAGES_DIR
+from handlers.typed_config import parse_settings
 from kit.footprint import measure, record
 from kit.launch import LAYOUT_FILE, Launch
 from kit.models import STARTUP_TIMEOUT_S
 from kit.paths import INDUCTOR_CACHE
 from kit.plan import Layout
 from kit.ports import PortInUseError, bind_failure, start_on_fresh_ports
-from kit.procinfo import ProcessInfo, live_process, process_alive, process_tree
+from kit.procinfo import process_alive, process_tree
 from kit.serve_config import Placement, ServeConfig, free_ports_config, render
-from kit.topology import cgroup_memory_limit, gib, oom_kills, read_topology
+from kit.server_api import ServerApi
+from kit.server_logs import OomWatch, RunLogs, wait_until_unchanged
+from kit.topology import read_topology
 
 STATE_FILE = "server.json"
 # Cold Inductor compiles of every worker on a few cores; a Kubernetes startupProbe allows as long.
 START_DEADLINE_S = STARTUP_TIMEOUT_S
 # TorchServe's CPU launcher: with placement launcher it stays as every worker's parent.
 LAUNCHER_MODULE = "torch.backends.xeon.run_cpu"
-KEY_FILE = "key_file.json"  # written by TorchServe into its working directory when token auth is on
 MIXED_STORE = "model_store"  # in the run dir: the archives of a config whose models use different variants
 
 
@@ -56,24 +57,35 @@ class PortTakenError(ServerError, PortInUseError):
 
 
 @dataclasses.dataclass(frozen=True)
-class WorkerStatus:
-    model: str
-    worker_id: str
-    status: str  # READY, UNLOADING, ...
-    process: ProcessInfo | None  # None while the worker has no live process
+class ServerState:
+    """What `start` leaves in the run directory for a later `stop` or `status` (server.json)."""
 
+    pid: int
+    config: ServeConfig
+    model_store: Path
+    layout: Layout | None
+    oom: OomWatch
 
-def wait_until_unchanged(path: Path, quiet_s: float = 1.0, limit_s: float = 10.0) -> None:
-    """Return once `path` has not grown for quiet_s seconds, or after limit_s at most."""
-    deadline = time.monotonic() + limit_s
-    size, since = -1, time.monotonic()
-    while time.monotonic() < deadline:
-        now_size = path.stat().st_size if path.is_file() else 0
-        if now_size != size:
-            size, since = now_size, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            return
-        time.sleep(0.1)
+    def save(self, run_dir: Path) -> None:
+        state = {
+            "pid": self.pid,
+            "config": self.config.to_dict(),
+            "model_store": str(self.model_store),
+            "layout": self.layout.to_dict() if self.layout else None,
+            "cgroup": self.oom.cgroup,
+            "oom_kills_at_start": self.oom.kills_at_start,
+        }
+        (run_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> ServerState | None:
+        state_file = run_dir / STATE_FILE
+        if not state_file.is_file():
+            return None
+        state = json.loads(state_file.read_text())
+        layout = Layout.from_dict(state["layout"]) if state.get("layout") else None
+        oom = OomWatch(state.get("cgroup"), state.get("oom_kills_at_start"))
+        return cls(state["pid"], parse_settings(ServeConfig, state["config"]), Path(state["model_store"]), layout, oom)
 
 
 def link_store(archives: dict[str, Path], store: Path) -> None:
@@ -118,31 +130,10 @@ class Server:
         self.pid = pid  # the `torchserve --foreground` process; None until started
         self.venv = config.variant.environment
         self.layout = layout  # placement plan: planned at start from the machine as this process sees it
-        # Logs append across runs: start-up checks read only what this run wrote.
-        self.log_offsets: dict[Path, int] = {}
-        self.output_offset = 0
+        self.logs = RunLogs(self.run_dir)
+        self.api = ServerApi(config, self.run_dir)
         self.started_at: float | None = None  # time.monotonic() of the last start
-        # The server's /proc/PID/cgroup (its workers' too), and the OOM killer's count in its
-        # memory cgroup at start (kit.topology.oom_kills): kept, to say why it died once it is gone.
-        self.cgroup: str | None = None
-        self.oom_kills_at_start: int | None = None
-
-    # -- files --------------------------------------------------------------------------------
-    @property
-    def state_file(self) -> Path:
-        return self.run_dir / STATE_FILE
-
-    @property
-    def output_file(self) -> Path:
-        return self.run_dir / "torchserve.out"
-
-    @property
-    def frontend_log(self) -> Path:
-        return self.run_dir / "ts_log.log"
-
-    @property
-    def model_log(self) -> Path:
-        return self.run_dir / "model_log.log"
+        self.oom = OomWatch()  # set at start: to say why workers died once they are gone
 
     @property
     def stages_dir(self) -> Path:
@@ -155,14 +146,11 @@ class Server:
     @classmethod
     def from_state(cls, run_dir: Path) -> Server | None:
         """The server a previous `start` left in run_dir, if its state file is there."""
-        state_file = Path(run_dir) / STATE_FILE
-        if not state_file.is_file():
+        state = ServerState.load(Path(run_dir))
+        if state is None:
             return None
-        state = json.loads(state_file.read_text())
-        layout = Layout.from_dict(state["layout"]) if state.get("layout") else None
-        config = parse_settings(ServeConfig, state["config"])
-        server = cls(config, run_dir, Path(state["model_store"]), state["pid"], layout)
-        server.cgroup, server.oom_kills_at_start = state.get("cgroup"), state.get("oom_kills_at_start")
+        server = cls(state.config, run_dir, state.model_store, state.pid, state.layout)
+        server.oom = state.oom
         return server
 
     def is_running(self) -> bool:
@@ -205,12 +193,10 @@ class Server:
         shutil.rmtree(self.stages_dir, ignore_errors=True)  # a previous run's workers' stage times
         config_file = self.run_dir / "config.properties"
         config_file.write_text(render(self.config, self.model_store, self.layout))
-        self.log_offsets = {log: log.stat().st_size if log.is_file() else 0 for log in self.failure_markers}
-        self.output_offset = self.output_file.stat().st_size if self.output_file.is_file() else 0
+        self.logs.mark()
         self.started_at = time.monotonic()
-        self.cgroup = Path("/proc/self/cgroup").read_text()  # the server and its workers inherit it
-        self.oom_kills_at_start = self.oom_kills()
-        with open(self.output_file, "ab") as output:
+        self.oom = OomWatch.at_start()
+        with open(self.logs.output_file, "ab") as output:
             process = subprocess.Popen(
                 self.launch.command(config_file, self.model_store),
                 cwd=self.run_dir,
@@ -221,19 +207,7 @@ class Server:
                 start_new_session=True,
             )
         self.pid = process.pid
-        self.state_file.write_text(
-            json.dumps(
-                {
-                    "pid": process.pid,
-                    "config": self.config.to_dict(),
-                    "model_store": str(self.model_store),
-                    "layout": self.layout.to_dict() if self.layout else None,
-                    "cgroup": self.cgroup,
-                    "oom_kills_at_start": self.oom_kills_at_start,
-                },
-                indent=2,
-            )
-        )
+        ServerState(process.pid, self.config, self.model_store, self.layout, self.oom).save(self.run_dir)
         return process.pid
 
     def stop(self, timeout_s: float = 60) -> None:
@@ -247,7 +221,7 @@ class Server:
             return
         terminate(self.process_tree(), timeout_s)
         terminate(self.stray_workers(), timeout_s)
-        self.state_file.unlink(missing_ok=True)
+        (self.run_dir / STATE_FILE).unlink(missing_ok=True)
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
     def stray_workers(self) -> list[psutil.Process]:
@@ -272,26 +246,7 @@ class Server:
         """The server process and all its descendants (frontend, launchers, workers)."""
         return process_tree(self.pid)
 
-    # -- HTTP ---------------------------------------------------------------------------------
-    def keys(self) -> dict[str, str]:
-        """Token-auth keys {"management": ..., "inference": ...}; empty when auth is off."""
-        key_file = self.run_dir / KEY_FILE
-        if not self.config.token_auth_enabled or not key_file.is_file():
-            return {}
-        raw = json.loads(key_file.read_text())
-        return {api: raw[api]["key"] for api in ("management", "inference") if api in raw}
-
-    def headers(self, api: str) -> dict[str, str]:
-        key = self.keys().get(api)
-        return {"Authorization": f"Bearer {key}"} if key else {}
-
-    @property
-    def ports(self) -> dict[str, int]:
-        """Every TCP port the frontend listens on, by API."""
-        c = self.config
-        return {"inference": c.inference_port, "management": c.management_port, "metrics": c.metrics_port,
-                "grpc_inference": c.grpc_inference_port, "grpc_management": c.grpc_management_port}  # fmt: skip
-
+    # -- readiness ----------------------------------------------------------------------------
     def listening_ports(self) -> set[int]:
         """TCP ports a process of this server listens on now (from /proc)."""
         ports = set()
@@ -299,28 +254,6 @@ class Server:
             with contextlib.suppress(psutil.Error):
                 ports |= {c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
         return ports
-
-    def url(self, api: str, path: str) -> str:
-        port = self.ports[api]
-        bind = self.config.management_bind if api == "management" else self.config.bind
-        host = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
-        return f"http://{host}:{port}{path}"
-
-    def describe(self, model: str) -> list[dict[str, Any]]:
-        response = requests.get(
-            self.url("management", f"/models/{model}"), headers=self.headers("management"), timeout=5
-        )
-        response.raise_for_status()
-        return response.json()
-
-    def workers(self) -> list[WorkerStatus]:
-        statuses = []
-        for model in self.config.models:
-            for version in self.describe(model):
-                for worker in version.get("workers", []):
-                    process = live_process(worker.get("pid"))
-                    statuses.append(WorkerStatus(model, str(worker["id"]), worker["status"], process))
-        return statuses
 
     def expected_workers(self, model: str) -> int:
         if self.layout:
@@ -332,12 +265,8 @@ class Server:
         """Models whose every expected worker reports READY (a loading worker shows UNLOADING)."""
         ready = set()
         for model in self.config.models:
-            try:
-                versions = self.describe(model)
-            except requests.RequestException:
-                continue
-            statuses = [w.get("status") for v in versions for w in v.get("workers", [])]
-            if statuses.count("READY") >= self.expected_workers(model) and set(statuses) == {"READY"}:
+            statuses = self.api.worker_statuses(model)
+            if statuses and statuses.count("READY") >= self.expected_workers(model) and set(statuses) == {"READY"}:
                 ready.add(model)
         return ready
 
@@ -347,30 +276,32 @@ class Server:
         last_report = ready = None
         while True:
             if not self.is_running():
-                if taken := bind_failure(self.output_since_start()):
+                logs = self.logs
+                if taken := bind_failure(logs.output_since_start()):
                     raise PortTakenError(f"TorchServe could not bind a port it was given ({taken}): another "
-                                         f"process holds it (`ss -ltnp` names it); see {self.output_file}")  # fmt: skip
-                why = "; ".join(filter(None, [self.exit_reason(), self.oom_note()]))
-                raise ServerError(f"TorchServe exited during start-up: {why}; see {self.output_file}\n{self.tail()}")
-            failures = self._load_failures()
+                                         f"process holds it (`ss -ltnp` names it); see {logs.output_file}")  # fmt: skip
+                why = "; ".join(filter(None, [logs.exit_reason(), self.oom.note()]))
+                raise ServerError(f"TorchServe exited during start-up: {why}; see {logs.output_file}\n{logs.tail()}")
+            failures = self.logs.load_failures()
             if failures:
                 # The frontend logs the failure while it is still relaying the worker's
                 # traceback into the model log: quote that log once it has stopped growing.
-                wait_until_unchanged(self.model_log)
-                why = "; ".join(filter(None, [failures[-1], self.oom_note()]))
-                raise ServerError(f"model load failed: {why}\nsee {self.model_log}\n{self.tail(self.model_log)}")
+                model_log = self.logs.model_log
+                wait_until_unchanged(model_log)
+                why = "; ".join(filter(None, [failures[-1], self.oom.note()]))
+                raise ServerError(f"model load failed: {why}\nsee {model_log}\n{self.logs.tail(model_log)}")
             ready = self.ready_models()
             elapsed = time.monotonic() - start
             # Every API bound too: TorchServe binds them after registering the models, and a
             # server without models has nothing else to wait for.
-            if ready == set(self.config.models) and set(self.ports.values()) <= self.listening_ports():
+            if ready == set(self.config.models) and set(self.api.ports.values()) <= self.listening_ports():
                 progress(f"[serve] all models READY after {elapsed:.0f}s")
                 self.record_footprints(progress)
                 return
             if elapsed > deadline_s:
                 raise ServerError(
-                    f"not ready after {deadline_s:.0f}s (ready: {sorted(ready)}); see {self.model_log}\n"
-                    f"{self.tail(self.model_log)}"
+                    f"not ready after {deadline_s:.0f}s (ready: {sorted(ready)}); see {self.logs.model_log}\n"
+                    f"{self.logs.tail(self.logs.model_log)}"
                 )
             if last_report is None or time.monotonic() - last_report > 15:
                 waiting = sorted(set(self.config.models) - ready)
@@ -381,7 +312,7 @@ class Server:
     def record_footprints(self, progress=print) -> None:
         """Measure every model's warmed workers and record it beside its archive, for the next plan."""
         workers: dict[str, list[int]] = {}
-        for worker in self.workers():
+        for worker in self.api.workers():
             if worker.process:
                 workers.setdefault(worker.model, []).append(worker.process.pid)
         for model, pids in workers.items():
@@ -392,70 +323,6 @@ class Server:
                 progress(f"[serve] {model}: memory not recorded ({error})")
                 continue
             progress(f"[serve] {model} memory: {footprint.summary()}")
-
-    def oom_kills(self) -> int | None:
-        """The OOM killer's count in the server's memory cgroup; None where unknown."""
-        return None if self.cgroup is None else oom_kills(self.cgroup)
-
-    def oom_note(self) -> str:
-        """Why workers died, when the kernel says it killed them for memory; "" otherwise.
-        TorchServe reports only "Worker died" (exit 137) and starts another."""
-        now, before = self.oom_kills(), self.oom_kills_at_start
-        if now is None or before is None or now == before:
-            return ""
-        limit = cgroup_memory_limit(self.cgroup)
-        return (
-            f"the kernel's OOM killer killed {now - before} process(es) of this server since it started "
-            f"(memory limit {gib(limit) if limit else 'none'}): give it more memory, serve fewer models or "
-            "workers (`make serve MEMORY=...` fits the workers into a budget), or a smaller variant "
-            "(openvino-int8 holds about half of inductor's)"
-        )
-
-    # Frontend log lines that mean a worker could not start or load its model. TorchServe would
-    # retry with growing back-off for ever; start-up gives up at the first one instead.
-    @property
-    def failure_markers(self) -> dict[Path, tuple[str, ...]]:
-        """Lines that mean a worker failed to load, per log. The frontend's "Load model failed" is
-        not always written (TorchServe 0.12 sometimes logs only its auto-recovery after a worker
-        raised in initialize); the worker's own "Failed to load model" names the reason each time."""
-        return {
-            self.frontend_log: ("Load model failed", "Backend worker process died"),
-            self.model_log: ("Failed to load model",),
-        }
-
-    def _load_failures(self) -> list[str]:
-        failures = []
-        for path, markers in self.failure_markers.items():
-            if not path.is_file():
-                continue
-            offset = self.log_offsets.get(path, 0)
-            with open(path, "rb") as log:
-                log.seek(offset if log.seek(0, 2) >= offset else 0)  # 0 after a roll-over
-                lines = log.read().decode(errors="replace").splitlines()
-            failures += [line for line in lines if any(marker in line for marker in markers)]
-        return failures
-
-    # The line of TorchServe's output that says why it stopped: the JVM's refusal of an option
-    # ("Unrecognized VM option ..."), a Java exception, the CLI's own "... not found".
-    EXIT_REASON = re.compile(r"^(Unrecognized|Invalid|Error)\b|^[\w.$]+(Exception|Error): ")
-
-    def exit_reason(self) -> str:
-        lines = [line.strip() for line in self.output_since_start().splitlines() if line.strip()]
-        return next((line for line in lines if self.EXIT_REASON.search(line)), lines[-1] if lines else "no output")
-
-    def output_since_start(self) -> str:
-        """What TorchServe printed since the last start (the output file appends across starts)."""
-        if not self.output_file.is_file():
-            return ""
-        with open(self.output_file, "rb") as output:
-            output.seek(self.output_offset)
-            return output.read().decode(errors="replace")
-
-    def tail(self, path: Path | None = None, lines: int = 30) -> str:
-        path = path or self.output_file
-        if not path.is_file():
-            return f"({path} does not exist)"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def start_ready(

@@ -59,7 +59,7 @@ def watch(server: Server, proxy: subprocess.Popen | None) -> str:
             return f"the auth proxy (nginx) exited with status {proxy.returncode}"
         reap_orphans()
         if not server.is_running():
-            return f"TorchServe exited; see {server.output_file}\n{server.tail()}"
+            return f"TorchServe exited; see {server.logs.output_file}\n{server.logs.tail()}"
         time.sleep(1)
 
 

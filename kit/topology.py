@@ -10,6 +10,9 @@ its affinity mask (`sched_getaffinity`, the container's cpuset) and its cgroup C
 (`cpu.max`, or `cpu.cfs_quota_us` / `cpu.cfs_period_us` on cgroup v1), read here apart; so is
 its memory limit (`memory.max`, v1 `memory.limit_in_bytes`), which /proc/meminfo does not show.
 Never `os.cpu_count()`: it counts the host's CPUs.
+
+One module, because the injected topology (tests, other machines) and this machine's must be
+the same record built by the same parser; the part below "this machine" only reads /proc and /sys.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 
 from handlers.backends import Backend, BackendTraits, DType, cpu_refusal
-from handlers.settings import OptimizationSettings, SettingsError, parse_settings
+from handlers.settings import OptimizationSettings
+from handlers.typed_config import SettingsError, parse_settings
 from kit.paths import CONFIG, ROOT, STORE
 
 VARIANTS = CONFIG / "variants"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from handlers.settings import SettingsError
+from handlers.typed_config import SettingsError
 from handlers.backends import DEFAULT_ENVIRONMENT
 from kit.models import Model, SourceKind, check_models, model_names
 from kit.paths import ROOT, process_environment
@@ -74,7 +74,7 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     from handlers.loaders import load_model
     from handlers.accuracy import AccuracyError
     from handlers.backends import DType, cpu_refusal
-    from handlers.calibration import HELD_OUT_SHARE
+    from handlers.samples import HELD_OUT_SHARE
     from handlers.precompile import HELD_OUT_WANTED, check_artifact, precompile
     from handlers.archive import bare_handler
 
@@ -85,7 +85,7 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
         raise VariantRefused(f"{label} is not built: {refusal}")
     start = time.perf_counter()
     model = load_model(handler.settings, staging)
-    if handler.settings.dtype is DType.INT8 and not handler.samples:
+    if handler.settings.dtype is DType.INT8 and not handler.samples.user:
         log(f"{label}: WARNING int8 calibrates on the kit's synthetic samples; make model ... SAMPLES=<yours> calibrates on your traffic")
     precompile(handler, model, staging, progress=lambda message: log(f"{label}: {message}"))
     log(f"{label}: precompiled for {handler.settings.backend.value} in {time.perf_counter() - start:.0f}s")

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from handlers.settings import SettingsError, TensorType
+from handlers.settings import TensorType
+from handlers.typed_config import SettingsError
 from handlers.text import ENCODING_FIELDS
 
 EXPORT_HINT = "export with dynamic_shapes={'x': {0: torch.export.Dim('batch')}} for each input"

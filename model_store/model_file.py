@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from handlers.settings import SettingsError
+from handlers.typed_config import SettingsError
 from kit.models import Medium, Model, SourceKind, Task, model_file, parse_model
 from kit.samples import read_samples
 from model_store import exported, huggingface

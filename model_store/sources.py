@@ -15,9 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from handlers.calibration import SAMPLES_DIR
+from handlers.samples import SAMPLES_DIR
 from handlers.loaders import EXPORTED_FILE
-from handlers.settings import Architecture, SettingsError
+from handlers.settings import Architecture
+from handlers.typed_config import SettingsError
 from handlers.text import TOKENIZER_FILE
 from kit.models import Medium, Model, SourceKind, Task
 from kit.samples import Body, read_samples

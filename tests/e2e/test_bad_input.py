@@ -76,10 +76,10 @@ def test_bad_input_gets_400_naming_the_problem(optimized_server, case):
 
 
 def test_bomb_is_refused_before_it_is_decoded(optimized_server):
-    peak = {w.process.pid: w.process.peak_rss_mb for w in optimized_server.workers() if w.model == "resnet50"}
+    peak = {w.process.pid: w.process.peak_rss_mb for w in optimized_server.api.workers() if w.model == "resnet50"}
     for _ in range(len(peak)):  # one per worker, whichever gets it
         assert post(optimized_server, "resnet50", bomb_png(), "image/png").status_code == 400
-    after = {w.process.pid: w.process.peak_rss_mb for w in optimized_server.workers() if w.model == "resnet50"}
+    after = {w.process.pid: w.process.peak_rss_mb for w in optimized_server.api.workers() if w.model == "resnet50"}
     assert after.keys() == peak.keys()
     for pid, before in peak.items():
         assert after[pid] - before < BOMB_PEAK_GROWTH_MB, f"worker {pid} peak RSS {before:.0f} -> {after[pid]:.0f} MB"
@@ -111,7 +111,7 @@ def test_very_long_text_is_truncated_served_and_logged(optimized_server):
     assert response.status_code == 200, response.text
     assert sum(response.json().values()) == pytest.approx(1.0, abs=1e-4)
     deadline = time.monotonic() + 20  # the frontend writes the worker's log asynchronously
-    while "bert: input truncated to 128 tokens" not in optimized_server.model_log.read_text(errors="replace"):
+    while "bert: input truncated to 128 tokens" not in optimized_server.logs.model_log.read_text(errors="replace"):
         assert time.monotonic() < deadline, "no truncation note in the model log"
         time.sleep(0.5)
 
@@ -157,13 +157,15 @@ def test_bad_request_in_a_batch_fails_alone(batching_server):
 def test_model_registration_from_a_url_is_refused(optimized_server):
     url = "https://example.com/evil.mar"
     response = requests.post(
-        optimized_server.url("management", "/models"),
+        optimized_server.api.url("management", "/models"),
         params={"url": url},
-        headers=optimized_server.headers("management"),
+        headers=optimized_server.api.headers("management"),
         timeout=30,
     )
     assert response.status_code in (400, 403, 405), response.text
     models = requests.get(
-        optimized_server.url("management", "/models"), headers=optimized_server.headers("management"), timeout=30
+        optimized_server.api.url("management", "/models"),
+        headers=optimized_server.api.headers("management"),
+        timeout=30,
     ).json()
     assert sorted(m["modelName"] for m in models["models"]) == ["bert", "minilm", "resnet50"]

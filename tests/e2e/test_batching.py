@@ -27,12 +27,12 @@ CLIENTS = 8
 
 
 def served_buckets(server: Server, model: str) -> set[int]:
-    text = server.model_log.read_text(errors="replace")
+    text = server.logs.model_log.read_text(errors="replace")
     return {int(b) for b in re.findall(rf"{model}: first batch at bucket (\d+)", text)}
 
 
 def assert_no_recompile(server: Server) -> None:
-    log = server.model_log.read_text(errors="replace")
+    log = server.logs.model_log.read_text(errors="replace")
     assert "recompiled while serving" not in log, "a request waited for the compiler"
 
 
@@ -98,4 +98,4 @@ def test_int8_packages_serve_batches_close_to_eager(int8_batching, extracted_arc
     assert agree / len(photos) >= 0.9, f"top-1 agreement with float32 eager {agree}/{len(photos)}"
     assert served_buckets(int8_batching, "minilm") - {1} and served_buckets(int8_batching, "resnet50") - {1}
     assert_no_recompile(int8_batching)
-    assert "backend=aoti" in int8_batching.model_log.read_text()
+    assert "backend=aoti" in int8_batching.logs.model_log.read_text()

@@ -62,9 +62,9 @@ def rest_outcome(server, model: str, case: FuzzCase) -> str:
     body, content_type = multipart(case) if case.content_type == "multipart/form-data" else (
         case.body, case.content_type)  # fmt: skip
     response = requests.post(
-        server.url("inference", f"/predictions/{model}"),
+        server.api.url("inference", f"/predictions/{model}"),
         data=body,
-        headers={"Content-Type": content_type, **server.headers("inference")},
+        headers={"Content-Type": content_type, **server.api.headers("inference")},
         timeout=DEADLINE_S,
     )
     if case.content_type in FORMS and response.status_code == FRONTEND_FORM_ERROR[0]:

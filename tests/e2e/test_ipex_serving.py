@@ -25,13 +25,14 @@ def ipex_server(tmp_path_factory):
 
 
 def test_workers_run_in_the_ipex_environment(ipex_server):
-    workers = ipex_server.workers()
-    assert sorted(w.model for w in workers) == ["bert", "bert", "resnet50", "resnet50"]
+    workers = ipex_server.api.workers()
+    planned = ipex_server.layout.models  # the plan made from this machine at start (kit/plan.py)
+    assert sorted(w.model for w in workers) == sorted(m for m in planned for _ in planned[m].workers)
     for worker in workers:
         assert worker.process and worker.process.allocator == "tcmalloc"
         with open(f"/proc/{worker.process.pid}/maps") as maps:
             assert "intel_extension_for_pytorch" in maps.read(), f"{worker.model}: IPEX not loaded"
-    assert "backend=ipex" in ipex_server.model_log.read_text()
+    assert "backend=ipex" in ipex_server.logs.model_log.read_text()
 
 
 def test_ipex_resnet50_matches_eager_reference(ipex_server, extracted_archives):

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from kit.serve_config import ServeConfig
-from kit.server import ServerError
+from kit.server import STATE_FILE, ServerError
 from tests.e2e.conftest import start_server
 
 pytestmark = pytest.mark.e2e
@@ -18,12 +18,12 @@ pytestmark = pytest.mark.e2e
 def test_baseline_uses_torchserve_defaults_and_stops_cleanly(tmp_path):
     server = start_server(tmp_path, ServeConfig.from_preset("baseline", models=["bert"]))
     try:
-        workers = server.workers()
+        workers = server.api.workers()
         # TorchServe's default: one worker per CPU it may use, no pinning, glibc malloc.
         assert len(workers) == len(os.sched_getaffinity(0))
         assert {w.process.allocator for w in workers} == {"default"}
         response = requests.post(
-            server.url("inference", "/predictions/bert"), data=b"plain eager", headers={"Content-Type": "text/plain"},
+            server.api.url("inference", "/predictions/bert"), data=b"plain eager", headers={"Content-Type": "text/plain"},
             timeout=60,
         )  # fmt: skip
         assert response.status_code == 200, response.text
@@ -34,4 +34,4 @@ def test_baseline_uses_torchserve_defaults_and_stops_cleanly(tmp_path):
     finally:
         server.stop()
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], "processes left behind"
-    assert not server.state_file.exists()
+    assert not (server.run_dir / STATE_FILE).exists()

@@ -68,7 +68,7 @@ def test_bf16_starts_only_on_a_cpu_that_computes_it(tmp_path):
     server = start()
     try:
         answer = requests.post(
-            server.url("inference", "/predictions/half"), data=encode_image("RGB", (64, 64)), timeout=60
+            server.api.url("inference", "/predictions/half"), data=encode_image("RGB", (64, 64)), timeout=60
         )
         assert answer.status_code == 200 and len(answer.json()) == 5, answer.text  # top-5 classes
     finally:

@@ -81,7 +81,7 @@ def start_in(cgroup, run_dir: Path, config: ServeConfig):
 
 def post(server, text: str) -> requests.Response:
     return requests.post(
-        server.url("inference", f"/predictions/{MODEL}"),
+        server.api.url("inference", f"/predictions/{MODEL}"),
         data=text.encode(),
         headers={"Content-Type": "text/plain"},
         timeout=60,
@@ -114,7 +114,7 @@ def test_a_memory_limit_gets_fewer_wider_workers_and_stays_up(tmp_path, optimize
         server = start_in(cgroup, tmp_path / "limited", config)
         try:
             assert server.layout.memory.budget == limit  # read from the cgroup, not given
-            served = server.workers()
+            served = server.api.workers()
             assert len(served) == len(reduced.models[MODEL].workers)
             for worker in served:
                 assert cgroup.path.name in Path(f"/proc/{worker.process.pid}/cgroup").read_text()
@@ -122,7 +122,7 @@ def test_a_memory_limit_gets_fewer_wider_workers_and_stays_up(tmp_path, optimize
             for text in ["short", "a somewhat longer review of a film " * 20] * 10:
                 response = post(server, text)
                 assert response.status_code == 200, response.text
-            assert {w.process.pid for w in server.workers()} == pids  # no worker was killed and restarted
+            assert {w.process.pid for w in server.api.workers()} == pids  # no worker was killed and restarted
         finally:
             server.stop()
 
@@ -132,7 +132,7 @@ def test_a_memory_limit_gets_fewer_wider_workers_and_stays_up(tmp_path, optimize
         server = start_in(cgroup, tmp_path / "unmeasured", config)
         try:
             assert "until then one worker each under the limit" in server.layout.unplanned
-            assert len(server.workers()) == 1 and post(server, "short").status_code == 200
+            assert len(server.api.workers()) == 1 and post(server, "short").status_code == 200
         finally:
             server.stop()
         assert recorded(archive, config.batch_size) is not None

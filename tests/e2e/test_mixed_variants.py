@@ -30,14 +30,14 @@ def test_models_of_different_variants_share_one_server(tmp_path):
     server = start_server(tmp_path, config)
     try:
         assert server.model_store == tmp_path.resolve() / "model_store"  # the two variants' archives, linked
-        workers = {w.model: w.process for w in server.workers()}
+        workers = {w.model: w.process for w in server.api.workers()}
         assert sorted(workers) == ["bert", "resnet50"]
         assert workers["resnet50"].allocator == "tcmalloc" and "libopenvino" not in maps(workers["resnet50"].pid)
         # OpenVINO crashes under a preloaded allocator: its worker keeps glibc malloc.
         assert workers["bert"].allocator == "default" and "libopenvino" in maps(workers["bert"].pid)
         for name in workers:
             body = body_for(Model.load(name))
-            response = requests.post(server.url("inference", f"/predictions/{name}"), data=body.data,
+            response = requests.post(server.api.url("inference", f"/predictions/{name}"), data=body.data,
                                      headers={"Content-Type": body.content_type}, timeout=60)  # fmt: skip
             assert response.status_code == 200, response.text
     finally:

@@ -39,7 +39,7 @@ def test_a_one_cpu_set_gets_one_worker_per_model_on_that_cpu(tmp_path):
     finally:
         os.sched_setaffinity(0, allowed)
     try:
-        workers = server.workers()
+        workers = server.api.workers()
         assert sorted(w.model for w in workers) == list(BUNDLED_MODELS)  # one each
         for worker in workers:
             assert allowed_list(worker.process.pid) == str(cpu), worker
@@ -48,7 +48,7 @@ def test_a_one_cpu_set_gets_one_worker_per_model_on_that_cpu(tmp_path):
         for name in BUNDLED_MODELS:
             body = body_for(Model.load(name))
             response = requests.post(
-                server.url("inference", f"/predictions/{name}"),
+                server.api.url("inference", f"/predictions/{name}"),
                 data=body.data,
                 headers={"Content-Type": body.content_type},
                 timeout=60,

@@ -34,13 +34,13 @@ def test_a_dozen_starts_in_a_row_never_fail_on_a_bind(tmp_path):
             run_dir = tmp_path / f"server-{number}"
             servers.append(start_ready(FRONTEND_ONLY, run_dir, 120, progress=lambda m: None, model_store=store))
             assert attempts_kept(run_dir) == [], f"start {number} lost a port: {attempts_kept(run_dir)}"
-        ports = [port for server in servers for port in server.ports.values()]
+        ports = [port for server in servers for port in server.api.ports.values()]
         assert len(set(ports)) == len(ports) == 5 * STARTS
         ephemeral = read_ephemeral_range()
         assert not [port for port in ports if port in ephemeral], "a kit port inside the ephemeral range"
         for server in servers:  # bound by the server's own JVM, read from /proc
-            assert set(server.ports.values()) <= server.listening_ports()
-            assert requests.get(server.url("inference", "/ping"), timeout=5).json()["status"] == "Healthy"
+            assert set(server.api.ports.values()) <= server.listening_ports()
+            assert requests.get(server.api.url("inference", "/ping"), timeout=5).json()["status"] == "Healthy"
     finally:
         for server in servers:
             server.stop()
@@ -70,7 +70,7 @@ def test_a_port_taken_before_the_jvm_binds_it_is_retried_on_fresh_ports(tmp_path
             taken = holders[0].getsockname()[1]
             assert server.config.grpc_inference_port != taken
             assert server.ready_models() == {"minilm"}
-            answer = requests.post(server.url("inference", "/predictions/minilm"), data="a sentence", timeout=60)
+            answer = requests.post(server.api.url("inference", "/predictions/minilm"), data="a sentence", timeout=60)
             assert answer.status_code == 200, answer.text
         finally:
             server.stop()

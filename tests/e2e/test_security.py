@@ -36,13 +36,13 @@ def listening_addresses(server) -> dict[int, ipaddress.IPv4Address | ipaddress.I
 def test_public_bind_requires_a_token_and_keeps_management_on_loopback(tmp_path):
     server = start_server(tmp_path, ServeConfig.from_preset("optimized", models=["minilm"], bind="0.0.0.0"))
     try:
-        url = server.url("inference", "/predictions/minilm")
+        url = server.api.url("inference", "/predictions/minilm")
         anonymous = requests.post(url, data=b"hello", headers={"Content-Type": "text/plain"}, timeout=60)
         assert anonymous.status_code in (400, 401), anonymous.text
         assert "Token Authorization failed" in anonymous.text
         assert "[" not in anonymous.text  # no embedding leaked
         with_key = requests.post(
-            url, data=b"hello", headers={"Content-Type": "text/plain", **server.headers("inference")}, timeout=60
+            url, data=b"hello", headers={"Content-Type": "text/plain", **server.api.headers("inference")}, timeout=60
         )
         assert with_key.status_code == 200 and len(with_key.json()) == 384
 

@@ -55,9 +55,9 @@ def served_error(handler: OptimizedHandler, served, expected: torch.Tensor) -> f
 
 def post(server: Server, model: str, body: bytes):
     response = requests.post(
-        server.url("inference", f"/predictions/{model}"),
+        server.api.url("inference", f"/predictions/{model}"),
         data=body,
-        headers={"Content-Type": "application/octet-stream", **server.headers("inference")},
+        headers={"Content-Type": "application/octet-stream", **server.api.headers("inference")},
         timeout=60,
     )
     assert response.status_code == 200, f"{model}: {response.status_code} {response.text}"
@@ -77,7 +77,8 @@ def test_every_installed_quantized_variant_answers_within_its_tolerance(variant,
             eager = load_archived(extract(Variant.load("eager").archive(model), tmp_path))
             handler = eager.handler
             limit = tolerance(archived_settings(Variant.load(variant).archive(model)), handler.answer)
-            bodies = [handler.held_out_body(i) for i in range(HELD_OUT_SYNTHETIC)] + handler.calibration_bodies()
+            samples = handler.samples
+            bodies = [samples.held_out_body(i) for i in range(HELD_OUT_SYNTHETIC)] + samples.calibration_bodies()
             errors = []
             with torch.inference_mode():
                 for body in bodies:

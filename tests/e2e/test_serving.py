@@ -30,15 +30,15 @@ EMBEDDING_ATOL = 1e-4
 
 def post(server: Server, model: str, body: bytes, content_type: str) -> requests.Response:
     return requests.post(
-        server.url("inference", f"/predictions/{model}"),
+        server.api.url("inference", f"/predictions/{model}"),
         data=body,
-        headers={"Content-Type": content_type, **server.headers("inference")},
+        headers={"Content-Type": content_type, **server.api.headers("inference")},
         timeout=60,
     )
 
 
 def worker_pids(server: Server, model: str) -> set[int]:
-    return {w.process.pid for w in server.workers() if w.model == model and w.process}
+    return {w.process.pid for w in server.api.workers() if w.model == model and w.process}
 
 
 def assert_resnet50_matches_eager(server: Server, extracted_archives) -> None:
@@ -108,7 +108,7 @@ def test_minilm_paraphrase_is_closer_than_unrelated(optimized_server):
 
 def test_workers_run_where_the_plan_put_them(optimized_server):
     layout = optimized_server.layout  # planned at start from this machine (kit/plan.py)
-    workers = optimized_server.workers()
+    workers = optimized_server.api.workers()
     for model, planned in layout.models.items():
         served = [w for w in workers if w.model == model]
         assert len(served) == len(planned.workers) and all(w.status == "READY" for w in served)
@@ -127,13 +127,13 @@ def test_no_launcher_process_stays_behind_a_worker(optimized_server):
     tree = optimized_server.process_tree()
     assert not [p.pid for p in tree if "run_cpu" in " ".join(p.cmdline())]
     frontend = next(p for p in tree if p.name() == "java")
-    for worker in optimized_server.workers():
+    for worker in optimized_server.api.workers():
         assert psutil.Process(worker.process.pid).ppid() == frontend.pid
 
 
 def test_metrics_endpoint_counts_each_request(optimized_server):
     def scrape() -> dict:
-        response = requests.get(optimized_server.url("metrics", "/metrics"), timeout=10)
+        response = requests.get(optimized_server.api.url("metrics", "/metrics"), timeout=10)
         assert response.status_code == 200 and response.headers["Content-Type"].startswith("text/plain")
         return parse_prometheus(response.text)
 
@@ -158,9 +158,9 @@ def test_workers_are_the_kits_and_time_every_stage(optimized_server):
     """kit/pin_worker.py runs handlers/worker.py: no per-request log or metric lines, and each worker's
     stage histograms on disk (what `make status` and the bench read), every stage once per call."""
     model = "bert"
-    workers = [w for w in optimized_server.workers() if w.model == model]
+    workers = [w for w in optimized_server.api.workers() if w.model == model]
     assert all(KIT_WORKER_MODULE in psutil.Process(w.process.pid).cmdline() for w in workers)
-    log_start = optimized_server.model_log.stat().st_size
+    log_start = optimized_server.logs.model_log.stat().st_size
     for round_ in range(2):  # a worker writes at most once a second, on a call: a second round flushes the first
         for index in range(4 * len(workers)):
             assert post(optimized_server, model, f"text {round_} {index}".encode(), "text/plain").status_code == 200
@@ -182,7 +182,7 @@ def test_workers_are_the_kits_and_time_every_stage(optimized_server):
     threads = max(w.threads for w in optimized_server.layout.models[model].workers)
     for stage in (Stage.DECODE, Stage.MODEL):
         assert 0 < served[stage].cpu_ms_per_request <= threads * served[stage].ms_per_request + 0.1, served[stage]
-    written = optimized_server.model_log.read_text(errors="replace")[log_start:]
+    written = optimized_server.logs.model_log.read_text(errors="replace")[log_start:]
     assert "Backend received inference" not in written and "PredictionTime" not in written
 
 

@@ -12,7 +12,8 @@ import torch
 
 from diagnose.__main__ import main as diagnose_main
 from diagnose.doctor import diagnose
-from handlers.settings import ImageSettings, parse_settings
+from handlers.settings import ImageSettings
+from handlers.typed_config import parse_settings
 
 
 class PointwiseNet(torch.nn.Module):

@@ -14,8 +14,9 @@ from handlers.architectures.text import BertClassifier  # noqa: E402
 from handlers.archive import extract, load_archived  # noqa: E402
 from handlers.backends import bf16_isa, cpu_flags  # noqa: E402
 from handlers.optimize import optimize  # noqa: E402
-from handlers.settings import ImageSettings, SettingsError, TextSettings, parse_settings  # noqa: E402
+from handlers.settings import ImageSettings, TextSettings  # noqa: E402
 from handlers.text_classification import text_example  # noqa: E402
+from handlers.typed_config import SettingsError, parse_settings
 from kit.variant import Variant  # noqa: E402
 
 # ipex.optimize folds BN and prepacks oneDNN weights, like Inductor's freezing: fp32 to ~1e-5.

@@ -12,6 +12,7 @@ from handlers.backends import (
     BACKENDS,
     Backend,
     BatchSizes,
+    batch_buckets,
     bf16_isa,
     builder,
     cpu_flags,
@@ -72,3 +73,8 @@ def test_an_isa_needs_all_its_flags():
     assert bf16_isa({"amx_tile", "amx_bf16", "avx512_bf16"}) == "AMX_BF16"
     # Flags read once, as from a generator over /proc/cpuinfo's line: the second ISA is still seen.
     assert bf16_isa(iter(["avx512f", "avx512_bf16"])) == "AVX512_BF16"
+
+
+@pytest.mark.parametrize(("max_batch", "buckets"), [(1, [1]), (3, [1, 2, 3]), (8, [1, 2, 4, 8]), (6, [1, 2, 4, 6])])
+def test_batch_buckets(max_batch, buckets):
+    assert batch_buckets(max_batch) == buckets

@@ -17,16 +17,17 @@ from ts.utils.util import PredictionException
 import handlers.itt
 from handlers.architectures.text import BertClassifier, SentenceEmbedder
 from handlers.archive import bare_handler
-from handlers.backends import BACKENDS, Backend, batch_buckets
+from handlers.backends import BACKENDS, Backend
 from handlers.backends.aoti import DYNAMIC_BATCH_PACKAGE
 from handlers.calibration import CALIBRATION_COUNT
 from handlers.image import image_to_tensor
 from handlers.image_classification import ImageClassificationHandler
 from handlers.precompile import precompile
 from handlers.sentence_embedding import SentenceEmbeddingHandler
-from handlers.settings import SettingsError, TextSettings, parse_settings
+from handlers.settings import TextSettings
 from handlers.text import TOKENIZER_FILE, encode, load_tokenizer
 from handlers.text_classification import TextClassificationHandler
+from handlers.typed_config import SettingsError, parse_settings
 from model_store.recipes import minilm_dir
 from tests.conftest import encode_image
 
@@ -322,37 +323,6 @@ def test_length_buckets_end_at_max_length_and_need_a_mask():
         parse_settings(TextSettings, {"length_buckets": [1, 16]})
 
 
-@pytest.mark.parametrize(("max_batch", "buckets"), [(1, [1]), (3, [1, 2, 3]), (8, [1, 2, 4, 8]), (6, [1, 2, 4, 6])])
-def test_batch_buckets(max_batch, buckets):
-    assert batch_buckets(max_batch) == buckets
-
-
-def test_model_files_parse_into_settings():
-    from handlers.archive import handler_class
-    from kit.models import Model, SourceKind, model_names
-    from kit.variant import Variant, variant_names
-    from model_store.build import merged_config
-    from model_store.recipes import RECIPES
-
-    for model in map(Model.load, model_names()):
-        if model.source.kind is SourceKind.RECIPE:
-            assert model.source.location in RECIPES, f"{model.file}: no recipe {model.source.location!r}"
-        for name in variant_names():
-            variant = Variant.load(name)
-            merged = merged_config(model.serving, variant.overlay)
-            settings = parse_settings(handler_class(model.task.handler).settings_class, merged["handler"])  # raises
-            assert (settings.backend, settings.dtype) == (variant.backend, variant.dtype)
-
-
-def test_archive_build_stops_early_when_the_disk_is_nearly_full(tmp_path, monkeypatch):
-    from model_store import build
-
-    usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(build.shutil, "disk_usage", lambda path: usage._replace(free=int(1.5e9)))
-    with pytest.raises(SystemExit, match=rf"1.5 GB free in {tmp_path}; building inductor/bert.mar needs 4 GB"):
-        build.require_free_space([tmp_path], "inductor/bert.mar")
-
-
 def test_profile_switch_records_the_first_requests_only(image_archive, tmp_path, monkeypatch):
     monkeypatch.setenv("KIT_PROFILE_REQUESTS", "2")
     monkeypatch.setenv("LOG_LOCATION", str(tmp_path / "logs"))
@@ -391,7 +361,7 @@ def test_op_level_itt_switch(image_archive, monkeypatch, value, expected):
 
 
 def test_diagnostics_switch_must_be_a_number(monkeypatch):
-    from handlers.settings import Diagnostics
+    from handlers.switches import Diagnostics
 
     with pytest.raises(ValueError, match="KIT_PROFILE_REQUESTS must be a whole number of requests, got 'ten'"):
         Diagnostics.from_environment({"KIT_PROFILE_REQUESTS": "ten"})
@@ -476,25 +446,15 @@ def test_a_tensor_models_synthetic_inputs_are_bodies_a_client_could_send(tensor_
     body = handler.synthetic_body(3)
     features, ids = json.loads(body)["inputs"]
     assert len(features) == 8 and ids == [0, 0, 0]  # floats for float inputs, zeros index any table
-    decoded = handler.synthetic(3)
+    decoded = handler.samples.synthetic(3)
     # float32 -> JSON -> float32 is exact: the decoded sample is the generator's, bit for bit.
     assert decoded[0].dtype == torch.float32 and decoded[0].tolist() == features
-    assert torch.equal(handler.synthetic(3)[0], decoded[0]) and not torch.equal(handler.synthetic(4)[0], decoded[0])
+    samples = handler.samples
+    assert torch.equal(samples.synthetic(3)[0], decoded[0]) and not torch.equal(samples.synthetic(4)[0], decoded[0])
     served = serve(handler, context, [{"body": body}])
     assert statuses(context) == [200]
-    assert handler.held_out_body(0) == handler.synthetic_body(CALIBRATION_COUNT)  # no samples: synthetic ones
-    assert len(handler.calibration_bodies()) == CALIBRATION_COUNT and served
-
-
-def test_the_build_skips_a_variant_this_cpu_cannot_serve_only_when_asked(monkeypatch, capsys):
-    from model_store import build
-
-    built = []
-    monkeypatch.setattr(build, "archive", lambda model, variant: built.append((model.name, variant.name)))
-    monkeypatch.setattr(build.Variant, "refusal", lambda self: "no bf16 here" if self.name == "openvino-bf16" else "")
-    build.main(["--models", "resnet50", "--variants", "openvino-bf16,eager", "--where-supported"])
-    assert built == [("resnet50", "eager")]
-    assert "openvino-bf16 skipped on this CPU: no bf16 here" in capsys.readouterr().out
+    assert samples.held_out_body(0) == handler.synthetic_body(CALIBRATION_COUNT)  # no samples: synthetic ones
+    assert len(samples.calibration_bodies()) == CALIBRATION_COUNT and served
 
 
 def test_a_text_model_with_a_small_vocabulary_warms_up_and_answers(tmp_path, tiny_bert_config):

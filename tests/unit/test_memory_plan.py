@@ -1,5 +1,5 @@
 """Memory in the plan: footprints measured from /proc, recorded beside archives, and layouts that
-fit a budget on the machine classes of tests/unit/test_plan.py (injected topologies)."""
+fit a budget on the machine classes of tests/machines.py (injected topologies)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kit.footprint import Footprint, footprint_file, measure, record, recorded
 from kit.plan import Demand, Layout, PlanError, place, plan_layout
 from kit.serve_config import ConfigError, ServeConfig, jvm_args
 from kit.topology import Memory, TopologyError, kb_fields, meminfo_bytes
-from tests.unit.test_plan import FIXTURES, MACHINES, machine
+from tests.machines import FIXTURES, MACHINES, machine
 
 GiB, MiB = 2**30, 2**20
 # What warmed workers held here (make serve, 2-core AMD EPYC): Inductor BERT ~1.3 GB, ResNet-50

@@ -8,7 +8,8 @@ import json
 import pytest
 import yaml
 
-from handlers.settings import ImageSettings, SettingsError, TextSettings, parse_settings
+from handlers.settings import ImageSettings, TextSettings
+from handlers.typed_config import SettingsError, parse_settings
 from kit import models
 from kit.models import Medium, Model, SourceKind, Task, model_names, parse_model
 from model_store import huggingface

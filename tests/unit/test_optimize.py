@@ -20,8 +20,9 @@ from handlers.architectures.text import BertClassifier
 from handlers.backends import Backend, DType
 from handlers.backends.common import BackendUnavailable, CompileError
 from handlers.optimize import optimize
-from handlers.settings import ImageSettings, SettingsError, TextSettings, parse_settings
+from handlers.settings import ImageSettings, TextSettings
 from handlers.text_classification import text_example
+from handlers.typed_config import SettingsError, parse_settings
 
 # Inductor reorders float reductions (and folds BN into conv under freezing): fp32 agrees to ~1e-5.
 FP32_TOL = {"rtol": 1e-4, "atol": 1e-4}

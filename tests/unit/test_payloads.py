@@ -52,8 +52,9 @@ def test_every_task_has_a_default_and_written_files_keep_their_bytes(tmp_path):
 
 
 def test_a_tensor_models_payload_is_one_request_its_handler_decodes(tmp_path):
-    from handlers.settings import TensorSettings, parse_settings
+    from handlers.settings import TensorSettings
     from handlers.tensor import TensorHandler
+    from handlers.typed_config import parse_settings
 
     handler_settings = {"input_shapes": [[2, 3], [4]], "input_dtypes": ["float32", "int64"]}
     model = parse_model("ranker", {"source": {"exported": "r.pt2"}, "task": "tensor", "handler": handler_settings})

@@ -15,7 +15,8 @@ from handlers.backends.aoti import package_name
 from handlers.backends.common import BuildSpec
 from handlers.optimize import graphs_compiled
 from handlers.precompile import precompile
-from handlers.settings import ImageSettings, SettingsError, parse_settings
+from handlers.settings import ImageSettings
+from handlers.typed_config import SettingsError, parse_settings
 from tests.conftest import encode_image
 from tests.unit.test_handlers import image_handler, serve, statuses
 
@@ -150,9 +151,9 @@ def test_the_build_checks_the_artifact_on_your_samples_and_records_the_agreement
     import json
 
     from handlers.accuracy import ACCURACY_FILE
-    from handlers.calibration import SAMPLES_DIR
     from handlers.loaders import load_model
     from handlers.precompile import check_artifact
+    from handlers.samples import SAMPLES_DIR
 
     (exported_cnn / SAMPLES_DIR).mkdir()
     photos = [encode_image("RGB", (100 + 7 * i, 80)) for i in range(8)]
@@ -160,8 +161,8 @@ def test_the_build_checks_the_artifact_on_your_samples_and_records_the_agreement
         (exported_cnn / SAMPLES_DIR / str(index)).write_bytes(photo)
     settings = {"architecture": "exported-program", "backend": "openvino", "dtype": "int8"}
     handler = bare_handler("image_classification.py", settings, exported_cnn)
-    assert len(handler.calibration()) == 6  # 8 samples: a quarter held out for the guard
-    held = handler.held_out(3)
+    assert len(handler.samples.calibration()) == 6  # 8 samples: a quarter held out for the guard
+    held = handler.samples.held_out(3)
     torch.testing.assert_close(held[0][0][0], handler.decode({"body": photos[6]})[0])
     torch.testing.assert_close(held[2][0][0], held[0][0][0])  # fewer held out than asked: they repeat
     model = load_model(handler.settings, exported_cnn)
@@ -187,15 +188,15 @@ def test_the_build_checks_the_artifact_on_your_samples_and_records_the_agreement
 
 
 def test_a_sample_the_handler_cannot_decode_stops_the_build_by_name(exported_cnn):
-    from handlers.calibration import SAMPLES_DIR
     from handlers.payload import InvalidInput
+    from handlers.samples import SAMPLES_DIR
 
     (exported_cnn / SAMPLES_DIR).mkdir()
     for index in range(4):
         (exported_cnn / SAMPLES_DIR / str(index)).write_bytes(b"not an image")
     handler = bare_handler("image_classification.py", {"architecture": "exported-program"}, exported_cnn)
     with pytest.raises(InvalidInput, match="a sample given with SAMPLES= cannot be served: .*not a decodable image"):
-        handler.calibration()
+        handler.samples.calibration()
 
 
 class TabularMLP(torch.nn.Module):
@@ -219,9 +220,9 @@ def test_an_int8_build_off_by_a_fifth_is_repaired_or_refused_never_installed_as_
     from handlers.accuracy import TOLERANCES, Answer, relative_errors
     from handlers.backends import DType
     from handlers.backends import openvino as ov_backend
-    from handlers.calibration import SAMPLES_DIR
     from handlers.loaders import load_model
     from handlers.precompile import check_artifact
+    from handlers.samples import SAMPLES_DIR
 
     torch.manual_seed(0)
     model = TabularMLP().eval()
@@ -239,7 +240,7 @@ def test_an_int8_build_off_by_a_fifth_is_repaired_or_refused_never_installed_as_
         expected = model(rows)
     # The case is real: plain static int8 is off by more than the limit on some of these rows.
     plain = ov_backend.quantize_int8(
-        ov_backend.convert(model, handler.settings, (rows[:2],)), handler.calibration(), False
+        ov_backend.convert(model, handler.settings, (rows[:2],)), handler.samples.calibration(), False
     )
     import openvino as ov
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.payloads import default_payload, write_payload
-from handlers.settings import SettingsError
+from handlers.typed_config import SettingsError
 from kit.models import Medium, parse_model
 from kit.samples import MIN_SAMPLES, read_samples
 from tests.conftest import encode_image

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from handlers.settings import Diagnostics, parse_settings
+from handlers.switches import Diagnostics
+from handlers.typed_config import parse_settings
 from kit.paths import STORE
 from kit.serve_config import Allocator, ConfigError, Placement, ServeConfig, launcher_args, render, worker_environment
 from kit.topology import parse_topology

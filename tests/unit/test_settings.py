@@ -1,14 +1,8 @@
 import pytest
 
 from handlers.backends import Backend, DType
-from handlers.settings import (
-    Architecture,
-    CompileMode,
-    ImageSettings,
-    SettingsError,
-    TextSettings,
-    parse_settings,
-)
+from handlers.settings import Architecture, CompileMode, ImageSettings, TextSettings
+from handlers.typed_config import SettingsError, parse_settings
 
 
 def test_defaults_when_section_missing():

@@ -78,7 +78,7 @@ def test_each_failure_fails_its_check(change, check):
 
 
 def test_kill_model_must_be_served():
-    from handlers.settings import SettingsError
+    from handlers.typed_config import SettingsError
 
     with pytest.raises(SettingsError, match="kill_model 'bert' is not among"):
         SoakSettings(models=("resnet50",), kill_model="bert")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.tune import fastest_layout
-from handlers.settings import parse_settings
+from handlers.typed_config import parse_settings
 from kit.serve_config import ServeConfig
 from tests.unit.test_bench import row_result
 

@@ -1,0 +1,46 @@
+"""model_store/build.py: what the archive build checks before and while it builds."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from handlers.typed_config import parse_settings
+
+
+def test_model_files_parse_into_settings():
+    from handlers.archive import handler_class
+    from kit.models import Model, SourceKind, model_names
+    from kit.variant import Variant, variant_names
+    from model_store.build import merged_config
+    from model_store.recipes import RECIPES
+
+    for model in map(Model.load, model_names()):
+        if model.source.kind is SourceKind.RECIPE:
+            assert model.source.location in RECIPES, f"{model.file}: no recipe {model.source.location!r}"
+        for name in variant_names():
+            variant = Variant.load(name)
+            merged = merged_config(model.serving, variant.overlay)
+            settings = parse_settings(handler_class(model.task.handler).settings_class, merged["handler"])  # raises
+            assert (settings.backend, settings.dtype) == (variant.backend, variant.dtype)
+
+
+def test_archive_build_stops_early_when_the_disk_is_nearly_full(tmp_path, monkeypatch):
+    from model_store import build
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(build.shutil, "disk_usage", lambda path: usage._replace(free=int(1.5e9)))
+    with pytest.raises(SystemExit, match=rf"1.5 GB free in {tmp_path}; building inductor/bert.mar needs 4 GB"):
+        build.require_free_space([tmp_path], "inductor/bert.mar")
+
+
+def test_the_build_skips_a_variant_this_cpu_cannot_serve_only_when_asked(monkeypatch, capsys):
+    from model_store import build
+
+    built = []
+    monkeypatch.setattr(build, "archive", lambda model, variant: built.append((model.name, variant.name)))
+    monkeypatch.setattr(build.Variant, "refusal", lambda self: "no bf16 here" if self.name == "openvino-bf16" else "")
+    build.main(["--models", "resnet50", "--variants", "openvino-bf16,eager", "--where-supported"])
+    assert built == [("resnet50", "eager")]
+    assert "openvino-bf16 skipped on this CPU: no bf16 here" in capsys.readouterr().out
