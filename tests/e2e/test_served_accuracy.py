@@ -87,6 +87,7 @@ def test_every_installed_quantized_variant_answers_within_its_tolerance(variant,
             over = sum(1 for error in errors if not error <= limit)  # NaN fails
             verdicts.append((model, len(errors), max(errors), over, limit))
         report = "; ".join(f"{m}: {n} answers, worst {w:.3g}, {o} over {t:.3g}" for m, n, w, o, t in verdicts)
+        print(f"[served accuracy] {variant}: {report}")  # pytest -s shows it: the numbers docs/backends.md quotes
         assert all(over == 0 for _, _, _, over, _ in verdicts), f"{variant}: {report}"
         assert all(count >= HELD_OUT_SYNTHETIC for _, count, _, _, _ in verdicts), report
     finally:
