@@ -43,7 +43,8 @@ def served_probability_error(served: dict[str, float], expected: torch.Tensor, l
     indices = [names.index(label) for label in served]
     sent = torch.tensor(list(served.values()))
     difference = (sent - eager[indices]).abs().max().item()
-    flip_margin = (eager.max() - eager[indices[0]]).item()  # served top-1 vs eager's own top-1
+    served_top = indices[int(sent.argmax())]  # a classifier may send its classes in index order
+    flip_margin = (eager.max() - eager[served_top]).item()  # eager's own top-1 against the served one
     return max(difference, flip_margin)
 
 
@@ -92,3 +93,20 @@ def test_every_installed_quantized_variant_answers_within_its_tolerance(variant,
         assert all(count >= HELD_OUT_SYNTHETIC for _, count, _, _, _ in verdicts), report
     finally:
         server.stop()
+
+
+def test_the_served_probability_error_is_the_guards_metric():
+    # Two classes sent in index order, and five of many sent in probability order.
+    labels = Labels(prefix="LABEL_")
+    logits = torch.tensor([0.2, 0.9])
+    eager = logits.softmax(0)
+    same = {"LABEL_0": float(eager[0]), "LABEL_1": float(eager[1])}
+    assert served_probability_error(same, logits, labels) == pytest.approx(0.0, abs=1e-7)
+    flipped = {"LABEL_0": 0.55, "LABEL_1": 0.45}  # top-1 changed: eager's margin counts
+    margin = float(eager[1] - eager[0])
+    assert served_probability_error(flipped, logits, labels) == pytest.approx(max(margin, abs(0.55 - eager[0])))
+    many = torch.arange(10.0)
+    top5 = {f"LABEL_{i}": float(many.softmax(0)[i]) for i in (9, 8, 7, 6, 5)}
+    assert served_probability_error(top5, many, labels) == pytest.approx(0.0, abs=1e-7)
+    accuracy = relative_errors(torch.tensor([[1.1, 0.0]]), torch.tensor([[1.0, 0.0]]))
+    assert accuracy.item() == pytest.approx(0.1)  # an embedder's error sees scale
