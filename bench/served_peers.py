@@ -38,6 +38,7 @@ from kit.variant import Variant
 READY_DEADLINE_S = 300  # both frameworks load the IR in each worker: seconds here
 STOP_TIMEOUT_S = 20
 PEER_GROUP = "peer server"  # every process of the peer: its own API/worker split is not the kit's
+EXTRACTED = "extracted"  # under a row's output directory: the archive a peer serves, unpacked
 
 
 class PeerServer:
@@ -109,7 +110,7 @@ def run_served_peer(peer: ServedPeer, model: str, payload: Payload, run: RunSett
     concurrency = peer.concurrency or run.concurrency
     name = row_name(peer, run)
     log_path = peer_log(peer, model, run, out_dir)
-    server = start_on_fresh_ports(lambda: PeerServer(peer, model, log_path, out_dir / "extracted"),
+    server = start_on_fresh_ports(lambda: PeerServer(peer, model, log_path, out_dir / EXTRACTED),
                                   PeerServer.wait_ready, keep=log_path)  # fmt: skip
     try:
         ready_s = time.monotonic() - server.started_at

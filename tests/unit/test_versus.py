@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from bench.plan import PlanError, load_plan, parse_plan
-from bench.results import BenchRun, RowFailure
+from bench.results import BenchRun, RowFailure, RowResult
+from bench.served_peers import EXTRACTED
 from bench.versus import Entry, entries, run_rounds
 from bench.versus_report import compare, summarize_entries, write_versus_report
 from tests.unit.test_bench import ENVIRONMENT, row_result
@@ -95,13 +96,19 @@ def test_rounds_alternate_the_order_and_number_each_result(tmp_path, monkeypatch
 
     def entry(label: str) -> Entry:
         failure = RowFailure("resnet50", label, "served", False, "", "")
-        return Entry(label, failure, lambda out_dir: order.append(label) or row_result(name=label),
-                     lambda round_dir: round_dir / label)  # fmt: skip
+
+        def measure(out_dir: Path) -> RowResult:
+            (out_dir / EXTRACTED / label).mkdir(parents=True, exist_ok=True)  # as a peer unpacks its archive
+            order.append(label)
+            return row_result(name=label)
+
+        return Entry(label, failure, measure, lambda round_dir: round_dir / label)
 
     monkeypatch.setattr("bench.versus.entries", lambda run: [entry("kit a"), entry("kit b"), entry("peer")])
     run_rounds(run, tmp_path)
     assert order == ["kit a", "kit b", "peer", "peer", "kit b", "kit a", "kit a", "kit b", "peer"]
     assert [r.round for r in run.results] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert not list(tmp_path.glob(f"round-*/{EXTRACTED}"))  # unpacked archives do not outlive their round
 
 
 def test_a_plan_sets_rounds_warm_up_seconds_and_a_rows_itt():
