@@ -2,7 +2,7 @@
 
     server = Server(ServeConfig.from_preset("optimized"), run_dir=Path("logs"))
     server.start(); server.wait_ready(deadline_s=900); ...; server.stop()
-    server.api.url("inference", "/predictions/bert")     # its APIs (kit/server_api.py)
+    server.api.url("inference", "/predictions/mine")     # its APIs (kit/server_api.py)
     server.logs.tail(server.logs.model_log)               # its logs (kit/server_logs.py)
 
 Each instance lives in its own run directory (config, logs, TMPDIR, token key file, state),

@@ -2,8 +2,8 @@
 management API's view of the models and their workers.
 
     api = server.api
-    requests.post(api.url("inference", "/predictions/bert"), data=b"...", headers=api.headers("inference"))
-    [w.process.pid for w in api.workers() if w.model == "bert"]
+    requests.post(api.url("inference", f"/predictions/{model}"), data=body, headers=api.headers("inference"))
+    [w.process.pid for w in api.workers() if w.model == model]
 """
 
 from __future__ import annotations
