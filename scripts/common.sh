@@ -13,11 +13,13 @@ need_space() {
 }
 
 # pip, without its notes about index directories that do not list a package. (`|| true`: grep
-# fails when it prints nothing, and pipefail must only see pip's status.)
+# fails when it prints nothing, and pipefail must only see pip's status.) No cache: pip's would
+# keep a second copy of every wheel downloaded (torch 2.8 and its CUDA libraries alone ~3.5 GB),
+# which on a fresh machine left too little disk for the image build after it.
 quiet_pip() {
     local pip="$1"
     shift
-    "$pip" install --quiet --progress-bar off "$@" 2>&1 \
+    "$pip" install --quiet --progress-bar off --no-cache-dir "$@" 2>&1 \
         | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 }
 

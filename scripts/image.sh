@@ -44,7 +44,7 @@ wheelhouse() {
     fi
     step "wheelhouse: downloading the pinned packages of requirements/image.txt into $WHEELS"
     rm -rf "$WHEELS"
-    "$ROOT/.venv/bin/pip" download --quiet --progress-bar off -d "$WHEELS" \
+    "$ROOT/.venv/bin/pip" download --quiet --progress-bar off --no-cache-dir -d "$WHEELS" \
         -c "$ROOT/requirements/constraints.txt" -r "$ROOT/requirements/image.txt" 2>&1 \
         | { grep -v "is ignored: it is neither a file nor a directory" || true; }
     echo "$hash" >"$stamp"
@@ -88,8 +88,9 @@ local_base() {
 }
 
 build() {
-    local base="${BASE:-$LOCAL_BASE}" start=$SECONDS
+    local base="${BASE:-$LOCAL_BASE}" start=$SECONDS previous
     [[ -n "$BASE" ]] || local_base
+    previous="$("$BUILDER" image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
     step "building $IMAGE from $base with $BUILDER"
     if [[ "$BUILDER" == podman ]]; then
         # --isolation=chroot: this sandbox cannot create the namespaces of podman's default
@@ -101,9 +102,16 @@ build() {
     fi
     local bytes
     bytes="$("$BUILDER" image inspect --format '{{.Size}}' "$IMAGE")"
+    # The image this tag named before is left untagged, and each rebuild would keep its changed
+    # layers (the archives' alone ~0.6 GB). Refused while a container still runs it: then it stays.
+    if [[ -n "$previous" && "$previous" != "$("$BUILDER" image inspect --format '{{.Id}}' "$IMAGE")" ]]; then
+        "$BUILDER" rmi "$previous" >/dev/null 2>&1 || true
+    fi
     step "built $IMAGE in $((SECONDS - start)) s: $((bytes / 1000 / 1000)) MB"
 }
 
+# Measured from an empty image store: 7.1 GB used at the build's peak (wheelhouse, the base's root
+# file system, the layers and the build container holding the same files), 2.9 GB after it.
 need_space "$ROOT" 8 "the image build (wheelhouse, context and image layers)"
 wheelhouse
 stage_context

@@ -43,7 +43,7 @@ install_system_packages() {
 
 create_venv() {
     if [[ ! -x "$VENV/bin/python" ]]; then
-        need_space "$ROOT" 3 "$VENV (torch, TorchServe, OpenVINO, ONNX Runtime: ~2 GB, plus pip's cache)"
+        need_space "$ROOT" 3 "$VENV (torch, TorchServe, OpenVINO, ONNX Runtime: ~2 GB)"
         step "creating $VENV with $($PYTHON --version)"
         "$PYTHON" -m venv "$VENV"
     fi

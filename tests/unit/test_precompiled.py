@@ -4,6 +4,8 @@ int8 calibration, then the real handler loading the artifacts and serving batche
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 
 import pytest
 import torch
@@ -118,6 +120,19 @@ def test_a_precompiled_worker_checks_the_shipped_reference_without_the_eager_mod
     Reference(reference.inputs, [-output for output in reference.outputs]).save(aoti_archive)
     with pytest.raises(AccuracyError, match="backend 'aoti' answers differently from eager on"):
         image_handler(aoti_archive, backend="aoti")
+
+
+def test_a_loaded_package_leaves_no_files_behind_and_still_answers(aoti_archive, tmp_path, monkeypatch):
+    # A worker TorchServe kills never runs the loader's destructor, which was what deleted its files.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setenv("TMPDIR", "/a/tmpdir/of/the/user")
+    handler, context = image_handler(aoti_archive, backend="aoti")
+    assert list(scratch.iterdir()) == []
+    assert os.environ["TMPDIR"] == "/a/tmpdir/of/the/user"
+    serve(handler, context, [{"body": encode_image("RGB", (64, 64))}])  # the mapped library outlives its file
+    assert statuses(context) == [200] and 0 <= handler.optimized.accuracy_error < 1e-4
 
 
 def test_a_package_for_a_newer_cpu_is_refused_by_name(aoti_archive, monkeypatch):
