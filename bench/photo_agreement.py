@@ -1,6 +1,6 @@
 """Does the kit's reduced JPEG decoding change a real classifier's answers? Top-1 agreement and
 probability difference against the whole decode, on framings of real photographs sent as 12 MP
-phone JPEGs (what `make bench-preprocess` reports and tests/unit/test_image.py asserts).
+phone JPEGs (what `make bench-preprocess` reports and tests/unit/handlers/test_image.py asserts).
 
     views = phone_views(centred_only=True)       # [JPEG bytes, ...]
     for result in compare(views):                # one Agreement per preprocessing path

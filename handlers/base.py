@@ -45,7 +45,7 @@ from handlers.payload import (
 from handlers.samples import Samples, UserSamples
 from handlers.settings import OptimizationSettings
 from handlers.stages import Stage, StageClock, now
-from handlers.switches import Diagnostics
+from handlers.switches import Diagnostics, WorkerDirs
 from handlers.typed_config import parse_settings
 
 log = logging.getLogger(__name__)
@@ -94,11 +94,9 @@ class OptimizedHandler(abc.ABC):
         self.model_dir = context.system_properties["model_dir"]
         self.settings = parse_settings(self.settings_class, (context.model_yaml_config or {}).get("handler"))
         self.buckets = self.settings.serving_buckets(int(context.system_properties.get("batch_size") or 1))
-        self.diagnostics = Diagnostics.from_environment()
-        self.stages = StageClock(self.model_name, self.diagnostics.stages_dir)
-        self.profiler = RequestProfiler(
-            self.diagnostics.profile_requests, self.diagnostics.profile_dir, self.model_name
-        )
+        self.diagnostics, dirs = Diagnostics.from_environment(), WorkerDirs.from_environment()
+        self.stages = StageClock(self.model_name, dirs.stages)
+        self.profiler = RequestProfiler(self.diagnostics.profile_requests, dirs.profile, self.model_name)
         self.load_files(self.model_dir)
 
         start = time.perf_counter()

@@ -75,7 +75,7 @@ def resize_and_crop(
     """torchvision's Resize(size) + CenterCrop(crop), computing only the cropped pixels: PIL
     resamples the crop's box of the source straight to crop x crop (its filter still reads the
     pixels around the box, as the whole resize would). Within one 8-bit level of resizing the
-    whole image and cropping it, at ~40-60 % less time (tests/unit/test_image.py)."""
+    whole image and cropping it, at ~40-60 % less time (tests/unit/handlers/test_image.py)."""
     width, height = image.size
     scale = size / min(width, height)
     resized = (max(1, round(width * scale)), max(1, round(height * scale)))

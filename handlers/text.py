@@ -26,7 +26,7 @@ class Encoded:
 
 def load_tokenizer(model_dir: str | Path, pad_token: str = "[PAD]"):
     # The Rust tokenizer alone (what transformers' fast tokenizers wrap): importing transformers
-    # for it cost a text worker's start ~0.8 s. tests/unit/test_text.py checks that both give the
+    # for it cost a text worker's start ~0.8 s. tests/unit/handlers/test_text.py checks that both give the
     # same ids, masks and truncation.
     from tokenizers import Tokenizer
 

@@ -44,6 +44,12 @@ def _coerce(name: str, kind: Any, value: Any) -> Any:
             _coerce(f"{name} key", key_kind, key): _coerce(f"{name}.{key}", value_kind, item)
             for key, item in value.items()
         }
+    # A section of its own. (Anything else is left to the class holding it: a Variant is named.)
+    if dataclasses.is_dataclass(kind) and isinstance(value, Mapping):
+        try:
+            return parse_settings(kind, value)
+        except SettingsError as error:
+            raise SettingsError(f"{name}: {error}") from None
     if isinstance(kind, type) and issubclass(kind, enum.Enum):
         try:
             return kind(value)

@@ -64,10 +64,9 @@ def config_of(args: argparse.Namespace) -> ServeConfig:
         overrides["models"] = tuple(args.models.split(","))
     if args.bind:
         overrides["bind"] = args.bind
-    if args.profile_requests:
-        overrides["profile_requests"] = args.profile_requests
-    if args.itt_ops:
-        overrides["itt_ops"] = True
+    switches = {"profile_requests": args.profile_requests, "itt_ops": args.itt_ops}
+    if any(switches.values()):
+        overrides["diagnostics"] = {name: value for name, value in switches.items() if value}
     if args.itt_trace:
         overrides["itt_trace_dir"] = str(ITT_DIR)
     if args.memory:

@@ -53,6 +53,9 @@ class Medium(enum.StrEnum):
 class TaskTraits:
     handler: str  # file under handlers/
     medium: Medium
+    # How a Hugging Face config.json's `architectures` names a model of the task (`make model`
+    # without TASK=): "BertForSequenceClassification" ends with "ForSequenceClassification".
+    architecture_suffix: str = ""
 
 
 class Task(enum.StrEnum):
@@ -71,8 +74,8 @@ class Task(enum.StrEnum):
 
 
 TASKS = {
-    Task.IMAGE_CLASSIFICATION: TaskTraits("image_classification.py", Medium.IMAGE),
-    Task.TEXT_CLASSIFICATION: TaskTraits("text_classification.py", Medium.TEXT),
+    Task.IMAGE_CLASSIFICATION: TaskTraits("image_classification.py", Medium.IMAGE, "ForImageClassification"),
+    Task.TEXT_CLASSIFICATION: TaskTraits("text_classification.py", Medium.TEXT, "ForSequenceClassification"),
     Task.FEATURE_EXTRACTION: TaskTraits("sentence_embedding.py", Medium.TEXT),
     Task.TENSOR: TaskTraits("tensor.py", Medium.TENSOR),
 }

@@ -31,7 +31,7 @@ LAYOUT_VAR = "KIT_LAYOUT"  # the plan: run_dir/layout.json
 PYTHON_VAR = "KIT_WORKER_PYTHON"  # the environment's python that runs the worker
 ALLOCATOR_DIR_VAR = "KIT_ALLOCATOR_DIR"  # where lib<allocator>.so are: the environment's lib/
 # Allocator.DEFAULT's value (kit/plan.py), glibc malloc: nothing preloaded. Spelled out because
-# this script imports nothing of the kit; tests/unit/test_pin_worker.py keeps the two equal.
+# this script imports nothing of the kit; tests/unit/kit/test_pin_worker.py keeps the two equal.
 GLIBC_MALLOC = "default"
 TS_WORKER = "model_service_worker.py"  # the script TorchServe's frontend starts
 KIT_WORKER_MODULE = "handlers.worker"  # run with -m from the archive's directory, the worker's cwd

@@ -135,12 +135,9 @@ class ServeConfig:
     # C2 was still compiling TorchServe's request path minutes into a load, ~0.5 ms of CPU per
     # request on the cores the workers need, for no cheaper request after (`make bench PLAN=versus`).
     frontend_jvm_args: str = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
-    # Diagnostics (handlers/diagnostics.py): a profiler trace of each worker's first N inference
-    # calls into logs/profile/, and op-level ITT ranges for VTune.
-    profile_requests: int = 0
-    itt_ops: bool = False
-    # Decode JPEGs whole instead of at a reduced DCT scale: the bench's before/after for large photos.
-    whole_jpeg_decode: bool = False
+    # What the workers record or do differently (handlers/switches.py), e.g.
+    # `diagnostics: {profile_requests: 20}`: a profiler trace of each worker's first 20 calls.
+    diagnostics: Diagnostics = Diagnostics()
     # Record every worker's ITT ranges into this directory with the kit's collector (kit/itt.py):
     # a timeline without VTune. "" = no collector (the ranges cost nothing then).
     itt_trace_dir: str = ""
@@ -152,6 +149,8 @@ class ServeConfig:
             model: Variant.load(variant) if isinstance(variant, str) else variant
             for model, variant in self.model_variants.items()
         })  # fmt: skip
+        if not isinstance(self.diagnostics, Diagnostics):
+            raise ConfigError(f"diagnostics must be a mapping (key: value), got {self.diagnostics!r}")
         strangers = sorted(set(self.model_variants) - set(self.models))
         if strangers:
             raise ConfigError(f"model_variants names {strangers}, which are not served (models: {list(self.models)})")
@@ -193,8 +192,6 @@ class ServeConfig:
             raise ConfigError(
                 f"allocator {self.allocator.value!r} is preloaded for pinned workers; set placement: plan or launcher"
             )
-        if self.profile_requests < 0:
-            raise ConfigError(f"profile_requests must be >= 0, got {self.profile_requests}")
         if self.max_request_mb < 1:
             raise ConfigError(f"max_request_mb must be >= 1, got {self.max_request_mb}")
         if self.batch_size < 1 or self.max_batch_delay_ms < 0:
@@ -303,7 +300,11 @@ class ServeConfig:
             choices = ", ".join(sorted(p.stem for p in PRESETS.glob("*.yaml")))
             raise ConfigError(f"preset {name!r} not found; choose one of: {choices}, or a path to a .yaml file")
         raw = yaml.safe_load(path.read_text()) or {}
-        return parse_settings(cls, {**raw, **overrides})
+        # A section given both ways (diagnostics) keeps the preset's keys the overrides leave out.
+        sections = {
+            k: {**raw[k], **v} for k, v in overrides.items() if isinstance(v, dict) and isinstance(raw.get(k), dict)
+        }
+        return parse_settings(cls, {**raw, **overrides, **sections})
 
 
 def free_ports_config(config: ServeConfig) -> ServeConfig:
@@ -392,11 +393,7 @@ def worker_environment(config: ServeConfig) -> dict[str, str]:
         env["OMP_NUM_THREADS"] = str(config.threads)  # the launcher and kit/pin_worker.py set it per worker
     if config.omp_wait_policy is not OmpWaitPolicy.DEFAULT:
         env["OMP_WAIT_POLICY"] = config.omp_wait_policy.value.upper()
-    env.update(
-        Diagnostics(
-            config.profile_requests, itt_ops=config.itt_ops, whole_jpeg_decode=config.whole_jpeg_decode
-        ).environment()
-    )
+    env.update(config.diagnostics.environment())
     if config.itt_trace_dir:
         env.update(collector_environment(Path(config.itt_trace_dir)))
     return env

@@ -21,7 +21,7 @@ from typing import Any
 from handlers.settings import Architecture, Fit, Pooling, Resample, TextSettings
 from handlers.typed_config import SettingsError
 from handlers.text import ENCODING_FIELDS, TOKENIZER_FILE
-from kit.models import Task
+from kit.models import TASKS, Task
 
 CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor_config.json"
@@ -180,11 +180,6 @@ DERIVERS: dict[Task, Callable[[Path, dict[str, Any]], Derived]] = {
     Task.TEXT_CLASSIFICATION: _text_classification,
     Task.FEATURE_EXTRACTION: _feature_extraction,
 }
-# config.json `architectures` suffix -> the task, for `make model` without TASK=.
-ARCHITECTURE_TASKS = {
-    "ForSequenceClassification": Task.TEXT_CLASSIFICATION,
-    "ForImageClassification": Task.IMAGE_CLASSIFICATION,
-}
 
 
 def derive(directory: Path, task: Task) -> Derived:
@@ -197,8 +192,8 @@ def guess_task(directory: Path) -> Task:
         return Task.FEATURE_EXTRACTION
     architectures = read_json(directory, CONFIG_FILE).get("architectures") or []
     for architecture in architectures:
-        for suffix, task in ARCHITECTURE_TASKS.items():
-            if architecture.endswith(suffix):
+        for task, traits in TASKS.items():
+            if traits.architecture_suffix and architecture.endswith(traits.architecture_suffix):
                 return task
     raise SourceError(
         f"config.json architectures {architectures} name no task the kit knows; give one: "

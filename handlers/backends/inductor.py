@@ -34,7 +34,7 @@ def _patch_linear_packing() -> type:
     Its weight-packing pass (torch 2.13, fx_passes/mkldnn_fusion.py) packs float32 linears for
     MKL unless the weight is low-precision or it compiles ahead of time (AOTInductor), where it
     takes oneDNN's op. Its two methods use the low-precision flag only for that choice, so the
-    patched ones pass True while the class's `onednn_linear` is set. tests/unit/test_optimize.py
+    patched ones pass True while the class's `onednn_linear` is set. tests/unit/handlers/test_optimize.py
     checks the op that runs: a torch upgrade that moves this fails there.
     """
     from torch._inductor.fx_passes import mkldnn_fusion

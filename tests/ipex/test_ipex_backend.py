@@ -21,7 +21,7 @@ from kit.variant import Variant  # noqa: E402
 
 # ipex.optimize folds BN and prepacks oneDNN weights, like Inductor's freezing: fp32 to ~1e-5.
 FP32_TOL = {"rtol": 1e-4, "atol": 1e-4}
-# bfloat16 keeps 8 mantissa bits: ~1e-2 relative on logits of this size (as tests/unit/test_optimize.py).
+# bfloat16 keeps 8 mantissa bits: ~1e-2 relative on logits of this size (as tests/unit/handlers/test_optimize.py).
 BF16_TOL = {"rtol": 5e-2, "atol": 5e-2}
 
 
@@ -61,7 +61,7 @@ def test_ipex_compile_keeps_to_float32():
 
 
 # Only a CPU that computes bf16 runs it (IPEX itself asserts so when it prepacks bf16 weights);
-# elsewhere the kit's refusal is what a user gets (tests/unit/test_optimize.py).
+# elsewhere the kit's refusal is what a user gets (tests/unit/handlers/test_optimize.py).
 @pytest.mark.skipif(bf16_isa(cpu_flags()) is None, reason="this CPU has neither AMX_BF16 nor AVX512_BF16")
 def test_bf16_matches_eager(tiny_cnn, tiny_bert_config):
     torch.manual_seed(0)

@@ -5,19 +5,17 @@ from pathlib import Path
 import pytest
 
 from handlers.switches import Diagnostics
-from handlers.typed_config import parse_settings
+from handlers.typed_config import SettingsError, parse_settings
 from kit.paths import STORE
 from kit.serve_config import Allocator, ConfigError, Placement, ServeConfig, launcher_args, render, worker_environment
 from kit.topology import parse_topology
 from tests.conftest import BUNDLED_MODELS
+from tests.machines import FIXTURES
 
 
 def properties(text: str) -> dict[str, str]:
     pairs = (line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
     return {key: value for key, value in pairs}
-
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "lscpu"
 
 
 def test_optimized_preset_renders_the_planned_workers():
@@ -130,13 +128,35 @@ def test_thread_environment_without_launcher():
 
 
 def test_diagnostics_reach_the_workers_environment():
-    config = ServeConfig.from_preset("optimized", profile_requests=20, itt_ops=True, whole_jpeg_decode=True)
+    switches = {"profile_requests": 20, "itt_ops": True, "whole_jpeg_decode": True}
+    config = ServeConfig.from_preset("optimized", diagnostics=switches)
     env = worker_environment(config)
     assert env["KIT_PROFILE_REQUESTS"] == "20" and env["KIT_ITT_OPS"] == "1" and env["KIT_WHOLE_JPEG_DECODE"] == "1"
     diagnostics = Diagnostics.from_environment(env)
     assert diagnostics.profile_requests == 20 and diagnostics.itt_ops and diagnostics.whole_jpeg_decode
     assert not Diagnostics.from_environment({}).whole_jpeg_decode
     assert "KIT_PROFILE_REQUESTS" not in worker_environment(ServeConfig.from_preset("optimized"))
+
+
+def test_a_diagnostics_override_keeps_the_presets_other_switches(tmp_path):
+    preset = tmp_path / "mine.yaml"
+    preset.write_text("diagnostics: {whole_jpeg_decode: true}\n")
+    config = ServeConfig.from_preset(str(preset), diagnostics={"profile_requests": 5})
+    assert config.diagnostics == Diagnostics(profile_requests=5, whole_jpeg_decode=True)
+
+
+@pytest.mark.parametrize(
+    "diagnostics, message",
+    [
+        ({"profile_requests": -1}, "profile_requests must be >= 0, got -1"),
+        ({"itt_op": True}, r"diagnostics: unknown setting\(s\) \['itt_op'\] for Diagnostics"),
+        ({"itt_ops": "yes"}, "itt_ops must be true or false, got 'yes'"),
+        (True, "diagnostics must be a mapping"),
+    ],
+)
+def test_a_wrong_diagnostics_section_is_refused_by_name(diagnostics, message):
+    with pytest.raises(SettingsError, match=message):
+        ServeConfig.from_preset("optimized", diagnostics=diagnostics)
 
 
 def test_openvino_workers_keep_glibc_malloc():

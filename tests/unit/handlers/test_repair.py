@@ -1,5 +1,5 @@
 """handlers/repair.py: the greedy int8 repair, on a stand-in backend whose error is a function
-of the operations kept in float (the real backends: tests/unit/test_precompiled.py)."""
+of the operations kept in float (the real backends: tests/unit/handlers/test_precompiled.py)."""
 
 from __future__ import annotations
 

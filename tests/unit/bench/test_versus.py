@@ -12,7 +12,7 @@ from bench.results import BenchRun, RowFailure, RowResult
 from bench.served_peers import EXTRACTED
 from bench.versus import Entry, entries, run_rounds
 from bench.versus_report import compare, summarize_entries, write_versus_report
-from tests.unit.test_bench import ENVIRONMENT, row_result
+from tests.unit.bench.test_bench import ENVIRONMENT, row_result
 
 
 def rounds(kind: str, name: str, speeds: list[float], concurrency: int = 4, **fields) -> list:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -22,8 +21,8 @@ from handlers.backends import DType
 from kit.models import Model
 from kit.topology import parse_topology
 from kit.variant import Variant
+from tests.machines import FIXTURES
 
-LSCPU = Path(__file__).resolve().parent.parent / "fixtures" / "lscpu"
 ENVIRONMENT = RunEnvironment("cpu", 2, "2.13.0", "0.12.0", "3.11", "abc", "d")
 
 AB_OUTPUT = """\
@@ -411,7 +410,7 @@ def test_short_text_is_checked_against_typical_on_the_same_configuration():
 
 
 def test_tune_searches_cores_per_worker_up_to_the_machines_l3_domain():
-    epyc = parse_topology((LSCPU / "epyc-96c-12ccd-smt.txt").read_text())
+    epyc = parse_topology((FIXTURES / "epyc-96c-12ccd-smt.txt").read_text())
     plan = parse_plan("tune", yaml.safe_load((PLANS / "tune.yaml").read_text()), epyc)
     names = sorted({row.name for row in plan.rows if row.name.startswith("plan cores per worker")})
     assert names == [f"plan cores per worker threads={n}" for n in (2, 4, 8)]
