@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from handlers.settings import TensorSettings, TensorType
-from handlers.typed_config import SettingsError, parse_settings
+from handlers.typed_config import SettingsError
 from kit.models import Medium, Model
 from kit.samples import Body, read_samples
 
@@ -109,7 +109,8 @@ def sentence(tokens: int = TEXT_TOKENS) -> str:
 
 def tensor_request(model: Model) -> str:
     """One request of a tensor model, shaped as its file declares: seeded normal floats, zero ids."""
-    settings = parse_settings(TensorSettings, model.handler_settings)
+    settings = model.settings
+    assert isinstance(settings, TensorSettings), f"{model.name} is not a tensor model"
     rng = np.random.default_rng(7)
     inputs = [
         rng.normal(size=shape).round(4) if dtype is TensorType.FLOAT32 else np.zeros(shape, dtype=dtype.value)

@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from handlers.settings import ImageSettings, OptimizationSettings, TensorSettings, TextSettings
 from handlers.typed_config import SettingsError, parse_settings
 from kit.paths import CONFIG, ROOT
 
@@ -53,6 +54,7 @@ class Medium(enum.StrEnum):
 class TaskTraits:
     handler: str  # file under handlers/
     medium: Medium
+    settings: type[OptimizationSettings]  # its handler's settings_class: what `handler:` may say
     # How a Hugging Face config.json's `architectures` names a model of the task (`make model`
     # without TASK=): "BertForSequenceClassification" ends with "ForSequenceClassification".
     architecture_suffix: str = ""
@@ -72,12 +74,20 @@ class Task(enum.StrEnum):
     def medium(self) -> Medium:
         return TASKS[self].medium
 
+    @property
+    def settings(self) -> type[OptimizationSettings]:
+        return TASKS[self].settings
+
 
 TASKS = {
-    Task.IMAGE_CLASSIFICATION: TaskTraits("image_classification.py", Medium.IMAGE, "ForImageClassification"),
-    Task.TEXT_CLASSIFICATION: TaskTraits("text_classification.py", Medium.TEXT, "ForSequenceClassification"),
-    Task.FEATURE_EXTRACTION: TaskTraits("sentence_embedding.py", Medium.TEXT),
-    Task.TENSOR: TaskTraits("tensor.py", Medium.TENSOR),
+    Task.IMAGE_CLASSIFICATION: TaskTraits(
+        "image_classification.py", Medium.IMAGE, ImageSettings, "ForImageClassification"
+    ),
+    Task.TEXT_CLASSIFICATION: TaskTraits(
+        "text_classification.py", Medium.TEXT, TextSettings, "ForSequenceClassification"
+    ),
+    Task.FEATURE_EXTRACTION: TaskTraits("sentence_embedding.py", Medium.TEXT, TextSettings),
+    Task.TENSOR: TaskTraits("tensor.py", Medium.TENSOR, TensorSettings),
 }
 
 
@@ -143,6 +153,9 @@ class Model:
     task: Task
     source: Source
     serving: dict[str, Any] = dataclasses.field(compare=False)  # TorchServe's model-config.yaml
+    # Its `handler:` section, parsed: a wrong key or value is an error wherever the file is read.
+    # (What the archive serves also has what the source implies: model_store/sources.py.)
+    settings: OptimizationSettings = dataclasses.field(compare=False, default_factory=OptimizationSettings)
     weights: str = ""  # absolute paths (a model file's relative ones are from the repository root)
     labels: str = ""
     samples: str = ""
@@ -158,6 +171,7 @@ class Model:
 
     @property
     def handler_settings(self) -> dict[str, Any]:
+        """The `handler:` keys the file gives, as written: they win over what the source implies."""
         return dict(self.serving.get("handler") or {})
 
     @property
@@ -180,7 +194,12 @@ def parse_model(name: str, raw: dict[str, Any]) -> Model:
     serving = {**SERVING_DEFAULTS, **{k: v for k, v in raw.items() if k not in KIT_KEYS}}
     weights, labels, samples = (str(ROOT / p) if p else "" for p in (spec.weights, spec.labels, spec.samples))
     targets = parse_settings(Targets, spec.targets)
-    return Model(name, spec.task, Source.parse(spec.source), serving, weights, labels, samples, targets)
+    try:
+        settings = parse_settings(spec.task.settings, serving.get("handler"))
+    except SettingsError as error:
+        raise SettingsError(f"handler: {error}") from None
+    source = Source.parse(spec.source)
+    return Model(name, spec.task, source, serving, settings, weights, labels, samples, targets)
 
 
 @functools.cache

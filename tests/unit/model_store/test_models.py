@@ -60,6 +60,27 @@ def test_a_model_file_is_checked_and_errors_say_how_to_fix_it(registry):
         Model.load("bad")
 
 
+def test_a_model_files_handler_section_is_parsed_by_its_tasks_settings_when_read(registry):
+    text = {"source": {"huggingface": "/data/roberta"}, "task": "text-classification"}
+    assert parse_model("m", {**text, "handler": {"max_length": 64}}).settings == TextSettings(max_length=64)
+    (registry / "typo.yaml").write_text(yaml.safe_dump({**text, "handler": {"max_lenght": 64}}))
+    with pytest.raises(
+        SettingsError, match=r"typo.yaml: handler: unknown setting\(s\) \['max_lenght'\] for TextSettings"
+    ):
+        Model.load("typo")  # at any command that reads the file, not at the archive build
+    with pytest.raises(SettingsError, match=r"handler: top_k must be >= 1, got 0"):
+        parse_model("m", {"source": {"huggingface": "/d"}, "task": "image-classification", "handler": {"top_k": 0}})
+
+
+@pytest.mark.parametrize("task", list(Task))
+def test_each_tasks_settings_are_its_handlers(task):
+    import importlib
+
+    module = importlib.import_module(f"handlers.{task.handler.removesuffix('.py')}")
+    handlers = [v for v in vars(module).values() if isinstance(v, type) and v.__module__ == module.__name__]
+    assert {h.settings_class for h in handlers if hasattr(h, "settings_class")} == {task.settings}
+
+
 def test_make_model_writes_a_file_the_registry_reads(registry, hf_dirs, tmp_path):
     path = write_model_file("mine", hf_dirs["text"], task=None)
     model = Model.load("mine")
