@@ -30,7 +30,8 @@ from handlers.backends import DType
 from handlers.backends.common import CompileError, Inputs, to_layout
 from handlers.settings import OptimizationSettings
 
-REFERENCE_FILE = "reference.pt"  # in precompiled archives
+# In precompiled archives, and in those a worker compiles at reduced precision (precompile.py).
+REFERENCE_FILE = "reference.pt"
 ACCURACY_FILE = "accuracy.json"  # in precompiled archives: what the build measured (handlers/precompile.py)
 
 
@@ -187,6 +188,10 @@ class Reference:
     def of(cls, model: nn.Module, inputs: Sequence[Inputs], channels_last: bool) -> Reference:
         with torch.inference_mode():
             return cls(list(inputs), [model(*to_layout(batch, channels_last)) for batch in inputs])
+
+    @staticmethod
+    def shipped(model_dir: Path | None) -> bool:
+        return model_dir is not None and (model_dir / REFERENCE_FILE).is_file()
 
     def save(self, model_dir: Path) -> None:
         torch.save({"inputs": self.inputs, "outputs": self.outputs}, model_dir / REFERENCE_FILE)

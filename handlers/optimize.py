@@ -121,7 +121,8 @@ def optimize(
     `checks` (default: the examples) with eager, judging what a client is answered (`answer`:
     a classifier's handler passes PROBABILITIES; VALUES judges the raw output, the stricter). int8 needs realistic checks: random token ids
     are far outside what it was calibrated on. A precompiled backend checks against the archive's
-    Reference instead and needs no `model` (None: loaded only if it falls back to eager)."""
+    Reference instead and needs no `model` (None: loaded only if it falls back to eager); so does
+    one compiled here at reduced precision, whose archive ships the build's evidence."""
     require_dtype_supported(settings.dtype)
     precompiled = settings.traits.precompiled
     if model is None and not precompiled:
@@ -137,7 +138,7 @@ def optimize(
         )
         if settings.backend is Backend.EAGER:
             return optimized  # the reference itself
-        if precompiled:
+        if precompiled or Reference.shipped(model_dir):  # judged on the evidence the build shipped
             reference = Reference.load(spec.archive())
         else:
             # Float32 eager, whatever the precision: the answers users would get without the kit.

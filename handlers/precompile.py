@@ -2,6 +2,7 @@
 
     precompile(handler, model, staging_dir)           # called by model_store/build.py
     check = check_artifact(handler, model, staging_dir)    # the worker's guard, now; AccuracyError if it fails
+    ship_evidence(handler, model, staging_dir)        # a variant compiled in the worker at bf16: what it judges on
 
 The handler supplies what the artifact must fit: its settings, the served example shapes
 and representative inputs (`sample`) for int8 calibration, decoded as requests are. Beside
@@ -31,10 +32,11 @@ from handlers.accuracy import (
     judge,
     tolerance,
 )
-from handlers.backends import precompiler
+from handlers.backends import Backend, DType, precompiler
 from handlers.backends.common import Inputs
 from handlers.base import OptimizedHandler
 from handlers.calibration import CALIBRATION_COUNT
+from handlers.settings import OptimizationSettings
 
 
 def precompile(handler: OptimizedHandler, model: nn.Module, out_dir: Path, progress: Callable[[str], None] = print):
@@ -48,6 +50,27 @@ def precompile(handler: OptimizedHandler, model: nn.Module, out_dir: Path, progr
     # What the worker's accuracy guard compares the artifact with, at the smallest served batch.
     size = settings.serving_buckets(1)[0]
     Reference.of(model, handler.samples.checks(size), settings.channels_last).save(out_dir)  # float32 eager's answers
+
+
+def judged_in_worker(settings: OptimizationSettings) -> bool:
+    """A backend the worker compiles, at a precision that changes answers (bf16): its archive ships
+    float eager's answers on every input of the build's evidence (`ship_evidence`), and each worker
+    judges what it compiled on all of them before it serves, not on a few check batches."""
+    return (
+        not settings.traits.precompiled
+        and settings.backend is not Backend.EAGER
+        and settings.dtype is not DType.FLOAT32
+    )
+
+
+def ship_evidence(handler: OptimizedHandler, model: nn.Module, out_dir: Path) -> int:
+    """Write the Reference a `judged_in_worker` variant's workers judge on; returns its inputs' count."""
+    size = handler.settings.serving_buckets(1)[0]  # what a lone request is served at
+    batches = [
+        handler.collate([inputs], size) for found in evidence(handler) if found.decisive for inputs in found.inputs
+    ]
+    Reference.of(model, batches, handler.settings.channels_last).save(out_dir)
+    return len(batches)
 
 
 # A build judged on fewer held-out inputs than this says so: in issue 39 a quarter of 16 samples,

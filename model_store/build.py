@@ -70,15 +70,22 @@ def inputs_digest(*parts: object) -> str:
 
 
 def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label: str) -> None:
-    """Precompiled backends (aoti, openvino): compile and calibrate now, ship the artifact."""
+    """Precompiled backends (aoti, openvino): compile and calibrate now, ship the artifact. A backend
+    the worker compiles at bf16: ship the evidence its workers judge it on."""
     from handlers.loaders import load_model
     from handlers.accuracy import AccuracyError
     from handlers.backends import DType, cpu_refusal
     from handlers.samples import HELD_OUT_SHARE
-    from handlers.precompile import HELD_OUT_WANTED, check_artifact, precompile
+    from handlers.precompile import HELD_OUT_WANTED, check_artifact, judged_in_worker, precompile, ship_evidence
     from handlers.archive import bare_handler
 
     handler = bare_handler(handler_file, handler_config, staging)
+    if judged_in_worker(handler.settings):
+        count = ship_evidence(handler, load_model(handler.settings, staging), staging)
+        log(
+            f"{label}: float32 eager's answers on {count} inputs shipped; each worker judges its compiled model on them"
+        )
+        return
     if not handler.settings.traits.precompiled:
         return
     if refusal := cpu_refusal(handler.settings.dtype):
@@ -86,7 +93,9 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     start = time.perf_counter()
     model = load_model(handler.settings, staging)
     if handler.settings.dtype is DType.INT8 and not handler.samples.user:
-        log(f"{label}: WARNING int8 calibrates on the kit's synthetic samples; make model ... SAMPLES=<yours> calibrates on your traffic")
+        log(
+            f"{label}: WARNING int8 calibrates on the kit's synthetic samples; make model ... SAMPLES=<yours> calibrates on your traffic"
+        )
     precompile(handler, model, staging, progress=lambda message: log(f"{label}: {message}"))
     log(f"{label}: precompiled for {handler.settings.backend.value} in {time.perf_counter() - start:.0f}s")
     try:
@@ -162,7 +171,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     names = model_names()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(names), help="comma list of " + ", ".join(names))
-    parser.add_argument("--variants", default=",".join(variant_names()), help="comma list of " + ", ".join(variant_names()))
+    parser.add_argument(
+        "--variants", default=",".join(variant_names()), help="comma list of " + ", ".join(variant_names())
+    )
     parser.add_argument(
         "--where-supported", action="store_true",
         help="skip, saying why, the variants this CPU cannot serve (bf16 without AMX or AVX512_BF16) instead of failing",
@@ -193,9 +204,7 @@ def main(argv: list[str] | None = None) -> None:
                 log(f"REFUSED {refusal}")
                 refused.append(str(refusal))
     if refused:
-        sys.exit(
-            f"[archive] ERROR: {len(refused)} archive(s) refused and not installed: {'; '.join(refused)}"
-        )
+        sys.exit(f"[archive] ERROR: {len(refused)} archive(s) refused and not installed: {'; '.join(refused)}")
 
 
 if __name__ == "__main__":

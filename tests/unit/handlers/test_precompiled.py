@@ -12,11 +12,11 @@ import torch
 
 from handlers.accuracy import AccuracyError, Reference, cosine_distance, relative_errors
 from handlers.archive import bare_handler
-from handlers.backends import aoti
+from handlers.backends import DType, aoti, cpu_refusal
 from handlers.backends.aoti import package_name
 from handlers.backends.common import BuildSpec
 from handlers.optimize import graphs_compiled
-from handlers.precompile import precompile
+from handlers.precompile import HELD_OUT_SYNTHETIC, judged_in_worker, precompile, ship_evidence
 from handlers.settings import ImageSettings
 from handlers.typed_config import SettingsError, parse_settings
 from tests.conftest import encode_image
@@ -133,6 +133,35 @@ def test_a_loaded_package_leaves_no_files_behind_and_still_answers(aoti_archive,
     assert os.environ["TMPDIR"] == "/a/tmpdir/of/the/user"
     serve(handler, context, [{"body": encode_image("RGB", (64, 64))}])  # the mapped library outlives its file
     assert statuses(context) == [200] and 0 <= handler.optimized.accuracy_error < 1e-4
+
+
+def test_only_a_backend_compiled_in_the_worker_at_reduced_precision_is_judged_there_on_shipped_evidence():
+    def judged(**settings):
+        return judged_in_worker(parse_settings(ImageSettings, settings))
+
+    assert judged(backend="inductor", dtype="bfloat16") and judged(backend="ipex", dtype="bfloat16")
+    assert not judged(backend="inductor") and not judged(backend="eager")
+    assert not judged(backend="openvino", dtype="bfloat16")  # the build itself judges a precompiled one
+
+
+@pytest.mark.skipif(bool(cpu_refusal(DType.BFLOAT16)), reason="this CPU does not compute bf16")
+def test_a_bf16_worker_judges_its_compiled_model_on_every_input_the_build_shipped(exported_cnn):
+    from handlers.loaders import load_model
+
+    settings = {"architecture": "exported-program", "backend": "inductor", "dtype": "bfloat16"}
+    handler = bare_handler("image_classification.py", settings, exported_cnn)
+    count = ship_evidence(handler, load_model(handler.settings, exported_cnn), exported_cnn)
+    assert count == HELD_OUT_SYNTHETIC  # every held-out input there is, not the few check batches
+    served, context = image_handler(exported_cnn, backend="inductor", dtype="bfloat16")
+    serve(served, context, [{"body": encode_image("RGB", (64, 64))}])
+    assert statuses(context) == [200] and 0 < served.optimized.accuracy_error < 0.05
+
+    reference = Reference.load(exported_cnn)  # eager "answers" one input, the last, with its least likely class
+    last = reference.outputs[-1]
+    wrong = torch.zeros_like(last).scatter_(-1, last.argmin(-1, keepdim=True), 20.0)
+    Reference(reference.inputs, [*reference.outputs[:-1], wrong]).save(exported_cnn)
+    with pytest.raises(AccuracyError, match=rf"answers differently from eager on 1 of {count} check inputs"):
+        image_handler(exported_cnn, backend="inductor", dtype="bfloat16")
 
 
 def test_a_package_for_a_newer_cpu_is_refused_by_name(aoti_archive, monkeypatch):
