@@ -10,6 +10,8 @@ served archive's own (its dtype's TOLERANCES entry, or the model file's accuracy
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import requests
 import torch
@@ -73,26 +75,42 @@ def test_every_installed_quantized_variant_answers_within_its_tolerance(variant,
     server = start_server(tmp_path / "run", ServeConfig.from_preset("optimized", variant=variant, models=models,
                                                                      cpus=one_cpu()))  # fmt: skip
     try:
-        verdicts = []
-        for model in models:
-            eager = load_archived(extract(Variant.load("eager").archive(model), tmp_path))
-            handler = eager.handler
-            limit = tolerance(archived_settings(Variant.load(variant).archive(model)), handler.answer)
-            samples = handler.samples
-            bodies = [samples.held_out_body(i) for i in range(HELD_OUT_SYNTHETIC)] + samples.calibration_bodies()
-            errors = []
-            with torch.inference_mode():
-                for body in bodies:
-                    expected = eager.model(*handler.collate([handler.decode({"body": body})], 1))[0]
-                    errors.append(served_error(handler, post(server, model, body), expected))
-            over = sum(1 for error in errors if not error <= limit)  # NaN fails
-            verdicts.append((model, len(errors), max(errors), over, limit))
-        report = "; ".join(f"{m}: {n} answers, worst {w:.3g}, {o} over {t:.3g}" for m, n, w, o, t in verdicts)
+        verdicts = [served_verdict(server, model, variant, tmp_path) for model in models]
+        report = "; ".join(map(str, verdicts))
         print(f"[served accuracy] {variant}: {report}")  # pytest -s shows it: the numbers docs/backends.md quotes
-        assert all(over == 0 for _, _, _, over, _ in verdicts), f"{variant}: {report}"
-        assert all(count >= HELD_OUT_SYNTHETIC for _, count, _, _, _ in verdicts), report
+        assert all(v.over == 0 for v in verdicts), f"{variant}: {report}"
+        assert all(v.count >= HELD_OUT_SYNTHETIC for v in verdicts), report
     finally:
         server.stop()
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    model: str
+    count: int  # answers judged
+    worst: float
+    over: int  # answers over the tolerance
+    limit: float
+
+    def __str__(self) -> str:
+        return f"{self.model}: {self.count} answers, worst {self.worst:.3g}, {self.over} over {self.limit:.3g}"
+
+
+def served_verdict(server: Server, model: str, variant: str, tmp_path) -> Verdict:
+    """The served variant's answers on every body its build judged or calibrated on, against the
+    model's eager archive (built beside it) by the archive's own metric and tolerance."""
+    eager = load_archived(extract(Variant.load("eager").archive(model), tmp_path))
+    handler = eager.handler
+    limit = tolerance(archived_settings(Variant.load(variant).archive(model)), handler.answer)
+    samples = handler.samples
+    bodies = [samples.held_out_body(i) for i in range(HELD_OUT_SYNTHETIC)] + samples.calibration_bodies()
+    errors = []
+    with torch.inference_mode():
+        for body in bodies:
+            expected = eager.model(*handler.collate([handler.decode({"body": body})], 1))[0]
+            errors.append(served_error(handler, post(server, model, body), expected))
+    over = sum(1 for error in errors if not error <= limit)  # NaN fails
+    return Verdict(model, len(errors), max(errors), over, limit)
 
 
 def test_the_served_probability_error_is_the_guards_metric():

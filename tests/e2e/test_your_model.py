@@ -21,11 +21,13 @@ from PIL import Image
 
 from client import grpc_client
 from handlers.calibration import CALIBRATION_COUNT, SENTENCES, synthetic_photo
+from handlers.precompile import HELD_OUT_SYNTHETIC
 from kit.models import model_file
 from kit.paths import ROOT, STORE
 from kit.serve_config import ServeConfig
 from kit.server import Server
 from tests.e2e.conftest import one_cpu, start_server
+from tests.e2e.test_served_accuracy import served_verdict
 from tests.e2e.test_serving import post, worker_pids
 from tests.hf_models import distilbert_classifier, vit_classifier
 from tests.tensor_models import CATEGORIES, FEATURES, IDS, tabular_model, tabular_program
@@ -123,6 +125,18 @@ def test_your_models_answer_as_transformers_pipeline_does(your_models, variant, 
                 answer = json.loads(grpc_client.predict(target, name, body))
                 assert_same_answer(answer, expected[name][index], f"{variant} {name} gRPC #{index}")
         assert_bad_input_is_refused_and_served_on(server)
+    finally:
+        server.stop()
+
+
+def test_your_int8_program_served_answers_within_its_tolerance(your_models, tmp_path):
+    # On every input its build judged and calibrated on, as the bundled models' are (test_served_accuracy).
+    config = ServeConfig.from_preset("optimized", variant="aoti-int8", models=[TENSOR], cpus=one_cpu())
+    server = start_server(tmp_path / "run", config)
+    try:
+        verdict = served_verdict(server, TENSOR, "aoti-int8", tmp_path)
+        print(f"[served accuracy] aoti-int8: {verdict}")
+        assert verdict.over == 0 and verdict.count >= HELD_OUT_SYNTHETIC, verdict
     finally:
         server.stop()
 
