@@ -285,6 +285,8 @@ class ServeConfig:
         def plain(value: Any) -> Any:
             if isinstance(value, Variant):
                 return value.name
+            if dataclasses.is_dataclass(value):  # a section (diagnostics)
+                return {field.name: plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
             if isinstance(value, dict):
                 return {key: plain(item) for key, item in value.items()}
             if isinstance(value, enum.Enum):

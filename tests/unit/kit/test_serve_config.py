@@ -175,8 +175,10 @@ def test_a_variant_is_resolved_once_with_its_traits():
     assert config.variant.environment.name == ".venv-ipex"
     assert config.variant.archive("bert").parts[-3:] == ("model_store", "ipex", "bert.mar")
     assert ServeConfig.from_preset("optimized").variant.environment.name == ".venv"
-    # What the state file stores and reads back: the name, resolved again.
-    assert parse_settings(ServeConfig, config.to_dict()) == config
+    # What the state file stores (JSON) and reads back: the name, resolved again.
+    assert parse_settings(ServeConfig, json.loads(json.dumps(config.to_dict()))) == config
+    diagnosing = ServeConfig.from_preset("optimized", diagnostics={"profile_requests": 3, "itt_ops": True})
+    assert parse_settings(ServeConfig, json.loads(json.dumps(diagnosing.to_dict()))) == diagnosing
     with pytest.raises(ConfigError, match="variant 'openvino-int4' is unknown; choose one of: aoti, aoti-int8, eager"):
         ServeConfig.from_preset("optimized", variant="openvino-int4")
 
@@ -191,7 +193,7 @@ def test_models_of_different_variants_get_their_archives_and_allocators():
     # Each model's workers get their backend's allocator: OpenVINO crashes under a preloaded one.
     layout = config.layout(parse_topology((FIXTURES / "xeon-2s-28c-smt.txt").read_text()))
     assert (layout.models["resnet50"].allocator, layout.models["bert"].allocator) == ("tcmalloc", "default")
-    assert parse_settings(ServeConfig, config.to_dict()) == config
+    assert parse_settings(ServeConfig, json.loads(json.dumps(config.to_dict()))) == config
     assert not ServeConfig.from_preset("optimized", model_variants={"bert": "inductor"}).mixed_variants
 
 
