@@ -3,6 +3,8 @@
 
     .venv/bin/python -m bench.example_models distilbert /tmp/distilbert   # DistilBERT-base classifier, 66 M
     .venv/bin/python -m bench.example_models vit /tmp/vit                 # ViT-B/16 classifier, 86 M, 224 px
+    .venv/bin/python -m bench.example_models qwen2 /tmp/qwen2             # Qwen2-style causal LM, grouped KV heads
+    .venv/bin/python -m bench.example_models gpt2 /tmp/gpt2               # GPT-2-style causal LM
 
 Written with save_pretrained, as a fine-tuned checkpoint is: config.json (labels in id2label),
 model.safetensors, the tokenizer (bert-base-uncased's vocabulary, shipped in a pip package) or
@@ -61,7 +63,81 @@ def vit(
     return directory
 
 
-EXAMPLES: dict[str, Callable[[Path], Path]] = {"distilbert": distilbert, "vit": vit}
+# ChatML, as Qwen's tokenizers carry it: the chat endpoint renders messages with it.
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CHAT_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def causal_tokenizer(vocabulary: int = 512, chat: bool = True):
+    """A byte-level BPE tokenizer (GPT-2's and Qwen's kind: any text encodes) trained here on the
+    kit's calibration sentences: no download. <|endoftext|> ends a text, <|im_end|> a chat turn."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from handlers.calibration import SENTENCES
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocabulary, special_tokens=list(CHAT_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    bpe.train_from_iterator(list(SENTENCES) * 4, trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    if chat:
+        tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+def _save_causal(model, tokenizer, directory: Path, eos: list[int]) -> Path:
+    from transformers import GenerationConfig
+
+    model.generation_config = GenerationConfig(eos_token_id=eos, do_sample=False)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def qwen2(
+    directory: Path, dim: int = 896, layers: int = 24, heads: int = 14, kv_heads: int = 2, init: float = 0.02
+) -> Path:
+    """A Qwen2 causal LM (Llama-style: RoPE, RMSNorm, grouped KV heads) with a ChatML template;
+    the defaults are Qwen2.5-0.5B's shape, with the tokenizer's vocabulary."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(SEED)
+    tokenizer = causal_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=dim, intermediate_size=int(dim * 5.4) // 8 * 8,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=32768, initializer_range=init, tie_word_embeddings=True,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    )  # fmt: skip
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    return _save_causal(Qwen2ForCausalLM(config), tokenizer, directory, eos)
+
+
+def gpt2(directory: Path, dim: int = 768, layers: int = 12, heads: int = 12, init: float = 0.02) -> Path:
+    """A GPT-2 causal LM (learned positions, LayerNorm, fused QKV) without a chat template;
+    the defaults are GPT-2 small's shape, with the tokenizer's vocabulary."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(SEED)
+    tokenizer = causal_tokenizer(chat=False)
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = GPT2Config(
+        vocab_size=len(tokenizer), n_embd=dim, n_layer=layers, n_head=heads, n_positions=1024,
+        initializer_range=init, bos_token_id=eos, eos_token_id=eos,
+    )  # fmt: skip
+    return _save_causal(GPT2LMHeadModel(config), tokenizer, directory, [eos])
+
+
+EXAMPLES: dict[str, Callable[[Path], Path]] = {"distilbert": distilbert, "vit": vit, "qwen2": qwen2, "gpt2": gpt2}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -90,6 +90,11 @@ def _load_hf_feature_extractor(model_dir: Path, settings) -> nn.Module:
     return text_model(_pretrained("AutoModel", model_dir), settings, pooled(settings))
 
 
+def _load_hf_causal_lm(model_dir: Path, settings) -> nn.Module:
+    # Its own forward, not a wrapper: the engine passes it the KV cache (handlers/generation/).
+    return _pretrained("AutoModelForCausalLM", model_dir)
+
+
 LOADERS: dict[Architecture, Callable[[Path, OptimizationSettings], nn.Module]] = {
     Architecture.RESNET50: _load_resnet50,
     Architecture.BERT_CLASSIFIER: _bert("BertClassifier"),
@@ -98,6 +103,7 @@ LOADERS: dict[Architecture, Callable[[Path, OptimizationSettings], nn.Module]] =
     Architecture.HF_SEQUENCE_CLASSIFIER: _load_hf_sequence_classifier,
     Architecture.HF_IMAGE_CLASSIFIER: _load_hf_image_classifier,
     Architecture.HF_FEATURE_EXTRACTOR: _load_hf_feature_extractor,
+    Architecture.HF_CAUSAL_LM: _load_hf_causal_lm,
 }
 
 

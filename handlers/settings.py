@@ -28,6 +28,7 @@ class Architecture(enum.StrEnum):
     HF_SEQUENCE_CLASSIFIER = "hf-sequence-classifier"
     HF_IMAGE_CLASSIFIER = "hf-image-classifier"
     HF_FEATURE_EXTRACTOR = "hf-feature-extractor"
+    HF_CAUSAL_LM = "hf-causal-lm"  # a generative language model (handlers/text_generation.py)
 
 
 class Pooling(enum.StrEnum):
@@ -257,3 +258,46 @@ class TensorSettings(OptimizationSettings):
             )
         if any(size < 1 for shape in self.input_shapes for size in shape):
             raise SettingsError(f"input_shapes need sizes >= 1, got {self.input_shapes}")
+
+
+# What a generative model's workers run: eager or Inductor-compiled PyTorch, float32 or bfloat16.
+# The other backends compile one graph per request shape; a decode step's cache is state they do
+# not carry (not yet).
+GENERATION_BACKENDS = frozenset({"eager", "inductor"})
+GENERATION_DTYPES = frozenset({"float32", "bfloat16"})  # weight-only int8 (torchao) is to come
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationSettings(OptimizationSettings):
+    """A causal language model served many sequences at once (handlers/generation/)."""
+
+    transformer: typing.ClassVar[bool] = True
+
+    architecture: Architecture = Architecture.HF_CAUSAL_LM
+    # Tokens a sequence holds, prompt and answer together: the KV cache has this many positions
+    # per sequence. `make model` sets the model's own (config.json, the tokenizer); lower it to
+    # fit more sequences into memory.
+    context_length: int = 2048
+    # Sequences generated at once by each worker: the KV cache has this many rows.
+    max_sequences: int = 8
+    # A request that names no max_new_tokens (max_tokens) gets this many at most.
+    max_new_tokens: int = 256
+    # Requests waiting for a free sequence beyond which a request gets a 503.
+    max_waiting: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.backend.value not in GENERATION_BACKENDS:
+            raise SettingsError(
+                f"a generative model is served by backend {' or '.join(sorted(GENERATION_BACKENDS))}, "
+                f"not {self.backend.value!r}"
+            )
+        if self.dtype.value not in GENERATION_DTYPES:
+            raise SettingsError(
+                f"a generative model is served at dtype {' or '.join(sorted(GENERATION_DTYPES))}, not {self.dtype.value!r}"
+            )
+        for name in ("context_length", "max_sequences", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"{name} must be 1 or more, got {getattr(self, name)}")
+        if self.max_waiting < 0:
+            raise SettingsError(f"max_waiting must be 0 or more, got {self.max_waiting}")

@@ -14,6 +14,10 @@ worker's time goes"):
 - a recv() system call per field of the request frame (4 per HTTP header): the frame is read
   through a buffer, usually in one or two system calls.
 A handler that is not one of the kit's (no stage clock) is served the same way, untimed.
+
+With TorchServe's asyncCommunication (a language model: handlers/text_generation.py) the loop
+only reads: each request goes to the handler's accept() as it arrives, and the handler's own
+threads answer it (handlers/replies.py), while the next requests are read.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from ts.protocol import otf_message_handler as otf
 from ts.service import Service
 from ts.utils.util import PredictionException
 
+from handlers.payload import over_grpc
+from handlers.replies import Replies
 from handlers.stages import Stage, StageClock, now
 
 log = logging.getLogger(__name__)
@@ -75,8 +81,27 @@ def stage_clock(service: Service) -> StageClock | None:
     return getattr(getattr(service._entry_point, "__self__", None), "stages", None)
 
 
+def accept_all(service: Service, batch: list[dict[str, Any]], replies: Replies) -> None:
+    """asyncCommunication: hand each request to the handler, which answers it when it likes."""
+    headers, inputs, request_ids = Service.retrieve_data_for_inference(batch)
+    handler = service._entry_point.__self__
+    for index, request_id in request_ids.items():
+        properties = headers[index].get_request_properties()
+        try:
+            handler.accept(request_id, inputs[index], properties, replies)
+        except Exception:  # noqa: BLE001 - as TorchServe: the request fails, the worker stays up
+            log.warning("Invoking custom service failed.", exc_info=True)
+            body = b'{"code": 503, "type": "InternalServerException", "message": "Prediction failed"}'
+            replies.refuse(request_id, body, "application/json", 503, "Prediction failed", over_grpc(properties))
+
+
 class KitWorker(TorchModelServiceWorker):
+    async_comm = False  # TorchServe's __init__ sets it from --async
+
     def handle_connection(self, cl_socket: socket.socket) -> None:
+        if self.async_comm:
+            self.handle_connection_async(cl_socket)
+            return
         connection = BufferedConnection(cl_socket)
         service, clock, sent = None, None, None
         while True:
@@ -107,15 +132,39 @@ class KitWorker(TorchModelServiceWorker):
             else:
                 raise ValueError(f"received unknown command: {command!r}")
 
+    def handle_connection_async(self, cl_socket: socket.socket) -> None:
+        """Requests go to the handler's accept() as they arrive; its own threads answer them."""
+        connection = BufferedConnection(cl_socket)
+        service, replies = None, Replies(cl_socket)
+        while True:
+            command = otf._retrieve_buffer(connection, 1)
+            if command == otf.PREDICT_MSG:
+                if service is None:
+                    raise RuntimeError("received an inference request before the model was loaded")
+                accept_all(service, otf._retrieve_inference_msg(connection), replies)
+            elif command == otf.LOAD_MSG:
+                service, result, code = self.load_model(otf._retrieve_load_msg(connection))
+                if code == 200 and not hasattr(getattr(service._entry_point, "__self__", None), "accept"):
+                    service, result, code = (
+                        None,
+                        "asyncCommunication needs a handler with accept() (the kit's text generation)",
+                        500,
+                    )
+                with replies.lock:
+                    cl_socket.sendall(otf.create_load_model_response(code, result))
+                if code != 200:
+                    raise RuntimeError(f"{code} - {result}")
+            else:
+                raise ValueError(f"received unknown command: {command!r}")
+
 
 def main() -> None:
     # As ts/model_service_worker.py's own main: INFO lines on stdout, which the frontend logs.
     logging.basicConfig(stream=sys.stdout, format="%(message)s", level=logging.INFO)
     args = ArgParser.model_service_worker_args().parse_args()
-    if args.async_comm:
-        raise SystemExit("the kit's worker serves synchronous handlers only (asyncCommunication is off)")
     try:
-        KitWorker(args.sock_type, args.sock_name, args.host, args.port, args.metrics_config).run_server()
+        worker = KitWorker(args.sock_type, args.sock_name, args.host, args.port, args.metrics_config, args.async_comm)
+        worker.run_server()
     except TimeoutError:
         log.error("Backend worker did not receive connection in: %d", SOCKET_ACCEPT_TIMEOUT)
     except Exception:  # noqa: BLE001 - logged for the frontend's model_log, as TorchServe does

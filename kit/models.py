@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from handlers.settings import ImageSettings, OptimizationSettings, TensorSettings, TextSettings
+from handlers.settings import GenerationSettings, ImageSettings, OptimizationSettings, TensorSettings, TextSettings
 from handlers.typed_config import SettingsError, parse_settings
 from kit.paths import CONFIG, ROOT
 
@@ -57,7 +57,9 @@ class TaskTraits:
     settings: type[OptimizationSettings]  # its handler's settings_class: what `handler:` may say
     # How a Hugging Face config.json's `architectures` names a model of the task (`make model`
     # without TASK=): "BertForSequenceClassification" ends with "ForSequenceClassification".
-    architecture_suffix: str = ""
+    architecture_suffixes: tuple[str, ...] = ()
+    # TorchServe model-config keys the task needs (a model file may not say otherwise).
+    serving: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Task(enum.StrEnum):
@@ -65,6 +67,7 @@ class Task(enum.StrEnum):
     TEXT_CLASSIFICATION = "text-classification"
     FEATURE_EXTRACTION = "feature-extraction"
     TENSOR = "tensor"  # anything else an exported program computes: numbers in, numbers out
+    TEXT_GENERATION = "text-generation"  # a causal language model: a prompt in, its continuation out
 
     @property
     def handler(self) -> str:
@@ -81,13 +84,23 @@ class Task(enum.StrEnum):
 
 TASKS = {
     Task.IMAGE_CLASSIFICATION: TaskTraits(
-        "image_classification.py", Medium.IMAGE, ImageSettings, "ForImageClassification"
+        "image_classification.py", Medium.IMAGE, ImageSettings, ("ForImageClassification",)
     ),
     Task.TEXT_CLASSIFICATION: TaskTraits(
-        "text_classification.py", Medium.TEXT, TextSettings, "ForSequenceClassification"
+        "text_classification.py", Medium.TEXT, TextSettings, ("ForSequenceClassification",)
     ),
     Task.FEATURE_EXTRACTION: TaskTraits("sentence_embedding.py", Medium.TEXT, TextSettings),
     Task.TENSOR: TaskTraits("tensor.py", Medium.TENSOR, TensorSettings),
+    # The handler answers each request from its own thread, token by token, while more arrive
+    # (handlers/text_generation.py); TorchServe hands it requests as they come. GPT-2's class is
+    # GPT2LMHeadModel, the older name of the same head.
+    Task.TEXT_GENERATION: TaskTraits(
+        "text_generation.py",
+        Medium.TEXT,
+        GenerationSettings,
+        ("ForCausalLM", "LMHeadModel"),
+        {"asyncCommunication": True},
+    ),
 }
 
 
@@ -191,7 +204,7 @@ def model_names() -> list[str]:
 
 def parse_model(name: str, raw: dict[str, Any]) -> Model:
     spec = parse_settings(ModelSpec, {k: v for k, v in raw.items() if k in KIT_KEYS})
-    serving = {**SERVING_DEFAULTS, **{k: v for k, v in raw.items() if k not in KIT_KEYS}}
+    serving = {**SERVING_DEFAULTS, **{k: v for k, v in raw.items() if k not in KIT_KEYS}, **TASKS[spec.task].serving}
     weights, labels, samples = (str(ROOT / p) if p else "" for p in (spec.weights, spec.labels, spec.samples))
     targets = parse_settings(Targets, spec.targets)
     try:

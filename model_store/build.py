@@ -77,8 +77,11 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     from handlers.backends import DType, cpu_refusal
     from handlers.samples import HELD_OUT_SHARE
     from handlers.precompile import HELD_OUT_WANTED, check_artifact, judged_in_worker, precompile, ship_evidence
-    from handlers.archive import bare_handler
+    from handlers.archive import bare_handler, handler_class
+    from handlers.base import OptimizedHandler
 
+    if not issubclass(handler_class(handler_file), OptimizedHandler):
+        return  # a generative model: nothing is compiled or judged at build (yet); its worker compiles
     handler = bare_handler(handler_file, handler_config, staging)
     if judged_in_worker(handler.settings):
         count = ship_evidence(handler, load_model(handler.settings, staging), staging)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from handlers.settings import Architecture, Fit, Pooling, Resample, TextSettings
+from handlers.settings import Architecture, Fit, GenerationSettings, Pooling, Resample, TextSettings
 from handlers.typed_config import SettingsError
 from handlers.text import ENCODING_FIELDS, TOKENIZER_FILE
 from kit.models import TASKS, Task
@@ -175,10 +175,40 @@ def _feature_extraction(directory: Path, config: dict[str, Any]) -> Derived:
     return Derived(settings, longest_text=longest)
 
 
+def generation_context(directory: Path) -> int:
+    """The most tokens a sequence may hold, prompt and answer: the model's positions, its
+    tokenizer's limit and an attention window it slides, whichever is least."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if not (directory / TOKENIZER_FILE).is_file():
+        raise SourceError(
+            f"{directory} has no {TOKENIZER_FILE}: save a fast tokenizer with it "
+            "(AutoTokenizer.from_pretrained(..., use_fast=True).save_pretrained(dir))"
+        )
+    config = AutoConfig.from_pretrained(str(directory), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    limits = [getattr(config, "max_position_embeddings", None), tokenizer.model_max_length]
+    # The engine's mask is causal over the whole context: a sliding window ends it.
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        limits.append(config.sliding_window)
+    return int(min(limit for limit in limits if isinstance(limit, int) and limit > 0))
+
+
+def _text_generation(directory: Path, config: dict[str, Any]) -> Derived:
+    longest = generation_context(directory)
+    # The model's own context, up to the kit's default: the KV cache holds it for every sequence.
+    settings = {
+        "architecture": Architecture.HF_CAUSAL_LM.value,
+        "context_length": min(longest, GenerationSettings.context_length),
+    }
+    return Derived(settings, longest_text=longest)
+
+
 DERIVERS: dict[Task, Callable[[Path, dict[str, Any]], Derived]] = {
     Task.IMAGE_CLASSIFICATION: _image_classification,
     Task.TEXT_CLASSIFICATION: _text_classification,
     Task.FEATURE_EXTRACTION: _feature_extraction,
+    Task.TEXT_GENERATION: _text_generation,
 }
 
 
@@ -193,7 +223,7 @@ def guess_task(directory: Path) -> Task:
     architectures = read_json(directory, CONFIG_FILE).get("architectures") or []
     for architecture in architectures:
         for task, traits in TASKS.items():
-            if traits.architecture_suffix and architecture.endswith(traits.architecture_suffix):
+            if architecture.endswith(traits.architecture_suffixes):
                 return task
     raise SourceError(
         f"config.json architectures {architectures} name no task the kit knows; give one: "

@@ -66,15 +66,20 @@ def write_exported(staging: Path, model: Model) -> dict[str, Any]:
     return settings
 
 
+# The handler settings that bound a text's tokens (a classifier's input, a language model's context).
+LENGTH_KEYS = ("max_length", "context_length")
+
+
 def write_huggingface(staging: Path, model: Model) -> dict[str, Any]:
     directory = require(model.source.path, "Hugging Face directory")
     derived = huggingface.derive(directory, model.task)
-    asked = model.handler_settings.get("max_length")
-    if derived.longest_text and isinstance(asked, int) and asked > derived.longest_text:
-        raise SettingsError(
-            f"{model.file} asks for max_length {asked}, but {directory} takes at most {derived.longest_text} tokens "
-            "(its tokenizer's model_max_length and config.json max_position_embeddings); lower it"
-        )
+    for key in LENGTH_KEYS:
+        asked = model.handler_settings.get(key)
+        if derived.longest_text and isinstance(asked, int) and asked > derived.longest_text:
+            raise SettingsError(
+                f"{model.file} asks for {key} {asked}, but {directory} takes at most {derived.longest_text} tokens "
+                "(its tokenizer's model_max_length and config.json max_position_embeddings); lower it"
+            )
     shutil.copytree(directory, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*FOREIGN_WEIGHTS))
     if derived.labels:
         (staging / LABELS_FILE).write_text(json.dumps(list(derived.labels)))

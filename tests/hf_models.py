@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.example_models import ANIMALS, SENTIMENT, distilbert, vit
+from bench.example_models import ANIMALS, SENTIMENT, distilbert, gpt2, qwen2, vit
 
 LABELS, IMAGE_LABELS = SENTIMENT, ANIMALS
 # Weights this large give peaked outputs: a comparison of probabilities means something only
@@ -23,3 +23,13 @@ def distilbert_classifier(directory: Path) -> Path:
 
 def vit_classifier(directory: Path) -> Path:
     return vit(directory, size=64, patch=16, dim=64, layers=2, heads=4, init=INIT)
+
+
+def qwen2_lm(directory: Path) -> Path:
+    """Llama-style, grouped KV heads (4 query heads share 2), a chat template."""
+    return qwen2(directory, dim=64, layers=2, heads=4, kv_heads=2, init=INIT)
+
+
+def gpt2_lm(directory: Path) -> Path:
+    """GPT-2: learned positions, no chat template."""
+    return gpt2(directory, dim=64, layers=2, heads=4, init=INIT)

@@ -162,3 +162,48 @@ def test_the_loop_loads_answers_and_times_the_frame_stages():
     for stage in (Stage.READ, Stage.WRITE):
         assert (handler.stages.histograms[stage].calls, handler.stages.histograms[stage].requests) == (3, 6)
     assert handler.stages.histograms[Stage.WAIT].calls == 2  # between calls, not before the first
+
+
+class AcceptingHandler:
+    """asyncCommunication's handler: answers each request later, from a thread of its own."""
+
+    def __init__(self):
+        self.accepted: list[tuple[str, dict]] = []
+
+    def handle(self, data, context):
+        raise AssertionError("an async handler is never called per batch")
+
+    def accept(self, request_id, request, headers, replies):
+        self.accepted.append((request_id, headers))
+        if headers.get("Content-Type") == "text/plain":
+            raise RuntimeError("a handler bug")
+        body = bytes(request["body"])
+        threading.Thread(target=replies.send, args=(request_id, body[:5], "text/plain"), kwargs={"more": False}).start()
+
+
+def test_the_async_loop_hands_requests_over_as_they_come_and_a_failing_one_gets_a_503():
+    handler = AcceptingHandler()
+
+    class LoadedWorker(KitWorker):
+        def load_model(self, request):
+            return service_of(handler.handle), "loaded", 200
+
+    frontend, worker_end = socket.socketpair()
+    worker = LoadedWorker.__new__(LoadedWorker)
+    worker.async_comm = True
+    loop = threading.Thread(target=lambda: pytest.raises(SystemExit, worker.handle_connection, worker_end))
+    loop.start()
+    with frontend:
+        frontend.sendall(load_frame())
+        assert struct.unpack("!i", read_answer(frontend)[:4])[0] == 200
+        frontend.sendall(request_frame(REQUESTS))
+        frontend.settimeout(30)
+        answers = b""
+        while answers.count(b"ts_stream_next") < 2:  # id-1's answer, and id-2's release after its 503
+            answers += frontend.recv(65536)
+    loop.join(timeout=10)
+    worker_end.close()
+    assert [request_id for request_id, _ in handler.accepted] == ["id-1", "id-2"]
+    assert handler.accepted[0][1]["Content-Length"] == "70000"  # the request's own headers, as a dict
+    assert b"id-1" in answers and bytes(range(5)) in answers  # answered by the handler's thread
+    assert b"id-2" in answers and b"Prediction failed" in answers and b"ts_stream_next" in answers

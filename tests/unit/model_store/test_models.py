@@ -16,7 +16,7 @@ from model_store import huggingface
 from model_store.huggingface import SourceError, derive, guess_task
 from model_store.model_file import write_model_file
 from tests.conftest import BUNDLED_MODELS
-from tests.hf_models import IMAGE_LABELS, LABELS, distilbert_classifier, vit_classifier
+from tests.hf_models import IMAGE_LABELS, LABELS, distilbert_classifier, gpt2_lm, qwen2_lm, vit_classifier
 
 
 @pytest.fixture
@@ -163,8 +163,8 @@ def test_a_classifier_the_kit_would_answer_wrongly_is_refused(hf_dirs, tmp_path)
         huggingface.labels({**config, "problem_type": "multi_label_classification"})
     with pytest.raises(SourceError, match="1 label"):
         huggingface.labels({**config, "id2label": {"0": "score"}})
-    (tmp_path / huggingface.CONFIG_FILE).write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
-    with pytest.raises(SourceError, match=r"architectures \['GPT2LMHeadModel'\] name no task .* TASK="):
+    (tmp_path / huggingface.CONFIG_FILE).write_text(json.dumps({"architectures": ["WhisperForConditionalGeneration"]}))
+    with pytest.raises(SourceError, match=r"architectures \['WhisperForConditionalGeneration'\] name no task .* TASK="):
         guess_task(tmp_path)
 
 
@@ -269,3 +269,36 @@ def test_a_model_file_without_an_architecture_is_refused_not_given_resnet50(regi
         SettingsError, match=r"bare.yaml names no `architecture:` .*give one of: resnet50, bert-classifier"
     ):
         write_source(staging, Model.load("bare"))
+
+
+def test_a_language_models_task_and_context_come_from_its_directory(registry, tmp_path):
+    qwen, gpt2 = qwen2_lm(tmp_path / "qwen2"), gpt2_lm(tmp_path / "gpt2")
+    assert guess_task(qwen) is guess_task(gpt2) is Task.TEXT_GENERATION  # Qwen2ForCausalLM, GPT2LMHeadModel
+    derived = derive(gpt2, Task.TEXT_GENERATION)  # n_positions 1024, under the kit's default 2048
+    assert derived.settings == {"architecture": "hf-causal-lm", "context_length": 1024} and derived.longest_text == 1024
+    derived = derive(qwen, Task.TEXT_GENERATION)  # 32768 positions: served at the default, up to them on request
+    assert derived.settings["context_length"] == 2048 and derived.longest_text == 32768
+    config = json.loads((qwen / "config.json").read_text())
+    (qwen / "config.json").write_text(json.dumps({**config, "use_sliding_window": True, "sliding_window": 512}))
+    assert derive(qwen, Task.TEXT_GENERATION).settings["context_length"] == 512  # the window ends a causal mask
+    path = write_model_file("lm", gpt2, task=None)
+    assert yaml.safe_load(path.read_text())["task"] == "text-generation"
+    model = Model.load("lm")
+    assert model.serving["asyncCommunication"] is True  # the task's handler answers from its own thread
+    path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "handler": {"context_length": 4096}}))
+    models._load.cache_clear()
+    from model_store.sources import write_source
+
+    (tmp_path / "staging").mkdir()
+    with pytest.raises(SettingsError, match=r"asks for context_length 4096, but .* takes at most 1024 tokens"):
+        write_source(tmp_path / "staging", Model.load("lm"))
+
+
+def test_a_language_model_is_served_by_the_backends_and_dtypes_that_serve_it():
+    from handlers.settings import GenerationSettings
+
+    assert parse_settings(GenerationSettings, {"backend": "inductor", "dtype": "bfloat16"}).max_sequences == 8
+    with pytest.raises(SettingsError, match="served by backend eager or inductor, not 'openvino'"):
+        parse_settings(GenerationSettings, {"backend": "openvino"})
+    with pytest.raises(SettingsError, match="max_sequences must be 1 or more"):
+        parse_settings(GenerationSettings, {"max_sequences": 0})

@@ -1,0 +1,9 @@
+"""Generative text: a causal language model served many sequences at once (continuous batching).
+
+cache.py      the KV cache: one row per sequence slot, allocated once
+engine.py     the scheduler thread: admit, prefill, decode every active slot per step
+sampling.py   a request's sampling parameters, checked, and the next-token choice
+stream.py     token ids -> text deltas, stop strings held back until they cannot match
+api.py        request bodies (the kit's, OpenAI's completions and chat) -> a Generation,
+              and answers, whole or as server-sent events
+"""

@@ -1,0 +1,303 @@
+"""The three ways to ask a generative model, and the answers each gets, whole or streamed.
+
+    POST /predictions/<model>                         the kit's: a text, or {"prompt": ..., params}
+    POST /predictions/<model>/1.0/v1/completions      OpenAI's completions
+    POST /predictions/<model>/1.0/v1/chat/completions OpenAI's chat (the model's chat template)
+
+TorchServe hands the path after the version to the handler as the `url_path` header. Parameters
+everywhere: max_new_tokens (OpenAI: max_tokens, max_completion_tokens), stop, temperature,
+top_p, top_k, seed, stream. A streamed OpenAI answer is server-sent events as OpenAI's clients
+parse them ("data: {chunk}\\n\\n" ... "data: [DONE]\\n\\n"); the kit's streams the bare text.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from handlers.generation.engine import Finish, Generation
+from handlers.generation.sampling import Sampling, integer
+from handlers.payload import InvalidInput
+
+MAX_STOPS = 8
+SSE = "text/event-stream"
+TEXT = "text/plain; charset=utf-8"
+JSON = "application/json"
+DONE = b"data: [DONE]\n\n"
+
+
+class Api(enum.StrEnum):
+    """A request's url_path: which API it speaks."""
+
+    KIT = ""
+    COMPLETIONS = "v1/completions"
+    CHAT = "v1/chat/completions"
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """What the model and its worker allow a request (handlers/settings.py GenerationSettings)."""
+
+    context: int
+    max_new_tokens: int
+    sampling: Sampling  # the model's defaults (generation_config.json)
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    api: Api
+    generation: Generation
+    stream: bool
+    include_usage: bool = False  # OpenAI's stream_options.include_usage
+
+
+Tokenize = Callable[[str], list[int]]
+ApplyTemplate = Callable[[list[dict[str, Any]]], list[int]]
+
+
+def _stops(body: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops) or len(stops) > MAX_STOPS:
+        raise InvalidInput(f"stop must be a string or a list of at most {MAX_STOPS} strings, got {stop!r}")
+    return tuple(s for s in stops if s)
+
+
+def _flag(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def _only_one_choice(body: Mapping[str, Any]) -> None:
+    for name, allowed in (("n", 1), ("best_of", 1), ("echo", False), ("logprobs", None), ("suffix", None)):
+        if name in body and body[name] not in (allowed, None):
+            raise InvalidInput(
+                f"{name}={body[name]!r} is not served: one choice per request, no echo, logprobs or suffix"
+            )
+
+
+def _max_new_tokens(body: Mapping[str, Any], limits: Limits, names: tuple[str, ...]) -> int:
+    for name in names:
+        if body.get(name) is not None:
+            return integer(body, name, None, 1, limits.context)
+    return limits.max_new_tokens
+
+
+def _checked_prompt(ids: list[int], limits: Limits) -> tuple[int, ...]:
+    if not ids:
+        raise InvalidInput("prompt is empty")
+    if len(ids) >= limits.context:
+        raise InvalidInput(
+            f"prompt is {len(ids)} tokens; this model's context is {limits.context} tokens, the answer "
+            "included: shorten the prompt"
+        )
+    return tuple(ids)
+
+
+def _prompt_text(body: Mapping[str, Any], names: tuple[str, ...]) -> str:
+    for name in names:
+        if name in body:
+            value = body[name]
+            if isinstance(value, list) and len(value) == 1:  # OpenAI's list of one prompt
+                value = value[0]
+            if not isinstance(value, str):
+                raise InvalidInput(f"{name} must be a string, got {type(value).__name__}")
+            if not value.strip():
+                raise InvalidInput("prompt is empty")
+            return value
+    raise InvalidInput(f'JSON body needs a string field "{names[0]}", got keys {sorted(body)}')
+
+
+def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidInput('chat needs "messages": a non-empty list of {"role": ..., "content": ...}')
+    out = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InvalidInput(f'messages[{index}] must be an object with a string "role"')
+        content = message.get("content")
+        if isinstance(content, list):  # OpenAI's content parts: the text ones, joined
+            if not all(
+                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+            ):
+                raise InvalidInput(f"messages[{index}].content: only text parts are served")
+            content = "".join(part["text"] for part in content)
+        if not isinstance(content, str):
+            raise InvalidInput(f"messages[{index}].content must be a string")
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
+def parse(api: Api, body: Any, limits: Limits, tokenize: Tokenize, apply_template: ApplyTemplate | None) -> Request:
+    """A request body (already JSON-decoded, or text for the kit's API) -> a checked Request."""
+    if isinstance(body, str) and api is Api.KIT:
+        if not body.strip():
+            raise InvalidInput("prompt is empty")
+        body = {"prompt": body}
+    if not isinstance(body, dict):
+        raise InvalidInput(f"body must be a JSON object, got a JSON {type(body).__name__}")
+    if api is Api.CHAT:
+        if apply_template is None:
+            raise InvalidInput(
+                "this model has no chat template (tokenizer_config.json chat_template); use v1/completions"
+            )
+        ids = apply_template(_messages(body))
+    else:
+        ids = tokenize(_prompt_text(body, ("prompt", "text") if api is Api.KIT else ("prompt",)))
+    if api is not Api.KIT:
+        _only_one_choice(body)
+    names = ("max_new_tokens",) if api is Api.KIT else ("max_completion_tokens", "max_tokens", "max_new_tokens")
+    generation = Generation(
+        prompt=_checked_prompt(ids, limits),
+        max_new_tokens=_max_new_tokens(body, limits, names),
+        sampling=Sampling.parse(body, limits.sampling),
+        stop=_stops(body),
+    )
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise InvalidInput(f"stream_options must be an object, got {options!r}")
+    return Request(api, generation, _flag(body, "stream"), bool(options.get("include_usage", False)))
+
+
+# -- answers ---------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+
+def finish_reason(reason: Finish) -> str:
+    # OpenAI knows stop and length; a cancelled answer reaches no client, "stop" keeps its shape.
+    return Finish.LENGTH.value if reason is Finish.LENGTH else Finish.STOP.value
+
+
+def event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+class Answer(abc.ABC):
+    """One request's answer, in its API's shapes: `chunk` per text delta when streamed, `whole`
+    once when not, `end` once after the last chunk."""
+
+    def __init__(self, request_id: str, model: str, request: Request):
+        self.id, self.model, self.request = request_id, model, request
+        self.created = int(time.time())
+
+    @property
+    @abc.abstractmethod
+    def stream_type(self) -> str: ...
+
+    def first(self) -> bytes:
+        """What a stream opens with (chat's role chunk), or nothing."""
+        return b""
+
+    @abc.abstractmethod
+    def chunk(self, delta: str) -> bytes: ...
+
+    @abc.abstractmethod
+    def end(self, reason: Finish, usage: Usage) -> bytes: ...
+
+    @abc.abstractmethod
+    def whole(self, text: str, reason: Finish, usage: Usage) -> dict[str, Any]: ...
+
+
+class KitAnswer(Answer):
+    stream_type = TEXT
+
+    def chunk(self, delta: str) -> bytes:
+        return delta.encode()
+
+    def end(self, reason: Finish, usage: Usage) -> bytes:
+        return b""
+
+    def whole(self, text: str, reason: Finish, usage: Usage) -> dict[str, Any]:
+        return {"text": text, "finish_reason": finish_reason(reason), "usage": usage.as_dict()}
+
+
+class OpenAiAnswer(Answer):
+    stream_type = SSE
+    object_name: str
+    chunk_name: str
+    id_prefix: str
+
+    def envelope(self, name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": f"{self.id_prefix}-{self.id}",
+            "object": name,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    @abc.abstractmethod
+    def choice(self, text: str | None, reason: str | None, streamed: bool) -> dict[str, Any]: ...
+
+    def chunk(self, delta: str) -> bytes:
+        return event(self.envelope(self.chunk_name, [self.choice(delta, None, True)]))
+
+    def end(self, reason: Finish, usage: Usage) -> bytes:
+        last = event(self.envelope(self.chunk_name, [self.choice(None, finish_reason(reason), True)]))
+        if self.request.include_usage:
+            last += event({**self.envelope(self.chunk_name, []), "usage": usage.as_dict()})
+        return last + DONE
+
+    def whole(self, text: str, reason: Finish, usage: Usage) -> dict[str, Any]:
+        return {
+            **self.envelope(self.object_name, [self.choice(text, finish_reason(reason), False)]),
+            "usage": usage.as_dict(),
+        }
+
+
+class CompletionAnswer(OpenAiAnswer):
+    object_name, chunk_name, id_prefix = "text_completion", "text_completion", "cmpl"
+
+    def choice(self, text: str | None, reason: str | None, streamed: bool) -> dict[str, Any]:
+        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+
+
+class ChatAnswer(OpenAiAnswer):
+    object_name, chunk_name, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
+
+    def first(self) -> bytes:
+        return event(
+            self.envelope(
+                self.chunk_name, [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+            )
+        )
+
+    def choice(self, text: str | None, reason: str | None, streamed: bool) -> dict[str, Any]:
+        if streamed:
+            return {"index": 0, "delta": {} if text is None else {"content": text}, "finish_reason": reason}
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+
+
+ANSWERS: dict[Api, type[Answer]] = {Api.KIT: KitAnswer, Api.COMPLETIONS: CompletionAnswer, Api.CHAT: ChatAnswer}
+
+
+# TorchServe's names for its own errors of these codes (the kit's other handlers answer the same).
+KIT_ERRORS = {400: "InvalidInput", 404: "NotFound", 503: "ServiceUnavailable"}
+
+
+def error_body(api: Api, message: str, code: int) -> dict[str, Any]:
+    """The kit's error shape, or OpenAI's for its paths (its clients read error.message)."""
+    if api is Api.KIT:
+        return {"code": code, "type": KIT_ERRORS.get(code, "InternalServerException"), "message": message}
+    kind = "server_error" if code >= 500 else "invalid_request_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}

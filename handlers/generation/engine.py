@@ -1,0 +1,236 @@
+"""Continuous batching: every sequence in flight advances one token per step; new ones join between steps.
+
+    engine = Engine(model, decode=tokenizer.decode, eos={2}, slots=8, context=2048, dtype=torch.float32)
+    sequence = engine.submit(Generation(prompt_ids, max_new_tokens=64, sampling=Sampling()), sink)
+    engine.run_forever()           # in a thread of its own (handlers/text_generation.py)
+
+A step admits waiting sequences into free slots (each one's prompt is one forward, its "prefill",
+which yields its first token), then runs one forward over the occupied slots ("decode"): row r
+feeds slot r's last token at its own position and attends over its own cache row. A sequence
+leaves when it meets an end-of-sequence token, a stop string, its max_new_tokens or the context,
+or is cancelled; its slot is free for the next step. The KV cache is allocated once
+(cache.py), for `slots` sequences of `context` tokens.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from handlers.generation.cache import SlotCache
+from handlers.generation.sampling import Sampling
+from handlers.generation.stream import TextStream
+
+log = logging.getLogger(__name__)
+# Attention spans and padded prompt lengths are rounded up to a multiple of this: a handful of
+# shapes for the compiler instead of one per length, for at most this many masked positions.
+SPAN_STEP = 64
+
+
+class Finish(enum.StrEnum):
+    """Why a sequence ended, in OpenAI's words (finish_reason)."""
+
+    STOP = "stop"  # an end-of-sequence token or a stop string
+    LENGTH = "length"  # max_new_tokens, or the context is full
+    CANCELLED = "cancelled"  # the client went away, or the server stopped
+
+
+class QueueFull(Exception):
+    """Every slot is taken and the queue is at its limit: the client should retry later (a 503)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """What one request asks for: its prompt's token ids, checked, and how to continue it."""
+
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    sampling: Sampling = Sampling()
+    stop: tuple[str, ...] = ()
+
+
+class Sink(Protocol):
+    """Where a sequence's text goes (the handler answers its client from these calls)."""
+
+    def text(self, delta: str) -> None: ...
+
+    def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None: ...
+
+
+class Discard:
+    """A sink for text nobody reads (the warm-up's)."""
+
+    def text(self, delta: str) -> None:
+        pass
+
+    def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None:
+        pass
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence_:
+    generation: Generation
+    sink: Sink
+    stream: TextStream
+    generator: torch.Generator | None
+    slot: int = -1
+    tokens: list[int] = dataclasses.field(default_factory=list)  # generated so far
+    cancelled: bool = False
+    submitted: float = dataclasses.field(default_factory=time.perf_counter)
+
+    @property
+    def position(self) -> int:
+        """Where the last generated token goes in the cache (it is fed in the next decode)."""
+        return len(self.generation.prompt) + len(self.tokens) - 1
+
+    def cancel(self) -> None:
+        self.cancelled = True  # read by the engine's thread at its next step
+
+
+def span(length: int, limit: int) -> int:
+    """length rounded up to the next multiple of SPAN_STEP, at most limit."""
+    return min(limit, -(-length // SPAN_STEP) * SPAN_STEP)
+
+
+class Engine:
+    def __init__(
+        self,
+        model: nn.Module,
+        decode: Callable[[Sequence[int]], str],
+        eos: set[int],
+        slots: int,
+        context: int,
+        dtype: torch.dtype,
+        max_waiting: int = 64,
+    ):
+        self.model, self.decode, self.eos = model, decode, frozenset(eos)
+        self.slots, self.context, self.max_waiting = slots, context, max_waiting
+        self.cache = SlotCache(slots, context, dtype)
+        self.active: dict[int, Sequence_] = {}
+        self.waiting: collections.deque[Sequence_] = collections.deque()
+        self.lock = threading.Condition()
+        self.stopping = False
+        self.steps = 0
+
+    # -- any thread --------------------------------------------------------------------------
+    def submit(self, generation: Generation, sink: Sink) -> Sequence_:
+        sequence = Sequence_(
+            generation, sink, TextStream(self.decode, generation.stop), generation.sampling.generator()
+        )
+        with self.lock:
+            if len(self.waiting) >= self.max_waiting:
+                raise QueueFull(
+                    f"all {self.slots} sequences are generating and {len(self.waiting)} requests wait; retry later"
+                )
+            self.waiting.append(sequence)
+            self.lock.notify()
+        return sequence
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            self.lock.notify()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.active or self.waiting)
+
+    # -- the engine's thread -----------------------------------------------------------------
+    def run_forever(self, after_step: Callable[[], None] = lambda: None) -> None:
+        while True:
+            with self.lock:
+                while not self.busy and not self.stopping:
+                    self.lock.wait()
+                if self.stopping:
+                    break
+            try:
+                self.step()
+                after_step()
+            except Exception:  # noqa: BLE001 - the engine must outlive one bad step
+                log.exception("generation step failed; its sequences are ended")
+                for sequence in list(self.active.values()):
+                    self._end(sequence, Finish.CANCELLED)
+        for sequence in [*self.active.values(), *self.waiting]:
+            self._end(sequence, Finish.CANCELLED)
+
+    def step(self) -> None:
+        """Admit what fits, then advance every sequence in flight by one token."""
+        with torch.inference_mode():
+            for sequence in list(self.active.values()):
+                if sequence.cancelled:
+                    self._end(sequence, Finish.CANCELLED)
+            while len(self.active) < self.slots:
+                with self.lock:
+                    if not self.waiting:
+                        break
+                    sequence = self.waiting.popleft()
+                if sequence.cancelled:
+                    sequence.sink.finish(Finish.CANCELLED, len(sequence.generation.prompt), 0)
+                    continue
+                sequence.slot = min(set(range(self.slots)) - set(self.active))
+                self.active[sequence.slot] = sequence
+                self._advance(sequence, self._prefill(sequence))
+            if self.active:
+                self._decode()
+            self.steps += 1
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: slice) -> torch.Tensor:
+        self.cache.select(rows, positions, mask.shape[-1])
+        out = self.model(
+            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True
+        )
+        return out.logits.float()
+
+    def _prefill(self, sequence: Sequence_) -> torch.Tensor:
+        """The prompt into the sequence's cache row; the logits for its first new token."""
+        prompt = sequence.generation.prompt
+        length = span(len(prompt), self.context)
+        ids = torch.zeros(1, length, dtype=torch.long)
+        ids[0, : len(prompt)] = torch.tensor(prompt)
+        positions = torch.arange(length)[None]
+        mask = torch.ones(length, length, dtype=torch.bool).tril()[None, None]
+        logits = self._forward(ids, positions, mask, slice(sequence.slot, sequence.slot + 1))
+        return logits[0, len(prompt) - 1]
+
+    def _decode(self) -> None:
+        rows = max(self.active) + 1
+        ids = torch.zeros(rows, 1, dtype=torch.long)
+        positions = torch.zeros(rows, 1, dtype=torch.long)
+        for slot, sequence in self.active.items():
+            ids[slot, 0], positions[slot, 0] = sequence.tokens[-1], sequence.position
+        kv_length = span(int(positions.max()) + 1, self.context)
+        mask = (torch.arange(kv_length)[None, :] <= positions)[:, None, None, :]  # [rows, 1, 1, kv]
+        logits = self._forward(ids, positions, mask, slice(0, rows))
+        for slot, sequence in list(self.active.items()):
+            self._advance(sequence, logits[slot, -1])
+
+    def _advance(self, sequence: Sequence_, logits: torch.Tensor) -> None:
+        """Choose the sequence's next token from its logits; send its text, or end it."""
+        generation = sequence.generation
+        token = generation.sampling.choose(logits, sequence.generator)
+        if token in self.eos:
+            self._end(sequence, Finish.STOP)
+            return
+        sequence.tokens.append(token)
+        delta = sequence.stream.push(token)
+        if delta:
+            sequence.sink.text(delta)
+        if sequence.stream.stopped:
+            self._end(sequence, Finish.STOP)
+        elif len(sequence.tokens) >= generation.max_new_tokens or sequence.position >= self.context:
+            self._end(sequence, Finish.LENGTH)
+
+    def _end(self, sequence: Sequence_, reason: Finish) -> None:
+        self.active.pop(sequence.slot, None)
+        if rest := sequence.stream.finish():
+            sequence.sink.text(rest)
+        sequence.sink.finish(reason, len(sequence.generation.prompt), len(sequence.tokens))

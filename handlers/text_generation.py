@@ -1,0 +1,182 @@
+"""TorchServe handler: a causal language model, many sequences at once, streamed (handlers/generation/).
+
+torch-model-archiver --handler handlers/text_generation.py ...   (see model_store/build.py)
+
+Served with `asyncCommunication: true` (kit/models.py gives the task that key): the kit's worker
+(handlers/worker.py) hands each request to `accept` as it arrives, and the engine's thread
+answers it, token by token or whole, while other requests keep arriving. `initialize` loads the
+model in its served dtype, allocates the KV cache for `max_sequences` x `context_length`, and
+generates once through every path before the first request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from ts.utils.util import PredictionException
+
+from handlers.backends import Backend, DType
+from handlers.generation import api
+from handlers.generation.engine import Discard, Engine, Generation, QueueFull
+from handlers.generation.respond import Responder, refuse
+from handlers.generation.sampling import Sampling
+from handlers.loaders import load_model
+from handlers.optimize import graphs_compiled
+from handlers.payload import HTTP_BAD_REQUEST, InvalidInput, over_grpc, request_body
+from handlers.replies import Replies
+from handlers.settings import GenerationSettings
+from handlers.typed_config import parse_settings
+
+log = logging.getLogger(__name__)
+SERVICE_UNAVAILABLE = 503
+TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16}
+GENERATION_CONFIG = "generation_config.json"
+URL_PATH = "url_path"  # the path after /predictions/<model>/<version>/, as TorchServe passes it
+
+
+def model_defaults(model_dir: Path, config) -> tuple[set[int], Sampling]:
+    """End-of-sequence ids and sampling defaults: generation_config.json, else config.json."""
+    path = model_dir / GENERATION_CONFIG
+    generation = json.loads(path.read_text()) if path.is_file() else {}
+    eos = generation.get("eos_token_id", getattr(config, "eos_token_id", None))
+    eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
+    if not generation.get("do_sample", False):
+        return eos_ids, Sampling()
+    return eos_ids, Sampling(
+        temperature=float(generation.get("temperature", 1.0)),
+        top_p=float(generation.get("top_p", 1.0)),
+        top_k=int(generation.get("top_k", 0) or 0),
+    )
+
+
+def decode_body(request: dict[str, Any], api_kind: api.Api) -> Any:
+    """The body as JSON, or as text for the kit's API (a bare prompt)."""
+    body = request_body(request)
+    if isinstance(body, (bytes, bytearray)):
+        try:
+            body = bytes(body).decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidInput(f"body is not valid UTF-8 (byte {error.start}: {error.reason})") from None
+    if isinstance(body, str) and (api_kind is not api.Api.KIT or body.lstrip().startswith("{")):
+        try:
+            body = json.loads(body)
+        except json.JSONDecodeError as error:
+            if api_kind is not api.Api.KIT:
+                raise InvalidInput(f"body is not JSON ({error.msg} at character {error.pos})") from None
+    return body
+
+
+class TextGenerationHandler:
+    settings_class = GenerationSettings
+    initialized = False
+
+    def initialize(self, context) -> None:
+        from transformers import AutoTokenizer
+
+        start = time.perf_counter()
+        self.model_name = context.model_name
+        model_dir = Path(context.system_properties["model_dir"])
+        self.settings = settings = parse_settings(GenerationSettings, (context.model_yaml_config or {}).get("handler"))
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        model = load_model(settings, model_dir).to(TORCH_DTYPES[settings.dtype])
+        if settings.backend is Backend.INDUCTOR:
+            model.forward = torch.compile(model.forward, dynamic=True)
+        eos, sampling = model_defaults(model_dir, model.config)
+        self.limits = api.Limits(settings.context_length, settings.max_new_tokens, sampling)
+        self.engine = Engine(
+            model,
+            lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            eos,
+            settings.max_sequences,
+            settings.context_length,
+            TORCH_DTYPES[settings.dtype],
+            settings.max_waiting,
+        )
+        load_seconds = time.perf_counter() - start
+        warm_seconds = self.warm_up()
+        self.thread = threading.Thread(
+            target=self.engine.run_forever, args=(self.check_no_recompile,), name="generation", daemon=True
+        )
+        self.thread.start()
+        log.info(
+            "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB eos=%s load=%.1fs warmup=%.1fs",
+            self.model_name, settings.backend.value, settings.dtype.value, settings.max_sequences,
+            settings.context_length, self.engine.cache.bytes / 1e6, sorted(eos), load_seconds, warm_seconds,
+        )  # fmt: skip
+        self.initialized = True
+
+    def warm_up(self) -> float:
+        """One sequence alone, then every slot at once: the cache is allocated, and a compiled model
+        has compiled its prefill and its decode step for one row and for several (a compiler
+        specialises a size of 1), before the first request."""
+        start = time.perf_counter()
+        prompt = tuple(self.tokenizer("Hello")["input_ids"] or [0])
+        new = max(1, min(4, self.settings.context_length - len(prompt)))
+        for count in (1, self.settings.max_sequences):
+            for _ in range(count):
+                self.engine.submit(Generation(prompt, new), Discard())
+            while self.engine.busy:
+                self.engine.step()
+        self.graphs = graphs_compiled()
+        return time.perf_counter() - start
+
+    def check_no_recompile(self) -> None:
+        # Every shape a step takes was compiled by warm_up; a new graph means a request waited
+        # for the compiler. Logged, so a test or a user sees it.
+        graphs = graphs_compiled()
+        if graphs != self.graphs:
+            log.warning(
+                "%s: recompiled while serving (%d new graph(s)); run with TORCH_LOGS=recompiles to see which guard failed",
+                self.model_name, graphs - self.graphs,
+            )  # fmt: skip
+            self.graphs = graphs
+
+    # -- TorchServe ---------------------------------------------------------------------------
+    def handle(self, data, context):
+        raise PredictionException(
+            "text generation is served with asyncCommunication: true (model-config.yaml) by the kit's worker", 500
+        )
+
+    def accept(self, request_id: str, request: dict[str, Any], headers: dict[str, Any], replies: Replies) -> None:
+        """One request, as it arrives (the worker's reader thread): checked, then queued."""
+        grpc = over_grpc(headers)
+        path = str(headers.get(URL_PATH) or "").strip("/")
+        try:
+            kind = api.Api(path)
+        except ValueError:
+            paths = ", ".join(f"'{a.value}'" for a in api.Api)
+            refuse(replies, request_id, api.Api.KIT, f"unknown path {path!r}; this model serves {paths}", 404, grpc)
+            return
+        try:
+            parsed = api.parse(kind, decode_body(request, kind), self.limits, self.tokenize, self.apply_template)
+        except InvalidInput as error:
+            refuse(replies, request_id, kind, str(error), HTTP_BAD_REQUEST, grpc)
+            return
+        answer = api.ANSWERS[kind](request_id, self.model_name, parsed)
+        try:
+            self.engine.submit(parsed.generation, Responder(replies, request_id, answer, parsed.stream, grpc))
+        except QueueFull as error:
+            refuse(replies, request_id, kind, str(error), SERVICE_UNAVAILABLE, grpc)
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text)["input_ids"])
+
+    @property
+    def apply_template(self):
+        if not getattr(self.tokenizer, "chat_template", None):
+            return None
+        return self._apply_template
+
+    def _apply_template(self, messages: list[dict[str, Any]]) -> list[int]:
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as error:  # noqa: BLE001 - a template's own checks (roles, order) raise anything
+            raise InvalidInput(f"the model's chat template refused the messages: {error}") from None
+        # The template writes the special tokens (BOS) it wants.
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -1,0 +1,231 @@
+"""Your language model, served: `make model` from a causal LM directory the kit does not bundle, a
+real TorchServe, answers token for token equal to transformers' greedy `generate`, streamed and
+whole, many at once, through the kit's API, OpenAI's (with the official `openai` client) and gRPC.
+
+Two families, tiny and random (tests/hf_models.py): Qwen2 (Llama-style: RoPE, grouped KV heads,
+a ChatML chat template) and GPT-2 (learned positions, no chat template). The reference text is
+transformers' tokens decoded as the kit streams text (handlers/generation/stream.py, tested on
+its own against the tokenizer), so equal texts mean equal tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+
+from client import grpc_client
+from handlers.generation.stream import TextStream
+from kit.models import model_file
+from kit.paths import ROOT
+from kit.serve_config import ServeConfig
+from kit.server import Server
+from tests.e2e.conftest import one_cpu, start_server
+from tests.e2e.test_your_model import remove_model
+from tests.hf_models import gpt2_lm, qwen2_lm
+
+pytestmark = pytest.mark.e2e
+
+QWEN, GPT2 = "test-yours-qwen2-lm", "test-yours-gpt2-lm"
+MAKERS = {QWEN: qwen2_lm, GPT2: gpt2_lm}
+VARIANTS = ("eager", "inductor")
+PROMPTS = ["The committee postponed the expansion", "A quick brown fox", "Interest rates rose again this quarter, " * 5]
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is the river bank?"}]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lms")
+    made = {name: make(root / name) for name, make in MAKERS.items()}
+    try:
+        for name, source in made.items():
+            command = [
+                "make",
+                "--no-print-directory",
+                "model",
+                f"NAME={name}",
+                f"SRC={source}",
+                f"VARIANTS={','.join(VARIANTS)}",
+            ]
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            assert "task: text-generation" in model_file(name).read_text()  # inferred from architectures
+        yield made
+    finally:
+        for name in made:
+            remove_model(name)
+
+
+class Reference:
+    """transformers' greedy answers (float32), as text the way the kit streams it."""
+
+    def __init__(self, directory: Path):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(directory)
+        self.model = AutoModelForCausalLM.from_pretrained(directory).eval()
+
+    def tokens(self, ids: list[int], new: int) -> list[int]:
+        with torch.inference_mode():
+            out = self.model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0)
+        answer = out[0, len(ids) :].tolist()
+        eos = set(self.model.generation_config.eos_token_id)
+        return answer[: next((i for i, t in enumerate(answer) if t in eos), len(answer))]
+
+    def text(self, ids: list[int], new: int) -> tuple[str, int]:
+        tokens = self.tokens(ids, new)
+        stream = TextStream(lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
+        return "".join(stream.push(t) for t in tokens) + stream.finish(), len(tokens)
+
+    def prompt(self, text: str) -> tuple[str, int]:
+        return self.text(self.tokenizer(text)["input_ids"], 24)
+
+    def chat(self, new: int) -> tuple[str, int]:
+        rendered = self.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+        return self.text(self.tokenizer(rendered, add_special_tokens=False)["input_ids"], new)
+
+
+@pytest.fixture(scope="module")
+def references(sources) -> dict[str, Reference]:
+    return {name: Reference(path) for name, path in sources.items()}
+
+
+@pytest.fixture(scope="module", params=VARIANTS)
+def server(request, sources, tmp_path_factory):
+    config = ServeConfig.from_preset("optimized", variant=request.param, models=list(MAKERS), cpus=one_cpu())
+    server = start_server(tmp_path_factory.mktemp(request.param), config)
+    yield server
+    server.stop()
+
+
+def url(server: Server, model: str, path: str = "") -> str:
+    return server.api.url("inference", f"/predictions/{model}" + (f"/1.0/{path}" if path else ""))
+
+
+def generate(server: Server, model: str, body, path: str = "", stream: bool = False) -> requests.Response:
+    data = (
+        {"json": body} if isinstance(body, dict) else {"data": body.encode(), "headers": {"Content-Type": "text/plain"}}
+    )
+    return requests.post(url(server, model, path), timeout=120, stream=stream, **data)
+
+
+def sse(response: requests.Response) -> list[dict]:
+    lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == b"data: [DONE]"
+    return [json.loads(line.removeprefix(b"data: ")) for line in lines[:-1]]
+
+
+@pytest.mark.parametrize("model", sorted(MAKERS))
+def test_greedy_answers_equal_transformers_token_for_token_whole_and_streamed(server, references, model):
+    reference = references[model]
+    for prompt in PROMPTS:
+        text, count = reference.prompt(prompt)
+        whole = generate(server, model, {"prompt": prompt, "max_new_tokens": 24})
+        assert whole.status_code == 200, whole.text
+        assert whole.json()["text"] == text and whole.json()["usage"]["completion_tokens"] == count
+        assert whole.json()["finish_reason"] == ("length" if count == 24 else "stop")
+        streamed = generate(server, model, {"prompt": prompt, "max_new_tokens": 24, "stream": True}, stream=True)
+        assert streamed.headers["Content-Type"].startswith("text/plain")
+        chunks = [chunk.decode() for chunk in streamed.iter_content(None)]
+        assert "".join(chunks) == text and len(chunks) > 1
+        completion = generate(server, model, {"prompt": prompt, "max_tokens": 24}, "v1/completions").json()
+        assert completion["choices"][0]["text"] == text and completion["usage"]["completion_tokens"] == count
+    bare = generate(server, model, PROMPTS[0])  # a text body, the model's default max_new_tokens
+    assert bare.status_code == 200 and bare.json()["usage"]["prompt_tokens"] == len(
+        reference.tokenizer(PROMPTS[0])["input_ids"]
+    )
+
+
+def test_requests_generated_together_each_get_their_solo_answer(server, references):
+    jobs = [(model, prompt) for model in sorted(MAKERS) for prompt in PROMPTS] * 2
+    answers: dict[int, str] = {}
+
+    def ask(index: int, model: str, prompt: str) -> None:
+        answers[index] = generate(server, model, {"prompt": prompt, "max_new_tokens": 24}).json()["text"]
+
+    threads = [threading.Thread(target=ask, args=(i, *job)) for i, job in enumerate(jobs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert [answers.get(i) for i in range(len(jobs))] == [references[m].prompt(p)[0] for m, p in jobs]
+
+
+def test_a_request_arriving_mid_generation_gets_its_first_token_before_the_first_ends(server):
+    # PROMPTS[0]: greedy, this model meets no end-of-sequence token in its first 1000 (a random model may).
+    long = generate(server, QWEN, {"prompt": PROMPTS[0], "max_tokens": 1000, "stream": True,
+                                   "stream_options": {"include_usage": True}}, "v1/completions", stream=True)  # fmt: skip
+    lines = long.iter_lines()
+    assert next(line for line in lines if line).startswith(b"data: ")  # the long one is generating
+    arrived: dict[str, float] = {}
+
+    def second() -> None:
+        short = generate(server, QWEN, {"prompt": PROMPTS[1], "max_new_tokens": 5, "stream": True}, stream=True)
+        next(short.iter_content(None))
+        arrived["first token"] = time.perf_counter()
+        short.close()
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    events = [json.loads(line.removeprefix(b"data: ")) for line in lines if line and line != b"data: [DONE]"]
+    arrived["long done"] = time.perf_counter()
+    thread.join(timeout=60)
+    assert events[-1]["usage"]["completion_tokens"] >= 500, "the long answer ended early: no overlap to test"
+    assert arrived["first token"] < arrived["long done"], arrived
+
+
+def test_openai_client_chats_streamed_and_whole(server, references):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url(server, QWEN, "v1"), api_key="unused")
+    text, count = references[QWEN].chat(16)
+    whole = client.chat.completions.create(model=QWEN, messages=CHAT, max_tokens=16, temperature=0)
+    assert whole.choices[0].message.content == text and whole.usage.completion_tokens == count
+    stream = client.chat.completions.create(model=QWEN, messages=CHAT, max_tokens=16, stream=True,
+                                            stream_options={"include_usage": True})  # fmt: skip
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens == count
+    completion = OpenAI(base_url=url(server, GPT2, "v1"), api_key="unused").completions.create(
+        model=GPT2, prompt=PROMPTS[0], max_tokens=24
+    )
+    assert completion.choices[0].text == references[GPT2].prompt(PROMPTS[0])[0]
+
+
+@pytest.mark.parametrize(
+    ("model", "path", "body", "code", "message"),
+    [
+        (QWEN, "", {"prompt": "hi", "temperature": "hot"}, 400, "temperature must be a number"),
+        (QWEN, "", {"prompt": "  "}, 400, "prompt is empty"),
+        (QWEN, "", {"prompt": "word " * 3000}, 400, "this model's context is 2048 tokens"),
+        (QWEN, "v1/completions", {"prompt": "hi", "n": 3}, 400, "n=3 is not served"),
+        (GPT2, "v1/chat/completions", {"messages": CHAT}, 400, "no chat template"),
+        (QWEN, "v1/embeddings", {"input": "hi"}, 404, "unknown path 'v1/embeddings'"),
+    ],
+)
+def test_a_bad_request_gets_its_error_and_the_worker_serves_on(server, model, path, body, code, message):
+    response = generate(server, model, body, path)
+    assert response.status_code == code
+    error = response.json()
+    assert message in (error["message"] if "message" in error else error["error"]["message"])
+    assert generate(server, model, {"prompt": "still there?", "max_new_tokens": 2}).status_code == 200
+
+
+def test_grpc_answers_whole_as_rest_does(server):
+    target = f"127.0.0.1:{server.config.grpc_inference_port}"
+    body = {"prompt": PROMPTS[0], "max_new_tokens": 12}
+    answer = json.loads(grpc_client.predict(target, GPT2, json.dumps(body).encode()))
+    assert answer == generate(server, GPT2, body).json()
+
+
+def test_no_request_waited_for_the_compiler(server):
+    """Runs after the others on each server: every shape they sent was compiled at warm-up."""
+    log = server.logs.model_log.read_text(errors="replace")
+    assert f"{QWEN} ready: backend={server.config.variant.name.split('-')[0]}" in log
+    assert "recompiled while serving" not in log, "a request waited for the compiler"

@@ -1,0 +1,131 @@
+"""handlers/generation/api.py: request bodies checked by name, answers in OpenAI's shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from handlers.generation.api import (
+    ANSWERS,
+    DONE,
+    Api,
+    Limits,
+    Usage,
+    error_body,
+    parse,
+)
+from handlers.generation.engine import Finish
+from handlers.generation.sampling import Sampling
+from handlers.payload import InvalidInput
+
+LIMITS = Limits(context=32, max_new_tokens=10, sampling=Sampling())
+
+
+def tokenize(text: str) -> list[int]:
+    return [ord(c) for c in text]  # one token per character: lengths are easy to reason about
+
+
+def template(messages: list[dict]) -> list[int]:
+    return tokenize("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
+
+
+def parsed(api: Api, body, apply=template):
+    return parse(api, body, LIMITS, tokenize, apply)
+
+
+def test_the_kits_api_takes_a_bare_text_or_json_with_parameters():
+    request = parsed(Api.KIT, "hello")
+    assert request.generation.prompt == tuple(tokenize("hello")) and request.generation.max_new_tokens == 10
+    request = parsed(Api.KIT, {"prompt": "hi", "max_new_tokens": 3, "stop": ".", "temperature": 0.5, "stream": True})
+    assert request.generation.max_new_tokens == 3 and request.generation.stop == (".",) and request.stream
+    assert request.generation.sampling.temperature == 0.5
+
+
+def test_openai_names_and_the_chat_template():
+    completion = parsed(Api.COMPLETIONS, {"prompt": ["once"], "max_tokens": 4, "stop": ["\n", "END"]})
+    assert completion.generation.prompt == tuple(tokenize("once")) and completion.generation.stop == ("\n", "END")
+    chat = parsed(Api.CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                             "max_completion_tokens": 2, "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
+    assert chat.generation.prompt == tuple(tokenize("<user>hi<assistant>")) and chat.generation.max_new_tokens == 2
+    assert chat.stream and chat.include_usage
+
+
+@pytest.mark.parametrize(
+    ("api", "body", "message"),
+    [
+        (Api.KIT, "   ", "prompt is empty"),
+        (Api.KIT, {"text": ""}, "prompt is empty"),
+        (Api.KIT, {"prompt": "x" * 32}, "prompt is 32 tokens; this model's context is 32 tokens"),
+        (Api.KIT, {"prompt": "x", "max_new_tokens": 0}, "max_new_tokens must be from 1 to 32, got 0"),
+        (Api.KIT, {"prompt": "x", "stop": [1]}, "stop must be a string or a list of at most 8 strings"),
+        (Api.KIT, {"prompt": "x", "stream": "yes"}, "stream must be true or false"),
+        (Api.KIT, [1, 2], "body must be a JSON object, got a JSON list"),
+        (Api.COMPLETIONS, {"prompt": "x", "n": 2}, "n=2 is not served"),
+        (Api.COMPLETIONS, {"prompt": "x", "logprobs": 3}, "logprobs=3 is not served"),
+        (Api.COMPLETIONS, {"messages": []}, 'JSON body needs a string field "prompt"'),
+        (Api.CHAT, {"messages": []}, 'chat needs "messages": a non-empty list'),
+        (Api.CHAT, {"messages": [{"content": "x"}]}, 'messages\\[0\\] must be an object with a string "role"'),
+        (Api.CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "only text parts are served"),
+    ],
+)
+def test_a_bad_request_is_refused_naming_the_problem(api, body, message):
+    with pytest.raises(InvalidInput, match=message):
+        parsed(api, body)
+
+
+def test_chat_on_a_model_without_a_template_says_which_endpoint_serves_it():
+    with pytest.raises(InvalidInput, match="no chat template .* use v1/completions"):
+        parsed(Api.CHAT, {"messages": [{"role": "user", "content": "hi"}]}, apply=None)
+
+
+def events(stream: bytes) -> list:
+    assert stream.endswith(DONE)
+    chunks = stream[: -len(DONE)].split(b"\n\n")
+    assert chunks[-1] == b"" and all(c.startswith(b"data: ") for c in chunks[:-1])
+    return [json.loads(c[len(b"data: ") :]) for c in chunks[:-1]]
+
+
+def test_a_streamed_chat_answer_is_what_openais_client_parses():
+    request = parsed(Api.CHAT, {"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                                "stream_options": {"include_usage": True}})  # fmt: skip
+    answer = ANSWERS[Api.CHAT]("r1", "lm", request)
+    stream = answer.first() + answer.chunk("Hel") + answer.chunk("lo") + answer.end(Finish.LENGTH, Usage(5, 2))
+    chunks = events(stream)
+    assert [c["object"] for c in chunks] == ["chat.completion.chunk"] * 5
+    assert {c["id"] for c in chunks} == {"chatcmpl-r1"}
+    assert [c["choices"][0]["delta"] for c in chunks[:4]] == [
+        {"role": "assistant", "content": ""},
+        {"content": "Hel"},
+        {"content": "lo"},
+        {},
+    ]
+    assert chunks[3]["choices"][0]["finish_reason"] == "length"
+    assert chunks[4]["choices"] == [] and chunks[4]["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 2,
+        "total_tokens": 7,
+    }
+
+
+def test_whole_answers_carry_usage_and_finish_reason():
+    request = parsed(Api.COMPLETIONS, {"prompt": "x"})
+    whole = ANSWERS[Api.COMPLETIONS]("r2", "lm", request).whole("text", Finish.STOP, Usage(1, 3))
+    assert whole["object"] == "text_completion" and whole["choices"][0]["text"] == "text"
+    assert whole["choices"][0]["finish_reason"] == "stop" and whole["usage"]["total_tokens"] == 4
+    kit = ANSWERS[Api.KIT]("r3", "lm", parsed(Api.KIT, "x")).whole("t", Finish.LENGTH, Usage(1, 1))
+    assert kit == {
+        "text": "t",
+        "finish_reason": "length",
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+    }
+
+
+def test_errors_in_each_apis_shape():
+    assert error_body(Api.KIT, "bad", 400) == {"code": 400, "type": "InvalidInput", "message": "bad"}
+    assert error_body(Api.CHAT, "full", 503)["error"] == {
+        "message": "full",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }

@@ -1,0 +1,148 @@
+"""handlers/generation/engine.py against transformers' own greedy `generate`, on tiny random models
+of two families: Llama-style (Qwen2, grouped KV heads, RoPE) and GPT-2 (learned positions)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from handlers.generation.engine import Engine, Finish, Generation, QueueFull
+from handlers.generation.sampling import Sampling
+from tests.hf_models import gpt2_lm, qwen2_lm
+
+FAMILIES = {"qwen2": qwen2_lm, "gpt2": gpt2_lm}
+# Prompts of different lengths, one longer than a padding step (64), one token long.
+PROMPTS = ["The committee postponed", "A", "Interest rates rose again this quarter, " * 6, "fox jumps"]
+
+
+class Recorder:
+    def __init__(self):
+        self.parts: list[str] = []
+        self.reason: Finish | None = None
+        self.usage: tuple[int, int] | None = None
+
+    def text(self, delta: str) -> None:
+        self.parts.append(delta)
+
+    def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None:
+        self.reason, self.usage = reason, (prompt_tokens, completion_tokens)
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def lm(request, tmp_path_factory):
+    directory = FAMILIES[request.param](tmp_path_factory.mktemp(request.param))
+    model = AutoModelForCausalLM.from_pretrained(directory).eval()
+    return model, AutoTokenizer.from_pretrained(directory)
+
+
+def engine(model, tokenizer, slots: int = 3, context: int = 256, eos: set[int] | None = None, waiting: int = 16):
+    return Engine(model, tokenizer.decode, set() if eos is None else eos, slots, context, torch.float32, waiting)
+
+
+def reference(model, ids: list[int], new: int) -> list[int]:
+    out = model.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(ids) :].tolist()
+
+
+def run(engine_: Engine, sequences: list, joining: list[tuple[Generation, Recorder]], after_steps: int) -> None:
+    """Step the engine; the `joining` requests arrive after `after_steps` steps, mid-generation."""
+    for step in range(10_000):
+        if step == after_steps:
+            sequences += [engine_.submit(g, r) for g, r in joining]
+        if not engine_.busy and step > after_steps:
+            return
+        engine_.step()
+
+
+def test_sequences_joining_mid_generation_each_get_transformers_greedy_answer(lm):
+    model, tokenizer = lm
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    new = 40
+    expected = [reference(model, i, new) for i in ids]
+    eng = engine(model, tokenizer, slots=3)  # four requests, three slots: one waits for a free slot
+    first = [(Generation(tuple(i), new), Recorder()) for i in ids[:2]]
+    later = [(Generation(tuple(i), new), Recorder()) for i in ids[2:]]
+    sequences = [eng.submit(g, r) for g, r in first]
+    run(eng, sequences, later, after_steps=5)
+    for sequence, want, prompt in zip(sequences, expected, ids, strict=True):
+        assert sequence.tokens == want
+        assert sequence.sink.reason is Finish.LENGTH and sequence.sink.usage == (len(prompt), new)
+
+
+def test_an_end_of_sequence_token_ends_the_answer_without_it(lm):
+    model, tokenizer = lm
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    tokens = reference(model, ids, 8)
+    eos = tokens[3]  # the model's fourth greedy token, declared end-of-sequence
+    eng = engine(model, tokenizer, eos={eos})
+    recorder = Recorder()
+    sequence = eng.submit(Generation(tuple(ids), 8), recorder)
+    while eng.busy:
+        eng.step()
+    assert sequence.tokens == tokens[: tokens.index(eos)]
+    assert recorder.reason is Finish.STOP
+
+
+def test_the_context_ends_an_answer_at_its_last_position(lm):
+    model, tokenizer = lm
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    context = len(ids) + 5
+    eng = engine(model, tokenizer, context=context)
+    sequence = eng.submit(Generation(tuple(ids), 100), Recorder())
+    while eng.busy:
+        eng.step()
+    assert len(ids) + len(sequence.tokens) == context + 1  # the last one is sent, never fed back
+    assert sequence.tokens == reference(model, ids, 6)
+    assert sequence.sink.reason is Finish.LENGTH
+
+
+def test_a_cancelled_sequence_frees_its_slot_for_a_waiting_one(lm):
+    model, tokenizer = lm
+    ids = tuple(tokenizer(PROMPTS[0])["input_ids"])
+    eng = engine(model, tokenizer, slots=1)
+    first, second = Recorder(), Recorder()
+    running = eng.submit(Generation(ids, 1000), first)
+    eng.step()
+    waiting = eng.submit(Generation(ids, 5), second)
+    eng.step()
+    assert waiting.slot == -1  # no slot while the first generates
+    running.cancel()
+    eng.step()
+    assert first.reason is Finish.CANCELLED and len(running.tokens) < 10
+    assert waiting.slot == 0
+    while eng.busy:
+        eng.step()
+    assert second.reason is Finish.LENGTH and waiting.tokens == reference(eng.model, list(ids), 5)
+
+
+def test_a_full_queue_refuses_with_the_numbers(lm):
+    model, tokenizer = lm
+    eng = engine(model, tokenizer, slots=1, waiting=2)
+    for _ in range(2):
+        eng.submit(Generation((1, 2), 4), Recorder())
+    with pytest.raises(QueueFull, match="all 1 sequences are generating and 2 requests wait"):
+        eng.submit(Generation((1, 2), 4), Recorder())
+
+
+def test_a_seeded_sample_is_the_same_whatever_runs_beside_it(lm):
+    model, tokenizer = lm
+    ids = tuple(tokenizer(PROMPTS[0])["input_ids"])
+    sampled = Generation(ids, 12, Sampling(temperature=1.0, top_p=0.9, top_k=50, seed=7))
+    alone = engine(model, tokenizer)
+    solo = alone.submit(sampled, Recorder())
+    while alone.busy:
+        alone.step()
+    crowded = engine(model, tokenizer)
+    crowded.submit(
+        Generation(tuple(tokenizer(PROMPTS[2])["input_ids"]), 12, Sampling(temperature=1.5, seed=1)), Recorder()
+    )
+    beside = crowded.submit(sampled, Recorder())
+    while crowded.busy:
+        crowded.step()
+    assert beside.tokens == solo.tokens
+    greedy = engine(model, tokenizer)
+    plain = greedy.submit(Generation(ids, 12), Recorder())
+    while greedy.busy:
+        greedy.step()
+    assert solo.tokens != plain.tokens  # it did sample (a random model is far from peaked)
