@@ -129,8 +129,14 @@ require-model:
 SOAK_SECONDS ?= 300
 # Compare serving configurations with ab on the real server: bench/results/<time>/ (+ latest).
 # The bench builds the archives of the variants its plan names.
+# PLAN=generate: a language model of yours (MODELS=lm) streamed against FastAPI + generate (bench/generate.py).
 bench: install
+ifeq ($(PLAN),generate)
+	@test -n "$(MODELS)" || { echo "usage: make bench PLAN=generate MODELS=lm [ROUNDS=3] [SECONDS=60]"; exit 2; }
+	@$(PY) -m bench.generate --model $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(SECONDS),--seconds $(SECONDS))
+else
 	@$(PY) -m bench --plan $(PLAN) $(if $(MODELS),--models $(MODELS))
+endif
 
 # Search the layout and write the winner as config/presets/tuned.yaml: `make serve CONFIG=tuned`.
 tune: install

@@ -101,16 +101,35 @@ def _save_causal(model, tokenizer, directory: Path, eos: list[int]) -> Path:
     return directory
 
 
+# Qwen2.5's vocabulary: its embedding and output projection are a quarter of a 0.5B model's work.
+QWEN_VOCABULARY = 151936
+
+
+def padded(tokenizer, vocabulary: int):
+    """The tokenizer grown to `vocabulary` tokens with words " w<n>": a random model picks any id
+    of a real-size vocabulary, and each one decodes to text, as a real tokenizer's would."""
+    missing = vocabulary - len(tokenizer)
+    if missing > 0:
+        tokenizer.add_tokens([f" w{index}" for index in range(missing)])
+    return tokenizer
+
+
 def qwen2(
-    directory: Path, dim: int = 896, layers: int = 24, heads: int = 14, kv_heads: int = 2, init: float = 0.02
+    directory: Path,
+    dim: int = 896,
+    layers: int = 24,
+    heads: int = 14,
+    kv_heads: int = 2,
+    init: float = 0.02,
+    vocabulary: int = QWEN_VOCABULARY,
 ) -> Path:
     """A Qwen2 causal LM (Llama-style: RoPE, RMSNorm, grouped KV heads) with a ChatML template;
-    the defaults are Qwen2.5-0.5B's shape, with the tokenizer's vocabulary."""
+    the defaults are Qwen2.5-0.5B's shape and vocabulary size (0: the trained tokenizer's own)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(SEED)
-    tokenizer = causal_tokenizer()
+    tokenizer = padded(causal_tokenizer(), vocabulary)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=dim, intermediate_size=int(dim * 5.4) // 8 * 8,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -121,14 +140,16 @@ def qwen2(
     return _save_causal(Qwen2ForCausalLM(config), tokenizer, directory, eos)
 
 
-def gpt2(directory: Path, dim: int = 768, layers: int = 12, heads: int = 12, init: float = 0.02) -> Path:
+def gpt2(
+    directory: Path, dim: int = 768, layers: int = 12, heads: int = 12, init: float = 0.02, vocabulary: int = 50257
+) -> Path:
     """A GPT-2 causal LM (learned positions, LayerNorm, fused QKV) without a chat template;
-    the defaults are GPT-2 small's shape, with the tokenizer's vocabulary."""
+    the defaults are GPT-2 small's shape and vocabulary size (0: the trained tokenizer's own)."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(SEED)
-    tokenizer = causal_tokenizer(chat=False)
+    tokenizer = padded(causal_tokenizer(chat=False), vocabulary)
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = GPT2Config(
         vocab_size=len(tokenizer), n_embd=dim, n_layer=layers, n_head=heads, n_positions=1024,

@@ -97,6 +97,8 @@ class TextGenerationHandler:
             settings.context_length,
             TORCH_DTYPES[settings.dtype],
             settings.max_waiting,
+            self.model_name,
+            settings.itt,
         )
         load_seconds = time.perf_counter() - start
         warm_seconds = self.warm_up()

@@ -27,9 +27,9 @@ def vit_classifier(directory: Path) -> Path:
 
 def qwen2_lm(directory: Path) -> Path:
     """Llama-style, grouped KV heads (4 query heads share 2), a chat template."""
-    return qwen2(directory, dim=64, layers=2, heads=4, kv_heads=2, init=INIT)
+    return qwen2(directory, dim=64, layers=2, heads=4, kv_heads=2, init=INIT, vocabulary=0)
 
 
 def gpt2_lm(directory: Path) -> Path:
     """GPT-2: learned positions, no chat template."""
-    return gpt2(directory, dim=64, layers=2, heads=4, init=INIT)
+    return gpt2(directory, dim=64, layers=2, heads=4, init=INIT, vocabulary=0)

@@ -6,8 +6,9 @@
 
 TorchServe hands the path after the version to the handler as the `url_path` header. Parameters
 everywhere: max_new_tokens (OpenAI: max_tokens, max_completion_tokens), stop, temperature,
-top_p, top_k, seed, stream. A streamed OpenAI answer is server-sent events as OpenAI's clients
-parse them ("data: {chunk}\\n\\n" ... "data: [DONE]\\n\\n"); the kit's streams the bare text.
+top_p, top_k, seed, stream, and ignore_eos (vLLM's and llama.cpp's: all max_new_tokens, for a
+benchmark). A streamed OpenAI answer is server-sent events as OpenAI's clients parse them
+("data: {chunk}\\n\\n" ... "data: [DONE]\\n\\n"); the kit's streams the bare text.
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ def parse(api: Api, body: Any, limits: Limits, tokenize: Tokenize, apply_templat
         max_new_tokens=_max_new_tokens(body, limits, names),
         sampling=Sampling.parse(body, limits.sampling),
         stop=_stops(body),
+        ignore_eos=_flag(body, "ignore_eos"),
     )
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):

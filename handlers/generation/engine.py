@@ -29,11 +29,13 @@ from torch import nn
 from handlers.generation.cache import SlotCache
 from handlers.generation.sampling import Sampling
 from handlers.generation.stream import TextStream
+from handlers.itt import inference_range
 
 log = logging.getLogger(__name__)
 # Attention spans and padded prompt lengths are rounded up to a multiple of this: a handful of
 # shapes for the compiler instead of one per length, for at most this many masked positions.
 SPAN_STEP = 64
+DECODE_KEEP = torch.tensor([0])  # a decode step feeds one token per row: its logits are all there are
 
 
 class Finish(enum.StrEnum):
@@ -56,6 +58,9 @@ class Generation:
     max_new_tokens: int
     sampling: Sampling = Sampling()
     stop: tuple[str, ...] = ()
+    # Generate max_new_tokens whatever comes (vLLM's and llama.cpp's option): a benchmark's
+    # answers then have the same length on every server.
+    ignore_eos: bool = False
 
 
 class Sink(Protocol):
@@ -77,7 +82,9 @@ class Discard:
 
 
 @dataclasses.dataclass(eq=False)
-class Sequence_:
+class Running:
+    """A request's sequence from submit to its end: waiting for a slot (slot -1), then in one."""
+
     generation: Generation
     sink: Sink
     stream: TextStream
@@ -111,21 +118,22 @@ class Engine:
         context: int,
         dtype: torch.dtype,
         max_waiting: int = 64,
+        name: str = "",
+        itt: bool = False,
     ):
         self.model, self.decode, self.eos = model, decode, frozenset(eos)
+        self.name, self.itt = name, itt  # one ITT range per forward (prefill or decode step), for VTune
         self.slots, self.context, self.max_waiting = slots, context, max_waiting
         self.cache = SlotCache(slots, context, dtype)
-        self.active: dict[int, Sequence_] = {}
-        self.waiting: collections.deque[Sequence_] = collections.deque()
+        self.active: dict[int, Running] = {}
+        self.waiting: collections.deque[Running] = collections.deque()
         self.lock = threading.Condition()
         self.stopping = False
         self.steps = 0
 
     # -- any thread --------------------------------------------------------------------------
-    def submit(self, generation: Generation, sink: Sink) -> Sequence_:
-        sequence = Sequence_(
-            generation, sink, TextStream(self.decode, generation.stop), generation.sampling.generator()
-        )
+    def submit(self, generation: Generation, sink: Sink) -> Running:
+        sequence = Running(generation, sink, TextStream(self.decode, generation.stop), generation.sampling.generator())
         with self.lock:
             if len(self.waiting) >= self.max_waiting:
                 raise QueueFull(
@@ -183,14 +191,24 @@ class Engine:
                 self._decode()
             self.steps += 1
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: slice) -> torch.Tensor:
+    def _forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: slice, keep: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits [rows, len(keep), vocab] at the positions `keep` of each row: the vocabulary
+        projection (151936 columns for Qwen) is made only where a token is chosen."""
         self.cache.select(rows, positions, mask.shape[-1])
-        out = self.model(
-            input_ids=ids, position_ids=positions, attention_mask=mask, past_key_values=self.cache, use_cache=True
-        )
+        with inference_range(self.name, rows.stop - rows.start, self.itt):
+            out = self.model(
+                input_ids=ids,
+                position_ids=positions,
+                attention_mask=mask,
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=keep,
+            )
         return out.logits.float()
 
-    def _prefill(self, sequence: Sequence_) -> torch.Tensor:
+    def _prefill(self, sequence: Running) -> torch.Tensor:
         """The prompt into the sequence's cache row; the logits for its first new token."""
         prompt = sequence.generation.prompt
         length = span(len(prompt), self.context)
@@ -198,8 +216,8 @@ class Engine:
         ids[0, : len(prompt)] = torch.tensor(prompt)
         positions = torch.arange(length)[None]
         mask = torch.ones(length, length, dtype=torch.bool).tril()[None, None]
-        logits = self._forward(ids, positions, mask, slice(sequence.slot, sequence.slot + 1))
-        return logits[0, len(prompt) - 1]
+        keep = torch.tensor([len(prompt) - 1])
+        return self._forward(ids, positions, mask, slice(sequence.slot, sequence.slot + 1), keep)[0, -1]
 
     def _decode(self) -> None:
         rows = max(self.active) + 1
@@ -209,15 +227,15 @@ class Engine:
             ids[slot, 0], positions[slot, 0] = sequence.tokens[-1], sequence.position
         kv_length = span(int(positions.max()) + 1, self.context)
         mask = (torch.arange(kv_length)[None, :] <= positions)[:, None, None, :]  # [rows, 1, 1, kv]
-        logits = self._forward(ids, positions, mask, slice(0, rows))
+        logits = self._forward(ids, positions, mask, slice(0, rows), DECODE_KEEP)
         for slot, sequence in list(self.active.items()):
             self._advance(sequence, logits[slot, -1])
 
-    def _advance(self, sequence: Sequence_, logits: torch.Tensor) -> None:
+    def _advance(self, sequence: Running, logits: torch.Tensor) -> None:
         """Choose the sequence's next token from its logits; send its text, or end it."""
         generation = sequence.generation
         token = generation.sampling.choose(logits, sequence.generator)
-        if token in self.eos:
+        if token in self.eos and not generation.ignore_eos:
             self._end(sequence, Finish.STOP)
             return
         sequence.tokens.append(token)
@@ -229,7 +247,7 @@ class Engine:
         elif len(sequence.tokens) >= generation.max_new_tokens or sequence.position >= self.context:
             self._end(sequence, Finish.LENGTH)
 
-    def _end(self, sequence: Sequence_, reason: Finish) -> None:
+    def _end(self, sequence: Running, reason: Finish) -> None:
         self.active.pop(sequence.slot, None)
         if rest := sequence.stream.finish():
             sequence.sink.text(rest)

@@ -146,3 +146,14 @@ def test_a_seeded_sample_is_the_same_whatever_runs_beside_it(lm):
     while greedy.busy:
         greedy.step()
     assert solo.tokens != plain.tokens  # it did sample (a random model is far from peaked)
+
+
+def test_ignore_eos_writes_every_token_asked_for(lm):
+    model, tokenizer = lm
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    tokens = reference(model, ids, 8)
+    eng = engine(model, tokenizer, eos={tokens[1]})
+    sequence = eng.submit(Generation(tuple(ids), 8, ignore_eos=True), Recorder())
+    while eng.busy:
+        eng.step()
+    assert sequence.tokens == tokens and sequence.sink.reason is Finish.LENGTH
