@@ -71,9 +71,15 @@ CHATML = (
 CHAT_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
-def causal_tokenizer(vocabulary: int = 512, chat: bool = True):
+def causal_tokenizer(chat: bool = True, size: int = 0, trained: int = 512):
     """A byte-level BPE tokenizer (GPT-2's and Qwen's kind: any text encodes) trained here on the
-    kit's calibration sentences: no download. <|endoftext|> ends a text, <|im_end|> a chat turn."""
+    kit's calibration sentences: no download. <|endoftext|> ends a text, <|im_end|> a chat turn.
+    `size` > `trained` grows the vocabulary with words " w<n>" that no merge makes: a random model
+    picks any id of a real-size vocabulary, and each decodes to text, as a real tokenizer's would.
+    They are ordinary vocabulary entries, not added tokens, so a converter (llama.cpp's GGUF) keeps
+    them ordinary: tens of thousands of added tokens would be matched against every prompt."""
+    import json
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -83,9 +89,15 @@ def causal_tokenizer(vocabulary: int = 512, chat: bool = True):
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocabulary, special_tokens=list(CHAT_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=trained, special_tokens=list(CHAT_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     bpe.train_from_iterator(list(SENTENCES) * 4, trainer)
+    if size > bpe.get_vocab_size():
+        state = json.loads(bpe.to_str())
+        vocabulary = state["model"]["vocab"]
+        # "\u0120" is how byte-level BPE spells a space
+        vocabulary.update({f"\u0120w{index}": index for index in range(len(vocabulary), size)})
+        bpe = Tokenizer.from_str(json.dumps(state))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     if chat:
         tokenizer.chat_template = CHATML
@@ -105,15 +117,6 @@ def _save_causal(model, tokenizer, directory: Path, eos: list[int]) -> Path:
 QWEN_VOCABULARY = 151936
 
 
-def padded(tokenizer, vocabulary: int):
-    """The tokenizer grown to `vocabulary` tokens with words " w<n>": a random model picks any id
-    of a real-size vocabulary, and each one decodes to text, as a real tokenizer's would."""
-    missing = vocabulary - len(tokenizer)
-    if missing > 0:
-        tokenizer.add_tokens([f" w{index}" for index in range(missing)])
-    return tokenizer
-
-
 def qwen2(
     directory: Path,
     dim: int = 896,
@@ -129,7 +132,7 @@ def qwen2(
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(SEED)
-    tokenizer = padded(causal_tokenizer(), vocabulary)
+    tokenizer = causal_tokenizer(size=vocabulary)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=dim, intermediate_size=int(dim * 5.4) // 8 * 8,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -149,7 +152,7 @@ def gpt2(
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(SEED)
-    tokenizer = padded(causal_tokenizer(chat=False), vocabulary)
+    tokenizer = causal_tokenizer(chat=False, size=vocabulary)
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = GPT2Config(
         vocab_size=len(tokenizer), n_embd=dim, n_layer=layers, n_head=heads, n_positions=1024,

@@ -2,13 +2,17 @@
 run instead, streamed, at several concurrencies, in interleaved rounds.
 
     .venv/bin/python -m bench.generate --model lm [--rounds 3] [--seconds 60] [--concurrency 1,4,16]
+        [--peers fastapi,llama.cpp]
 
-Rows: the kit (TorchServe, `inductor` and, where the CPU computes bf16, `inductor-bf16`) and the
-FastAPI + transformers `generate` peer (bench/generate_peer.py) at the same precisions, on the
-model file's own directory. Every server runs at once; each round measures every row at every
-concurrency, in a rotated order, with the same workload (bench/streams.py): a mix of prompt and
-answer lengths, greedy, every answer its full length. The report gives medians over the rounds
-and their spread: output tokens/s, time to first token and inter-token latency (p50, p99).
+Rows, on the model file's own directory: the kit (TorchServe, `inductor` and, where the CPU
+computes bf16, `inductor-bf16`); the FastAPI + transformers `generate` peer (bench/generate_peer.py)
+at the same precisions; llama.cpp's server (bench/llama_cpp.py: built from PyPI's llama-cpp-python
+source, the GGUF converted from the same directory) at the same precisions and at Q8_0, with as
+many parallel slots and as much context per slot as the kit serves. Every server runs at once;
+each round measures every row at every concurrency, in a rotated order, with the same workload
+(bench/streams.py): a mix of prompt and answer lengths, greedy, every answer its full length.
+The report gives medians over the rounds and their spread: output tokens/s, time to first token
+and inter-token latency (p50, p99), and each row against FastAPI's and llama.cpp's at its precision.
 """
 
 from __future__ import annotations
@@ -27,24 +31,29 @@ from pathlib import Path
 import psutil
 import requests
 
+from bench import llama_cpp
 from bench.generate_peer import HEALTH_PATH, HOST
 from bench.streams import Ask, StreamStats, measure_streams
 from handlers.backends import DType, cpu_refusal
 from handlers.calibration import SENTENCES
+from handlers.settings import GenerationSettings
+from handlers.typed_config import parse_settings
 from kit.models import Model, Task
 from kit.paths import ROOT, process_environment
 from kit.ports import PORTS
 from kit.serve_config import ServeConfig
 from kit.server import Server, start_ready, terminate
 from kit.topology import read_topology
+from model_store import huggingface
 
 RESULTS = ROOT / "bench" / "results"
 PEER_READY_S = 600
 STOP_TIMEOUT_S = 20
 WARMUP_S = 10
-# Prompts of about 20, 80 and 300 tokens, answers of 32 and 128: chat turns to RAG answers.
+# Prompts of about 20, 80 and 300 tokens, answers of 32 and 64: chat turns to RAG answers. A row
+# lasts until its last answer ends, and an unbatched peer writes 16 answers at once slowly.
 PROMPT_SENTENCES = (2, 8, 30)
-ANSWER_TOKENS = (32, 128)
+ANSWER_TOKENS = (32, 64)
 
 
 def log(message: str) -> None:
@@ -62,53 +71,106 @@ def workload() -> list[Ask]:
 @dataclasses.dataclass
 class System:
     name: str
+    server: str  # KIT, or a key of PEERS
+    precision: str  # of its weights: a DType's value, or a quantization ("q8_0")
     url: str  # its OpenAI completions endpoint
     stop: Callable[[], None]
 
 
-def kit_system(model: Model, variant: str, run_dir: Path) -> System:
+KIT = "kit"
+# The kit's variant per precision.
+VARIANTS = {DType.FLOAT32: "inductor", DType.BFLOAT16: "inductor-bf16"}
+LLAMA_QUANTIZED = "q8_0"  # llama.cpp's int8 weights: what its users serve; the kit has none yet
+
+
+def served_settings(model: Model) -> GenerationSettings:
+    """What the kit's archive serves: the directory's derived settings under the model file's."""
+    derived = huggingface.derive(model.source.path, model.task).settings
+    return parse_settings(GenerationSettings, {**derived, **model.handler_settings})
+
+
+def kit_system(model: Model, dtype: DType, run_dir: Path) -> System:
     # One worker per L3 domain, its cores as threads (objective latency): every stream in one
     # engine's batch, the weights read once per step for all of them. The planner's default,
     # one single-threaded worker per core, would split the streams and read the weights per core.
+    variant = VARIANTS[dtype]
     config = ServeConfig.from_preset("optimized", variant=variant, models=[model.name], objective="latency")
     server: Server = start_ready(config, run_dir / f"kit-{variant}", progress=log)
     url = server.api.url("inference", f"/predictions/{model.name}/1.0/v1/completions")
-    return System(f"kit {variant}", url, server.stop)
+    return System(f"{KIT} {variant}", KIT, dtype.value, url, server.stop)
 
 
-def peer_system(model: Model, dtype: DType, run_dir: Path) -> System:
-    (port,) = PORTS.take(1)
-    log_file = open(run_dir / f"fastapi-{dtype.value}.log", "w")  # noqa: SIM115 - open while it runs
-    command = [
-        sys.executable,
-        "-m",
-        "bench.generate_peer",
-        str(model.source.path),
-        "--port",
-        str(port),
-        "--dtype",
-        dtype.value,
-    ]
+class ExitedAtStart(RuntimeError):
+    """A server's process ended before it answered its health check."""
+
+
+def started(name: str, command: list[str], log_path: Path, port: int) -> Callable[[], None]:
+    """`command` started and answering on `port`'s health path; the function that stops it."""
+    log_file = open(log_path, "w")  # noqa: SIM115 - open while it runs
     process = subprocess.Popen(
         command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **process_environment({})},
         start_new_session=True,
     )  # fmt: skip
-    deadline = time.monotonic() + PEER_READY_S
-    while True:
-        try:
-            if requests.get(f"http://{HOST}:{port}{HEALTH_PATH}", timeout=2).ok:
-                break
-        except requests.RequestException:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the FastAPI peer did not start: {run_dir / log_file.name}")
-        time.sleep(1)
 
     def stop() -> None:
         terminate([psutil.Process(process.pid)], STOP_TIMEOUT_S)
         log_file.close()
 
-    return System(f"fastapi {dtype.value}", f"http://{HOST}:{port}/v1/completions", stop)
+    deadline = time.monotonic() + PEER_READY_S
+    while True:
+        try:
+            if requests.get(f"http://{HOST}:{port}{HEALTH_PATH}", timeout=2).ok:
+                return stop
+        except requests.RequestException:
+            pass
+        if process.poll() is not None:
+            log_file.close()
+            raise ExitedAtStart(f"{name} exited ({process.returncode}) while starting: {log_path}")
+        if time.monotonic() > deadline:
+            stop()
+            raise RuntimeError(f"{name} did not start in {PEER_READY_S} s: {log_path}")
+        time.sleep(1)
+
+
+def fastapi_system(model: Model, precision: str, run_dir: Path) -> System:
+    (port,) = PORTS.take(1)
+    command = [sys.executable, "-m", "bench.generate_peer", str(model.source.path), "--port", str(port),
+               "--dtype", precision]  # fmt: skip
+    stop = started("the FastAPI peer", command, run_dir / f"fastapi-{precision}.log", port)
+    return System(f"fastapi {precision}", "fastapi", precision, f"http://{HOST}:{port}/v1/completions", stop)
+
+
+def llama_system(model: Model, precision: str, run_dir: Path) -> System:
+    gguf_type = llama_cpp.GGUF_TYPES[precision]
+    gguf = llama_cpp.convert(model.source.path, gguf_type)
+    settings, topology = served_settings(model), read_topology()
+    (port,) = PORTS.take(1)
+    command = llama_cpp.server_command(
+        llama_cpp.server_binary(topology), gguf, port, settings.max_sequences, settings.context_length,
+        topology.capacity,
+    )  # fmt: skip
+    name = f"llama.cpp {gguf_type}"
+    try:
+        stop = started(name, command, run_dir / f"llama.cpp-{gguf_type}.log", port)
+    except ExitedAtStart as error:
+        # llama.cpp's AMX kernels, used on repacked weights, crash at start on some hosts
+        # (ggml-org/llama.cpp#20824: a segfault in ggml_backend_amx_mul_mat, Q8_0 on this VM's
+        # Xeon). Without repacking they are not used; the row's name says so.
+        log(f"{error}; starting it again with {llama_cpp.NO_REPACK}")
+        name += f" {llama_cpp.NO_REPACK}"
+        command.append(llama_cpp.NO_REPACK)
+        stop = started(name, command, run_dir / f"llama.cpp-{gguf_type}{llama_cpp.NO_REPACK}.log", port)
+    return System(name, "llama.cpp", precision, f"http://{HOST}:{port}/v1/completions", stop)
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+    start: Callable[[Model, str, Path], System]
+    extra: tuple[str, ...] = ()  # precisions it serves besides the kit's
+
+
+# A peer's rows start after the kit's, in this order.
+PEERS = {"fastapi": Peer(fastapi_system), "llama.cpp": Peer(llama_system, (LLAMA_QUANTIZED,))}
 
 
 def median_stats(runs: list[StreamStats]) -> dict:
@@ -126,21 +188,25 @@ def median_stats(runs: list[StreamStats]) -> dict:
     }
 
 
-def report(results: dict, out: Path, header: str) -> str:
-    lines = [header, "", "| concurrency | row | output tokens/s (min–max) | × FastAPI same dtype | TTFT p50 ms | ITL p50 ms | ITL p99 ms | errors |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+def ratio(stats: dict, peer: dict | None) -> str:
+    if not peer:
+        return ""
+    return f"{stats['output_tokens_per_s']['median'] / peer['output_tokens_per_s']['median']:.2f}×"
+
+
+def report(results: dict, systems: dict[str, System], out: Path, header: str) -> str:
+    lines = [header, "", "| concurrency | row | output tokens/s (min–max) | × FastAPI | × llama.cpp | TTFT p50 ms | ITL p50 ms | ITL p99 ms | errors |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for concurrency, rows in results.items():
         for name, stats in rows.items():
-            dtype = name.split()[-1].replace("inductor-bf16", "bfloat16").replace("inductor", "float32")
-            peer = rows.get(f"fastapi {dtype}")
+            # Each kit row against each peer's row at its precision.
+            precision = systems[name].precision
+            same = {systems[row].server: rows[row] for row in rows if systems[row].precision == precision}
+            kit = systems[name].server == KIT
             tps = stats["output_tokens_per_s"]
-            ratio = (
-                f"{tps['median'] / peer['output_tokens_per_s']['median']:.2f}×"
-                if peer and not name.startswith("fastapi")
-                else ""
-            )
             lines.append(
-                f"| {concurrency} | {name} | {tps['median']:.1f} ({tps['min']:.1f}–{tps['max']:.1f}) | {ratio} | "
+                f"| {concurrency} | {name} | {tps['median']:.1f} ({tps['min']:.1f}–{tps['max']:.1f}) | "
+                f"{ratio(stats, same.get('fastapi')) if kit else ''} | {ratio(stats, same.get('llama.cpp')) if kit else ''} | "
                 f"{stats['ttft_ms_p50']['median']:.0f} | {stats['itl_ms_p50']['median']:.0f} | {stats['itl_ms_p99']['median']:.0f} | {stats['errors']} |"
             )  # fmt: skip
     text = "\n".join(lines) + "\n"
@@ -154,22 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--peers", default=",".join(PEERS), help=f"of {', '.join(PEERS)}")
     args = parser.parse_args(argv)
     model = Model.load(args.model)
     if model.task is not Task.TEXT_GENERATION:
         log(f"ERROR: {args.model} is a {model.task.value} model; PLAN=generate measures text-generation models")
         return 2
+    peers = [peer for peer in args.peers.split(",") if peer]
+    if unknown := sorted(set(peers) - set(PEERS)):
+        log(f"ERROR: no peer {unknown}; PEERS= takes {', '.join(PEERS)}")
+        return 2
     dtypes = [DType.FLOAT32] + ([] if cpu_refusal(DType.BFLOAT16) else [DType.BFLOAT16])
-    variants = {DType.FLOAT32: "inductor", DType.BFLOAT16: "inductor-bf16"}
-    build = [
-        sys.executable,
-        "-m",
-        "model_store.build",
-        "--models",
-        model.name,
-        "--variants",
-        ",".join(variants[d] for d in dtypes),
-    ]
+    build = [sys.executable, "-m", "model_store.build", "--models", model.name,
+             "--variants", ",".join(VARIANTS[d] for d in dtypes)]  # fmt: skip
     if subprocess.run(build, cwd=ROOT).returncode != 0:
         return 1
     out = RESULTS / f"generate-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -180,8 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     asks = workload()
     try:
         for dtype in dtypes:
-            log(f"starting the kit ({variants[dtype]}) and the FastAPI peer ({dtype.value})")
-            systems += [kit_system(model, variants[dtype], out), peer_system(model, dtype, out)]
+            started_at = time.monotonic()
+            systems.append(kit_system(model, dtype, out))
+            log(f"the kit's {VARIANTS[dtype]} worker started in {time.monotonic() - started_at:.0f} s")
+        for peer in peers:
+            for precision in [d.value for d in dtypes] + list(PEERS[peer].extra):
+                log(f"starting {peer} at {precision}")
+                systems.append(PEERS[peer].start(model, precision, out))
         for system in systems:
             log(f"warming up {system.name}")
             measure_streams(system.url, model.name, asks, 2, WARMUP_S)
@@ -192,20 +260,31 @@ def main(argv: list[str] | None = None) -> int:
                     stats = measure_streams(system.url, model.name, asks, concurrency, args.seconds)
                     results[concurrency].setdefault(system.name, []).append(stats)
                     log(f"round {round_ + 1}/{args.rounds} c={concurrency} {system.name}: {stats.output_tokens_per_s:.1f} "
-                        f"tokens/s, TTFT p50 {stats.ttft_ms.p50:.0f} ms, ITL p50 {stats.itl_ms.p50:.0f} ms, {stats.errors} errors")  # fmt: skip
+                        f"tokens/s, TTFT p50 {stats.ttft_ms.p50:.0f} ms, ITL p50 {stats.itl_ms.p50:.0f} ms, {stats.errors} errors"
+                        + (f" (the first: {stats.first_error[:200]})" if stats.errors else ""))  # fmt: skip
     except KeyboardInterrupt:
         log("interrupted: the report has the rows measured so far")
     finally:
         for system in systems:
             system.stop()
     summary = {c: {name: median_stats(runs) for name, runs in rows.items()} for c, rows in results.items() if rows}
+    by_name = {system.name: system for system in systems}
     topology = read_topology()
     header = (
         f"# PLAN=generate: {model.name} ({model.source.location})\n\n`{' '.join(sys.argv)}`; {args.rounds} rounds of "
         f"{args.seconds:.0f} s per row and concurrency; CPU: {topology.model_name} ({len(topology.cpus)} CPUs usable)."
     )
-    (out / "results.json").write_text(json.dumps({"command": sys.argv, "summary": summary}, indent=2))
-    print(report(summary, out, header))
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "command": sys.argv,
+                "rows": {s.name: {"server": s.server, "precision": s.precision} for s in systems},
+                "summary": summary,
+            },
+            indent=2,
+        )
+    )
+    print(report(summary, by_name, out, header))
     return 0
 
 

@@ -33,9 +33,12 @@ class Ask:
     prompt: str
     max_tokens: int
 
-    def body(self, model: str) -> dict:
+    def body(self, model: str, serial: int) -> dict:
+        # The request's number opens its prompt: no two prompts share a prefix, so no server
+        # answers from what it cached of an earlier one (llama.cpp reuses a slot's matching
+        # prefix), as no server could for users' distinct prompts.
         return {
-            "model": model, "prompt": self.prompt, "max_tokens": self.max_tokens, "temperature": 0,
+            "model": model, "prompt": f"{serial}. {self.prompt}", "max_tokens": self.max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
         }  # fmt: skip
 
@@ -62,6 +65,7 @@ class StreamStats:
     ttft_ms: Spread
     itl_ms: Spread
     errors: int
+    first_error: str = ""  # what the first failed request got, to say why a row has errors
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -113,13 +117,15 @@ def measure_streams(url: str, model: str, workload: Sequence[Ask], concurrency: 
     lock = threading.Lock()
 
     def client(offset: int) -> None:
-        with requests.Session() as session:
-            index = offset
-            while time.perf_counter() < deadline:
-                record = stream_one(session, url, workload[index % len(workload)].body(model))
-                with lock:
-                    records.append(record)
-                index += concurrency
+        index = offset
+        while time.perf_counter() < deadline:
+            # A connection per request: llama.cpp's HTTP server closes a kept-alive connection after
+            # a few requests, and a request sent as it closes fails with no answer at all.
+            with requests.Session() as session:
+                record = stream_one(session, url, workload[index % len(workload)].body(model, index))
+            with lock:
+                records.append(record)
+            index += concurrency
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(concurrency)]
     for thread in threads:
@@ -136,4 +142,5 @@ def measure_streams(url: str, model: str, workload: Sequence[Ask], concurrency: 
         ttft_ms=Spread.of([1000 * (r.first - r.started) for r in done if r.first is not None]),
         itl_ms=Spread.of([1000 * gap for r in done for gap in r.gaps]),
         errors=len(records) - len(done),
+        first_error=next((r.error for r in records if r.error), ""),
     )

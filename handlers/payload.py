@@ -59,18 +59,24 @@ def request_bytes(request: Mapping[str, Any]) -> bytes:
     return body
 
 
-def request_text(request: Mapping[str, Any], field: str = "text") -> str:
-    """Plain UTF-8 body, or a JSON object {"text": "..."}."""
+def request_decoded(request: Mapping[str, Any]) -> Any:
+    """The body as TorchServe hands it, with bytes read as UTF-8 and a JSON object sent without
+    `Content-Type: application/json` (bytes, or text/*) parsed; other text stays text."""
     body = request_body(request)
     if isinstance(body, bytes):
         try:
             body = body.decode("utf-8")
         except UnicodeDecodeError as error:
             raise InvalidInput(f"body is not valid UTF-8 (byte {error.start}: {error.reason})") from None
-        # JSON sent without `Content-Type: application/json` arrives as bytes.
-        if body.lstrip().startswith("{"):
-            with contextlib.suppress(json.JSONDecodeError):  # plain text that starts with a brace
-                body = json.loads(body)
+    if isinstance(body, str) and body.lstrip().startswith("{"):
+        with contextlib.suppress(json.JSONDecodeError):  # plain text that starts with a brace
+            body = json.loads(body)
+    return body
+
+
+def request_text(request: Mapping[str, Any], field: str = "text") -> str:
+    """Plain UTF-8 body, or a JSON object {"text": "..."}."""
+    body = request_decoded(request)
     if isinstance(body, dict):
         if not isinstance(body.get(field), str):
             raise InvalidInput(f'JSON body needs a string field "{field}", got keys {sorted(body)}')

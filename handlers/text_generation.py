@@ -28,7 +28,7 @@ from handlers.generation.respond import Responder, refuse
 from handlers.generation.sampling import Sampling
 from handlers.loaders import load_model
 from handlers.optimize import graphs_compiled
-from handlers.payload import HTTP_BAD_REQUEST, InvalidInput, over_grpc, request_body
+from handlers.payload import HTTP_BAD_REQUEST, InvalidInput, over_grpc, request_decoded, request_json
 from handlers.replies import Replies
 from handlers.settings import GenerationSettings
 from handlers.typed_config import parse_settings
@@ -56,20 +56,8 @@ def model_defaults(model_dir: Path, config) -> tuple[set[int], Sampling]:
 
 
 def decode_body(request: dict[str, Any], api_kind: api.Api) -> Any:
-    """The body as JSON, or as text for the kit's API (a bare prompt)."""
-    body = request_body(request)
-    if isinstance(body, (bytes, bytearray)):
-        try:
-            body = bytes(body).decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise InvalidInput(f"body is not valid UTF-8 (byte {error.start}: {error.reason})") from None
-    if isinstance(body, str) and (api_kind is not api.Api.KIT or body.lstrip().startswith("{")):
-        try:
-            body = json.loads(body)
-        except json.JSONDecodeError as error:
-            if api_kind is not api.Api.KIT:
-                raise InvalidInput(f"body is not JSON ({error.msg} at character {error.pos})") from None
-    return body
+    """OpenAI's paths take JSON; the kit's takes a bare prompt too."""
+    return request_decoded(request) if api_kind is api.Api.KIT else request_json(request)
 
 
 class TextGenerationHandler:

@@ -164,7 +164,12 @@ def archive(model: Model, variant: Variant) -> Path:
             "--archive-format", "zip-store",
             "--force",
         ]  # fmt: skip
-        subprocess.run(command, check=True)
+        # torch-model-archiver stages in $TMPDIR/<model name> and deletes that directory first and
+        # after: with the system's TMPDIR, a source at /tmp/<name> (`make model NAME=lm SRC=/tmp/lm`)
+        # would be deleted. It stages inside this build's own directory instead.
+        archiver_tmp = Path(tmp) / "archiver"
+        archiver_tmp.mkdir()
+        subprocess.run(command, check=True, env={**os.environ, "TMPDIR": str(archiver_tmp)})
     stamp.write_text(digest)
     log(f"{variant.name}/{name}.mar built in {time.perf_counter() - start:.0f}s ({mar.stat().st_size / 1e6:.0f} MB)")
     return mar

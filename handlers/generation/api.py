@@ -190,8 +190,13 @@ def finish_reason(reason: Finish) -> str:
     return Finish.LENGTH.value if reason is Finish.LENGTH else Finish.STOP.value
 
 
+def encode(payload: object) -> bytes:
+    """JSON as every answer and event carries it: compact, UTF-8."""
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
 def event(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + encode(payload) + b"\n\n"
 
 
 class Answer(abc.ABC):

@@ -129,7 +129,6 @@ class Engine:
         self.waiting: collections.deque[Running] = collections.deque()
         self.lock = threading.Condition()
         self.stopping = False
-        self.steps = 0
 
     # -- any thread --------------------------------------------------------------------------
     def submit(self, generation: Generation, sink: Sink) -> Running:
@@ -189,7 +188,6 @@ class Engine:
                 self._advance(sequence, self._prefill(sequence))
             if self.active:
                 self._decode()
-            self.steps += 1
 
     def _forward(
         self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: slice, keep: torch.Tensor

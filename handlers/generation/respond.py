@@ -13,15 +13,9 @@ Predictions call that has completed ends the frontend's connection to the worker
 
 from __future__ import annotations
 
-import json
-
-from handlers.generation.api import JSON, Answer, Api, Usage, error_body
+from handlers.generation.api import JSON, Answer, Api, Usage, encode, error_body
 from handlers.generation.engine import Finish
 from handlers.replies import Replies
-
-
-def dumps(payload: object) -> bytes:
-    return json.dumps(payload, separators=(",", ":")).encode()
 
 
 class Responder:
@@ -50,7 +44,7 @@ class Responder:
                 end = b""
             self.replies.send(self.request_id, end, self.answer.stream_type, more=False)
             return
-        body = dumps(self.answer.whole("".join(self.parts), reason, usage))
+        body = encode(self.answer.whole("".join(self.parts), reason, usage))
         if self.grpc:
             self.replies.send(self.request_id, body, JSON, more=False)
         else:
@@ -60,4 +54,4 @@ class Responder:
 
 def refuse(replies: Replies, request_id: str, api: Api, message: str, code: int, grpc: bool) -> None:
     """A request that is not generated: its error, in its API's shape, and the request released."""
-    replies.refuse(request_id, dumps(error_body(api, message, code)), JSON, code, message, grpc)
+    replies.refuse(request_id, encode(error_body(api, message, code)), JSON, code, message, grpc)

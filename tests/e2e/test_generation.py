@@ -11,6 +11,7 @@ its own against the tokenizer), so equal texts mean equal tokens.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 import time
@@ -53,9 +54,13 @@ def sources(tmp_path_factory):
                 f"SRC={source}",
                 f"VARIANTS={','.join(VARIANTS)}",
             ]
-            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+            # The sources sit where torch-model-archiver would stage the archive ($TMPDIR/<name>),
+            # as a user's `make model NAME=lm SRC=/tmp/lm` does: the build must leave them alone.
+            environment = {**os.environ, "TMPDIR": str(root)}
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=environment)
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
             assert "task: text-generation" in model_file(name).read_text()  # inferred from architectures
+            assert (source / "config.json").is_file(), f"building the archive deleted {source}"
         yield made
     finally:
         for name in made:

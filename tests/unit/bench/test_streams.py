@@ -17,13 +17,15 @@ TOKENS, GAP_S, FIRST_S = 5, 0.1, 0.2
 
 class Completions(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    prompts: list[str] = []
 
     def log_message(self, *args) -> None:
         pass
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if body["prompt"] == "bad":
+        self.prompts.append(body["prompt"])
+        if body["prompt"].endswith("bad"):
             self.send_response(400)
             self.send_header("Content-Length", "2")
             self.end_headers()
@@ -68,3 +70,12 @@ def test_first_token_gaps_and_tokens_are_measured_per_stream(url):
 def test_a_refused_request_is_an_error_not_a_measurement(url):
     stats = measure_streams(url, "m", [Ask("bad", TOKENS)], concurrency=1, seconds=0.2)
     assert stats.requests == 0 and stats.errors >= 1 and stats.output_tokens == 0
+    assert stats.first_error == "400: {}"
+
+
+def test_no_two_requests_send_the_same_prompt_and_each_ends_with_the_workloads(url):
+    Completions.prompts.clear()
+    measure_streams(url, "m", [Ask("one", 1), Ask("two", 1)], concurrency=2, seconds=0.8)
+    assert len(Completions.prompts) >= 4  # each client sent at least twice, and both asks went out
+    assert len(set(Completions.prompts)) == len(Completions.prompts)
+    assert {prompt.split(" ", 1)[1] for prompt in Completions.prompts} == {"one", "two"}

@@ -1,0 +1,41 @@
+"""bench/generate.py's report: each kit row against each peer's row at the same precision."""
+
+from __future__ import annotations
+
+from bench.generate import KIT, System, report
+
+
+def stats(tokens_per_s: float) -> dict:
+    def spread(value: float) -> dict:
+        return {"median": value, "min": value, "max": value}
+
+    return {
+        "output_tokens_per_s": spread(tokens_per_s), "ttft_ms_p50": spread(100), "ttft_ms_p99": spread(200),
+        "itl_ms_p50": spread(50), "itl_ms_p99": spread(90), "requests": 4, "errors": 0,
+    }  # fmt: skip
+
+
+def system(name: str, server: str, precision: str) -> System:
+    return System(name, server, precision, "http://unused", lambda: None)
+
+
+def test_a_kit_row_is_divided_by_the_peers_rows_at_its_own_precision(tmp_path):
+    systems = {
+        s.name: s
+        for s in (
+            system("kit inductor", KIT, "float32"),
+            system("kit inductor-bf16", KIT, "bfloat16"),
+            system("fastapi float32", "fastapi", "float32"),
+            system("fastapi bfloat16", "fastapi", "bfloat16"),
+            system("llama.cpp bf16", "llama.cpp", "bfloat16"),
+            system("llama.cpp q8_0", "llama.cpp", "q8_0"),
+        )
+    }
+    rows = {"kit inductor": stats(10), "kit inductor-bf16": stats(30), "fastapi float32": stats(5),
+            "fastapi bfloat16": stats(10), "llama.cpp bf16": stats(20), "llama.cpp q8_0": stats(40)}  # fmt: skip
+    text = report({16: rows}, systems, tmp_path, "# header")
+    lines = {line.split(" | ")[1]: line.split(" | ") for line in text.splitlines() if line.startswith("| 16 |")}
+    assert lines["kit inductor"][3:5] == ["2.00×", ""]  # no llama.cpp row at float32
+    assert lines["kit inductor-bf16"][3:5] == ["3.00×", "1.50×"]
+    assert lines["llama.cpp bf16"][3:5] == lines["fastapi float32"][3:5] == ["", ""]  # peers are not divided
+    assert (tmp_path / "report.md").read_text() == text
