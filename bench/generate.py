@@ -90,11 +90,10 @@ def served_settings(model: Model) -> GenerationSettings:
 
 
 def kit_system(model: Model, dtype: DType, run_dir: Path) -> System:
-    # One worker per L3 domain, its cores as threads (objective latency): every stream in one
-    # engine's batch, the weights read once per step for all of them. The planner's default,
-    # one single-threaded worker per core, would split the streams and read the weights per core.
+    # The optimized preset as `make serve` starts it: the plan gives a language model one worker
+    # per L3 domain, its cores as threads (kit/plan.py), every stream in one engine's batch.
     variant = VARIANTS[dtype]
-    config = ServeConfig.from_preset("optimized", variant=variant, models=[model.name], objective="latency")
+    config = ServeConfig.from_preset("optimized", variant=variant, models=[model.name])
     server: Server = start_ready(config, run_dir / f"kit-{variant}", progress=log)
     url = server.api.url("inference", f"/predictions/{model.name}/1.0/v1/completions")
     return System(f"{KIT} {variant}", KIT, dtype.value, url, server.stop)

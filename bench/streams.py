@@ -15,6 +15,7 @@ that ended inside the window. What every server here speaks: the kit, the FastAP
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import statistics
 import threading
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 import requests
 
 TIMEOUT_S = 600
+SERIALS = itertools.count()  # every request's number in this process (Ask.body)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,9 +36,9 @@ class Ask:
     max_tokens: int
 
     def body(self, model: str, serial: int) -> dict:
-        # The request's number opens its prompt: no two prompts share a prefix, so no server
-        # answers from what it cached of an earlier one (llama.cpp reuses a slot's matching
-        # prefix), as no server could for users' distinct prompts.
+        # The request's number in this process opens its prompt: no two prompts of a run share a
+        # prefix, so no server answers from what it cached of an earlier one (llama.cpp keeps
+        # earlier prompts and reuses a matching prefix), as no server could for users' prompts.
         return {
             "model": model, "prompt": f"{serial}. {self.prompt}", "max_tokens": self.max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
@@ -122,7 +124,8 @@ def measure_streams(url: str, model: str, workload: Sequence[Ask], concurrency: 
             # A connection per request: llama.cpp's HTTP server closes a kept-alive connection after
             # a few requests, and a request sent as it closes fails with no answer at all.
             with requests.Session() as session:
-                record = stream_one(session, url, workload[index % len(workload)].body(model, index))
+                body = workload[index % len(workload)].body(model, next(SERIALS))
+                record = stream_one(session, url, body)
             with lock:
                 records.append(record)
             index += concurrency

@@ -8,10 +8,15 @@ implements what is the task's own:
     example(batch_size)      warm-up inputs in the exact shapes and dtypes served
     synthetic_body(index)    a representative request body, for a model given no samples
     collate(items, bucket)   decoded items -> one batch (default: stack and pad rows); optional
+A handler that serves another API at an extra URL path (OpenAI's embeddings) overrides, optionally:
+    decode_request(request, path)   one request -> its rows, and what its reply needs (default:
+                                    decode(request) on the kit's own path, a 404 on any other)
+    reply(request, outputs, path)   that request's output rows -> its JSON (default: format(row))
+    refusal(error, path)            a refused request's JSON (default: the kit's error shape)
 The base owns the rest: the model's optimization and warm-up, batching, the stage clock, ITT
 ranges, errors. Sample inputs are one object (`self.samples`, handlers/samples.py) built from
-decode, collate and synthetic_body. A bad request gets a 400 with a message; the rest of its
-batch is still served.
+decode, collate and synthetic_body. A bad request gets a 400 (an unknown path a 404) with a
+message; the rest of its batch is still served.
 """
 
 from __future__ import annotations
@@ -34,10 +39,11 @@ from handlers.itt import inference_range
 from handlers.loaders import load_model
 from handlers.optimize import graphs_compiled, optimize
 from handlers.payload import (
-    HTTP_BAD_REQUEST,
     JSON,
     STREAM_NEXT,
+    URL_PATH,
     InvalidInput,
+    NotFound,
     error_body,
     over_grpc,
     status_phrase,
@@ -60,15 +66,24 @@ def collate(items: Sequence[Inputs], bucket: int) -> Inputs:
     return tuple(stacked)
 
 
+@dataclasses.dataclass(frozen=True)
+class Decoded:
+    """One request, decoded: its rows, and what its API asked of the answer besides them."""
+
+    rows: list[Inputs]
+    asked: Any = None
+
+
 @dataclasses.dataclass
 class Batch:
     """What flows from preprocess through inference to postprocess for one TorchServe batch."""
 
     size: int
-    valid: list[int]  # request indices that decoded
-    items: list[Inputs]
-    errors: dict[int, str]
-    outputs: torch.Tensor | None = None  # rows aligned with `valid`
+    paths: list[str]  # each request's url_path: which API it speaks
+    decoded: dict[int, Decoded]  # by request index
+    items: list[Inputs]  # every decoded request's rows, in request order
+    errors: dict[int, InvalidInput]
+    outputs: torch.Tensor | None = None  # aligned with `items`
 
 
 class OptimizedHandler(abc.ABC):
@@ -177,6 +192,20 @@ class OptimizedHandler(abc.ABC):
     def format(self, output: torch.Tensor) -> Any:
         """One output row -> a JSON-serialisable response."""
 
+    def decode_request(self, request: dict[str, Any], path: str) -> Decoded:
+        """One request -> its rows, by the API its URL path names."""
+        if path:
+            raise NotFound(f"no API at {path!r}: this model answers at /predictions/{self.model_name}")
+        return Decoded([self.decode(request)])
+
+    def reply(self, request: Decoded, outputs: torch.Tensor, path: str) -> Any:
+        """One request's output rows -> its response."""
+        return self.format(outputs[0])
+
+    def refusal(self, error: InvalidInput, path: str) -> Any:
+        """A refused request's response body."""
+        return error_body(str(error), error.code)
+
     # -- TorchServe's preprocess -> inference -> postprocess ----------------------------------
     def handle(self, requests: list[dict[str, Any]], context) -> list[Any]:
         self.context = context
@@ -193,28 +222,39 @@ class OptimizedHandler(abc.ABC):
         return responses
 
     def preprocess(self, requests: list[dict[str, Any]]) -> Batch:
-        batch = Batch(size=len(requests), valid=[], items=[], errors={})
+        paths = [
+            str(self.context.get_request_header(index, URL_PATH) or "").strip("/") for index in range(len(requests))
+        ]
+        batch = Batch(size=len(requests), paths=paths, decoded={}, items=[], errors={})
         for index, request in enumerate(requests):
             try:
-                batch.items.append(self.decode(request))
-                batch.valid.append(index)
+                batch.decoded[index] = decoded = self.decode_request(request, paths[index])
             except InvalidInput as error:
-                batch.errors[index] = str(error)
+                batch.errors[index] = error
+                continue
+            batch.items += decoded.rows
         return batch
 
     def inference(self, batch: Batch) -> Batch:
-        if not batch.valid:
-            return batch
-        count = len(batch.valid)
+        # One request is one row, except on an API that takes several texts per request: rows
+        # past the largest compiled batch run in more forwards.
+        largest = self.buckets[-1]
+        outputs = [self.forward(batch.items[start : start + largest]) for start in range(0, len(batch.items), largest)]
+        if outputs:
+            batch.outputs = torch.cat(outputs)
+        return batch
+
+    def forward(self, items: list[Inputs]) -> torch.Tensor:
+        count = len(items)
         bucket = next(size for size in self.buckets if size >= count)
-        inputs = self.collate(batch.items, bucket)
+        inputs = self.collate(items, bucket)
         with (
             torch.inference_mode(),
             inference_range(self.model_name, count, self.settings.itt),
             self.profiler.record(),
             op_ranges(self.diagnostics.itt_ops),
         ):
-            batch.outputs = self.optimized(*inputs)[:count]
+            outputs = self.optimized(*inputs)[:count]
         self.check_no_recompile(count, bucket)
         shape = tuple(inputs[0].shape)
         if shape not in self.shapes_served:  # once per shape: shows batching and length buckets at work, cheaply
@@ -222,7 +262,7 @@ class OptimizedHandler(abc.ABC):
             log.info(
                 "%s: first batch at bucket %d, shape %s (%d request(s))", self.model_name, bucket, list(shape), count
             )
-        return batch
+        return outputs
 
     def check_no_recompile(self, count: int, bucket: int) -> None:
         # Every served shape was compiled in initialize(); a new graph here means a guard
@@ -244,13 +284,19 @@ class OptimizedHandler(abc.ABC):
             # 400 -> INVALID_ARGUMENT with this message. REST requests keep their own 400s.
             first = batch.errors[0]
             more = f" (and {batch.size - 1} more bad requests in this batch)" if batch.size > 1 else ""
-            raise PredictionException(status_phrase(first + more), HTTP_BAD_REQUEST)
+            raise PredictionException(status_phrase(str(first) + more), first.code)
         responses: list[Any] = [None] * batch.size
-        for index, message in batch.errors.items():
-            self.context.set_response_status(HTTP_BAD_REQUEST, status_phrase(message), index)
-            responses[index] = error_body(message)
-        for row, index in enumerate(batch.valid):
-            responses[index] = self.format(batch.outputs[row])
+        for index, error in batch.errors.items():
+            self.context.set_response_status(error.code, status_phrase(str(error)), index)
+            responses[index] = self.refusal(error, batch.paths[index])
+        start = 0
+        for index, decoded in batch.decoded.items():
+            outputs, start = batch.outputs[start : start + len(decoded.rows)], start + len(decoded.rows)
+            try:
+                responses[index] = self.reply(decoded, outputs, batch.paths[index])
+            except InvalidInput as error:  # what only the outputs tell (a width not served)
+                self.context.set_response_status(error.code, status_phrase(str(error)), index)
+                responses[index] = self.refusal(error, batch.paths[index])
         for index in range(batch.size):
             self.context.set_response_content_type(index, JSON)
             if grpc[index]:  # a StreamPredictions answer is this one message

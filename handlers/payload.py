@@ -23,6 +23,7 @@ PHRASE_LIMIT = 160
 # A response header TorchServe's frontend reads on gRPC answers: "false" ends a StreamPredictions
 # stream. Without it the frontend dereferences null and drops the worker (GRPCJob.response).
 STREAM_NEXT = "ts_stream_next"
+URL_PATH = "url_path"  # the path after /predictions/<model>/<version>/, as TorchServe passes it
 
 
 def over_grpc(headers: Mapping[str, Any]) -> bool:
@@ -37,6 +38,14 @@ def over_grpc(headers: Mapping[str, Any]) -> bool:
 
 class InvalidInput(ValueError):
     """The request body cannot be served; the message names the problem for the client."""
+
+    code = HTTP_BAD_REQUEST
+
+
+class NotFound(InvalidInput):
+    """The request's URL names no API the model serves."""
+
+    code = 404
 
 
 def request_body(request: Mapping[str, Any]) -> Any:

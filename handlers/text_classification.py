@@ -58,7 +58,10 @@ class TextClassificationHandler(OptimizedHandler):
         self.vocabulary = self.tokenizer.get_vocab_size()
 
     def decode(self, request: dict[str, Any]) -> Inputs:
-        encoded = encode(self.tokenizer, request_text(request), self.settings.max_length, self.settings.input_names)
+        return self.encode_text(request_text(request))
+
+    def encode_text(self, text: str) -> Inputs:
+        encoded = encode(self.tokenizer, text, self.settings.max_length, self.settings.input_names)
         if encoded.truncated and self.settings.over_length is OverLength.REFUSE:
             raise InvalidInput(
                 f"text is longer than the {self.settings.max_length} tokens this model takes; send a shorter text"

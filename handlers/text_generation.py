@@ -23,12 +23,12 @@ from ts.utils.util import PredictionException
 
 from handlers.backends import Backend, DType
 from handlers.generation import api
-from handlers.generation.engine import Discard, Engine, Generation, QueueFull
+from handlers.generation.engine import SPAN_STEP, Discard, Engine, Generation, QueueFull
 from handlers.generation.respond import Responder, refuse
 from handlers.generation.sampling import Sampling
 from handlers.loaders import load_model
 from handlers.optimize import graphs_compiled
-from handlers.payload import HTTP_BAD_REQUEST, InvalidInput, over_grpc, request_decoded, request_json
+from handlers.payload import HTTP_BAD_REQUEST, URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
 from handlers.replies import Replies
 from handlers.settings import GenerationSettings
 from handlers.typed_config import parse_settings
@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 SERVICE_UNAVAILABLE = 503
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16}
 GENERATION_CONFIG = "generation_config.json"
-URL_PATH = "url_path"  # the path after /predictions/<model>/<version>/, as TorchServe passes it
 
 
 def model_defaults(model_dir: Path, config) -> tuple[set[int], Sampling]:
@@ -102,15 +101,20 @@ class TextGenerationHandler:
         self.initialized = True
 
     def warm_up(self) -> float:
-        """One sequence alone, then every slot at once: the cache is allocated, and a compiled model
-        has compiled its prefill and its decode step for one row and for several (a compiler
-        specialises a size of 1), before the first request."""
+        """Every kind of step a request takes, compiled before the first: a prefill and decode steps
+        for one sequence alone, then for every slot at once (a compiler specialises a size of 1),
+        each over two lengths (64 and 128 positions, then 128 and 192). A compiler also specialises
+        a length that happens to equal one of the model's constants (64, Qwen2.5-0.5B's head size:
+        its first requests compiled 3 graphs more): the second length makes it compile the general
+        step too."""
         start = time.perf_counter()
-        prompt = tuple(self.tokenizer("Hello")["input_ids"] or [0])
-        new = max(1, min(4, self.settings.context_length - len(prompt)))
-        for count in (1, self.settings.max_sequences):
+        token = (self.tokenizer("Hello")["input_ids"] or [0])[0]
+        context = self.settings.context_length
+        for count, length in ((1, 1), (self.settings.max_sequences, SPAN_STEP + 1)):
+            prompt = (token,) * min(length, context - 1)
+            new = max(1, min(SPAN_STEP + 1, context - len(prompt)))  # into the next span of positions
             for _ in range(count):
-                self.engine.submit(Generation(prompt, new), Discard())
+                self.engine.submit(Generation(prompt, new, ignore_eos=True), Discard())
             while self.engine.busy:
                 self.engine.step()
         self.graphs = graphs_compiled()

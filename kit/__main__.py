@@ -30,7 +30,7 @@ from handlers.stages import stage_table
 from kit import probe, supervise
 from kit.footprint import Footprint, measure_live, recorded
 from kit.itt import chrome_trace, read_ranges
-from kit.models import Medium, Model, model_names
+from kit.models import Medium, Model, model_names, per_domain
 from kit.paths import LOGS
 from kit.plan import Demand, Objective, PlanError, plan_layout
 from kit.ports import INFERENCE_PORT, METRICS_PORT
@@ -228,7 +228,11 @@ def demands_of(args: argparse.Namespace) -> list[Demand]:
     if strangers:
         raise PlanError(f"--footprint names {strangers}, which --models does not plan")
     return [
-        dataclasses.replace(d, footprint=given.get(d.model) or recorded(variant.archive(d.model), preset.batch_size))
+        dataclasses.replace(
+            d,
+            footprint=given.get(d.model) or recorded(variant.archive(d.model), preset.batch_size),
+            per_domain=per_domain(d.model),
+        )
         for d in demands
     ]
 

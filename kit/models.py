@@ -60,6 +60,9 @@ class TaskTraits:
     architecture_suffixes: tuple[str, ...] = ()
     # TorchServe model-config keys the task needs (a model file may not say otherwise).
     serving: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Its worker batches its own requests (a generation engine): planned one per L3 domain with
+    # the domain's cores as threads, whatever the objective (kit/plan.py).
+    per_domain: bool = False
 
 
 class Task(enum.StrEnum):
@@ -100,6 +103,7 @@ TASKS = {
         GenerationSettings,
         ("ForCausalLM", "LMHeadModel"),
         {"asyncCommunication": True},
+        per_domain=True,
     ),
 }
 
@@ -196,6 +200,12 @@ class Model:
 
 def model_file(name: str) -> Path:
     return MODELS_DIR / f"{name}.yaml"
+
+
+def per_domain(name: str) -> bool:
+    """Whether model `name` is planned one worker per L3 domain (its task's trait); a name without
+    a model file here (`kit plan --models` for another machine) is not."""
+    return model_file(name).is_file() and TASKS[Model.load(name).task].per_domain
 
 
 def model_names() -> list[str]:

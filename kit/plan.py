@@ -18,6 +18,10 @@ A pure function of the topology, the models (with their traffic shares) and the 
 - Models: the cores are split in proportion to traffic shares; a model gets at least
   MIN_CORES_PER_MODEL cores (all of them on a small machine), so models overlap, and then share
   cores, only where the machine has too few for each to have its own.
+- A model whose worker batches its own requests (a language model's engine: every stream in one
+  forward per step) gets one worker per L3 domain of its cores, those cores as its threads,
+  whatever the objective: single-threaded workers would split the streams and read the weights
+  once per core instead of once per domain.
 - Memory: every worker is a process with its own copy of the runtime and the weights. With each
   model's measured footprint (kit/footprint.py) and a budget (the cgroup's limit, else the
   machine's memory; `memory:` of a preset, `--memory`), the workers, the frontend (its JVM heap is
@@ -81,6 +85,7 @@ class Demand:
     share: float = 1.0  # relative traffic: bert=2 gets twice resnet50's cores
     allocator: str = PREFERRED_ALLOCATOR.value  # preloaded into its workers (its backend's; OpenVINO: "default")
     footprint: Footprint | None = None  # one warmed worker's memory; None: never measured
+    per_domain: bool = False  # one worker per L3 domain of its cores, whatever the objective
 
     @classmethod
     def parse(cls, text: str) -> Demand:
@@ -400,6 +405,8 @@ def place(topology: Topology, demands: Sequence[Demand], objective: Objective, t
         # Partition offsets; a model below the minimum spans further and overlaps the next.
         span = max(count, minimum)
         chosen = [slots[(offset + i) % len(slots)] for i in range(span)]
+        if demand.per_domain:
+            chosen = [tuple(domain) for domain in l3_domains([core for group in chosen for core in group])]
         models[demand.model] = ModelPlan(
             tuple(WorkerPlan(tuple(core.cpu for core in group), len(group), group[0].node) for group in chosen),
             demand.allocator,

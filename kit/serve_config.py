@@ -28,7 +28,7 @@ from handlers.switches import Diagnostics
 from handlers.typed_config import SettingsError, parse_settings
 from kit.footprint import recorded
 from kit.itt import collector_environment
-from kit.models import model_names
+from kit.models import model_names, per_domain
 from kit.paths import CONFIG
 from kit.plan import PREFERRED_ALLOCATOR, Allocator, Demand, Layout, Objective, plan_layout
 from kit.ports import (
@@ -244,6 +244,7 @@ class ServeConfig:
                 model,
                 allocator=self.allocator_of(model).value,
                 footprint=recorded(self.variant_of(model).archive(model), self.batch_size),
+                per_domain=per_domain(model),
             )
             for model in self.models
         ]

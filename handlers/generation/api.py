@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from handlers import openai_shapes
 from handlers.generation.engine import Finish, Generation
 from handlers.generation.sampling import Sampling, integer
 from handlers.payload import InvalidInput
@@ -306,5 +307,4 @@ def error_body(api: Api, message: str, code: int) -> dict[str, Any]:
     """The kit's error shape, or OpenAI's for its paths (its clients read error.message)."""
     if api is Api.KIT:
         return {"code": code, "type": KIT_ERRORS.get(code, "InternalServerException"), "message": message}
-    kind = "server_error" if code >= 500 else "invalid_request_error"
-    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return openai_shapes.error_body(message, code)

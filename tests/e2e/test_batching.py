@@ -99,3 +99,22 @@ def test_int8_packages_serve_batches_close_to_eager(int8_batching, extracted_arc
     assert served_buckets(int8_batching, "minilm") - {1} and served_buckets(int8_batching, "resnet50") - {1}
     assert_no_recompile(int8_batching)
     assert "backend=aoti" in int8_batching.logs.model_log.read_text()
+
+
+def test_openais_client_embeds_more_texts_than_a_batch_through_the_kit(inductor_batching, extracted_archives):
+    from openai import BadRequestError, OpenAI
+
+    key = inductor_batching.api.keys().get("inference") or "unused"
+    client = OpenAI(base_url=inductor_batching.api.url("inference", "/predictions/minilm/1.0/v1"), api_key=key)
+    texts = [SENTENCES[i % len(SENTENCES)] * (1 + i % 2) for i in range(9)]  # 9 rows: forwards of 4, 4 and 1
+    expected = eager_embeddings(extracted_archives["minilm"], texts)
+    packed = client.embeddings.create(model="minilm", input=texts)  # the client asks for base64 and decodes it
+    served = torch.tensor([item.embedding for item in packed.data])
+    torch.testing.assert_close(served, expected, rtol=0, atol=1e-4)
+    tokenizer = load_tokenizer(extracted_archives["minilm"])
+    assert packed.usage.prompt_tokens == sum(int(encode(tokenizer, text, 128).inputs[1].sum()) for text in texts)
+    single = client.embeddings.create(model="minilm", input=texts[1], encoding_format="float")
+    torch.testing.assert_close(torch.tensor(single.data[0].embedding), expected[1], rtol=0, atol=1e-4)
+    with pytest.raises(BadRequestError, match="as token ids is not served"):
+        client.embeddings.create(model="minilm", input=[[101, 102]])
+    assert_no_recompile(inductor_batching)

@@ -36,7 +36,11 @@ pytestmark = pytest.mark.e2e
 QWEN, GPT2 = "test-yours-qwen2-lm", "test-yours-gpt2-lm"
 MAKERS = {QWEN: qwen2_lm, GPT2: gpt2_lm}
 VARIANTS = ("eager", "inductor")
-PROMPTS = ["The committee postponed the expansion", "A quick brown fox", "Interest rates rose again this quarter, " * 5]
+PROMPTS = [
+    "The committee postponed the expansion",
+    "A quick brown fox",
+    "Interest rates rose again this quarter, " * 12,
+]  # the last: prefill past 64 positions
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is the river bank?"}]
 
 
@@ -163,8 +167,8 @@ def test_requests_generated_together_each_get_their_solo_answer(server, referenc
 
 
 def test_a_request_arriving_mid_generation_gets_its_first_token_before_the_first_ends(server):
-    # PROMPTS[0]: greedy, this model meets no end-of-sequence token in its first 1000 (a random model may).
-    long = generate(server, QWEN, {"prompt": PROMPTS[0], "max_tokens": 1000, "stream": True,
+    # ignore_eos: all 1000 tokens, whatever end-of-sequence token a random model meets.
+    long = generate(server, QWEN, {"prompt": PROMPTS[0], "max_tokens": 1000, "stream": True, "ignore_eos": True,
                                    "stream_options": {"include_usage": True}}, "v1/completions", stream=True)  # fmt: skip
     lines = long.iter_lines()
     assert next(line for line in lines if line).startswith(b"data: ")  # the long one is generating

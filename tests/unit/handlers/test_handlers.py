@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -192,13 +194,20 @@ def write_text_archive(model_dir: Path, model) -> Path:
     return model_dir
 
 
+def text_handler(model_dir: Path, model, handler_class, settings: dict, batch_size: int = 1):
+    """`model` saved as a text archive in `model_dir`, served by `handler_class`, initialized."""
+    write_text_archive(model_dir, model)
+    context = make_context(model_dir, settings, batch_size)
+    handler = handler_class()
+    handler.initialize(context)
+    return handler, context
+
+
 def test_text_classifier_serves_probabilities(tmp_path, tiny_bert_config):
     torch.manual_seed(0)
     model = BertClassifier(tiny_bert_config).eval()
-    write_text_archive(tmp_path, model)
-    context = make_context(tmp_path, {"architecture": "bert-classifier", "backend": "inductor", "max_length": 32}, 2)
-    handler = TextClassificationHandler()
-    handler.initialize(context)
+    settings = {"architecture": "bert-classifier", "backend": "inductor", "max_length": 32}
+    handler, context = text_handler(tmp_path, model, TextClassificationHandler, settings, 2)
     responses = serve(handler, context, [{"body": "a fine film"}, {"body": b"\xff bad"}, {"body": {"text": "dull"}}])
     assert statuses(context) == [200, 400, 200]
     tokenizer = load_tokenizer(tmp_path)
@@ -481,3 +490,39 @@ def test_a_text_model_with_a_small_vocabulary_warms_up_and_answers(tmp_path, tin
     with torch.inference_mode():
         expected = torch.softmax(model(*inputs)[0], 0)
     torch.testing.assert_close(torch.tensor(list(answer.values())), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_openai_embeddings_answer_several_texts_per_request_beside_the_kits_own_path(tmp_path, tiny_bert_config):
+    torch.manual_seed(0)
+    model = SentenceEmbedder(tiny_bert_config).eval()
+    # Batches of at most 2 rows: the 3 texts of one request and the next request's take 2 forwards.
+    settings = {"architecture": "sentence-embedder", "backend": "eager", "max_length": 32}
+    handler, context = text_handler(tmp_path, model, SentenceEmbeddingHandler, settings, 2)
+    texts = ["one", "two more words", "and three"]
+    asks = [
+        ("v1/embeddings", {"input": texts, "encoding_format": "base64"}),
+        ("", "hello"),
+        ("v1/embeddings", {"input": []}),
+        ("v1/nothing", "hello"),
+        ("v1/embeddings", {"input": "hello", "dimensions": 7}),
+    ]
+    context.request_processor = [RequestProcessor({**REST_HEADERS, "url_path": path}) for path, _ in asks]
+    context.request_ids = {i: f"req-{i}" for i in range(len(asks))}
+    answers = handler.handle([{"body": body} for _, body in asks], context)
+    assert statuses(context) == [200, 200, 400, 404, 400]
+
+    tokenizer = load_tokenizer(tmp_path)
+    encoded = [encode(tokenizer, text, 32).inputs for text in [*texts, "hello"]]
+    with torch.inference_mode():
+        expected = [model(*(t[None] for t in inputs))[0] for inputs in encoded]
+    data = answers[0]["data"]
+    assert [d["index"] for d in data] == [0, 1, 2] and answers[0]["object"] == "list"
+    for item, vector in zip(data, expected, strict=False):  # base64: float32 bytes, little-endian
+        served = torch.from_numpy(np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4").copy())
+        torch.testing.assert_close(served, vector, rtol=0, atol=1e-5)
+    tokens = sum(int(inputs[1].sum()) for inputs in encoded[:3])  # the attention mask's ones
+    assert answers[0]["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    torch.testing.assert_close(torch.tensor(answers[1]), expected[3], rtol=0, atol=1e-5)  # the kit's own shape
+    assert '"input" must be a text or a non-empty list' in answers[2]["error"]["message"]  # OpenAI's error shape
+    assert "no API at 'v1/nothing'" in answers[3]["message"]  # the kit's error shape
+    assert f"this model answers {tiny_bert_config.hidden_size} dimensions" in answers[4]["error"]["message"]

@@ -126,3 +126,23 @@ def test_every_machine_plans_every_model_subset():
 )
 def test_tune_tries_cores_per_worker_up_to_an_l3_domain(name, counts):
     assert thread_counts(MACHINES[name]) == counts
+
+
+@pytest.mark.parametrize("objective", list(Objective))
+def test_a_model_that_batches_its_own_requests_gets_one_worker_per_l3_domain(objective):
+    epyc = MACHINES["epyc-96c"]
+    layout = plan_layout(epyc, [Demand("lm", per_domain=True), Demand("bert")], objective)
+    cores = {core.cpu: core for core in epyc.cores}
+    lm, bert = layout.models["lm"].workers, layout.models["bert"].workers
+    domains = [{(cores[c].node, cores[c].l3) for c in w.cpus} for w in lm]
+    assert all(len(d) == 1 for d in domains) and len({*map(frozenset, domains)}) == len(lm)  # one per domain
+    assert all(w.threads == len(w.cpus) for w in lm) and max(w.threads for w in lm) == 8  # a whole CCX
+    # The cores it would have had anyway, merged; the other model's workers as the objective says.
+    plain = plan_layout(epyc, [Demand("lm"), Demand("bert")], objective)
+    assert sorted(c for w in lm for c in w.cpus) == sorted(c for w in plain.models["lm"].workers for c in w.cpus)
+    assert bert == plain.models["bert"].workers
+    if objective is Objective.THROUGHPUT:
+        assert {w.threads for w in bert} == {1}
+    # This VM: one worker on both cores, where a classifier gets two single-threaded ones.
+    alone = plan_layout(MACHINES["this-vm"], [Demand("lm", per_domain=True)], objective)
+    assert [w.cpus for w in alone.models["lm"].workers] == [(0, 1)]
