@@ -1,15 +1,16 @@
 """A streaming load generator for generative servers: concurrent clients of OpenAI's completions API.
 
-    stats = measure_streams(url, workload, concurrency=4, seconds=60)
+    stats = measure_streams(url, model, workload, concurrency=4, seconds=60)
     stats.output_tokens_per_s, stats.ttft_ms.p50, stats.itl_ms.p99
 
 Each client sends the workload's requests in turn (`stream: true`, usage included, `ignore_eos`
 so every server writes the same number of tokens), keeping `concurrency` streams open for
 `seconds`. Measured per request: time to first token (request sent -> first text chunk), the gaps
 between text chunks (inter-token latency: a chunk is a token, or the few a held-back character
-needed), and the output tokens the server's usage reports. Tokens per second count the requests
-that ended inside the window. What every server here speaks: the kit, the FastAPI peer
-(bench/generate_peer.py), llama.cpp's server and OpenVINO's.
+needed), and the output tokens the server's usage reports. Tokens per second are every answered
+request's tokens over the window, which lasts until the last request ends (a request is never
+abandoned: its server would go on generating into the next measurement). What every server here
+speaks: the kit, the FastAPI peer (bench/generate_peer.py) and llama.cpp's server.
 """
 
 from __future__ import annotations
