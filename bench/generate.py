@@ -182,19 +182,28 @@ def median_stats(runs: list[StreamStats]) -> dict:
         "ttft_ms_p99": spread([r.ttft_ms.p99 for r in runs]),
         "itl_ms_p50": spread([r.itl_ms.p50 for r in runs]),
         "itl_ms_p99": spread([r.itl_ms.p99 for r in runs]),
+        # Each round measures every row: a ratio between rows is taken round by round.
+        "output_tokens_per_s_by_round": [r.output_tokens_per_s for r in runs],
         "requests": sum(r.requests for r in runs),
         "errors": sum(r.errors for r in runs),
     }
 
 
 def ratio(stats: dict, peer: dict | None) -> str:
+    """The median of the per-round ratios of output tokens/s, and their spread: hosts drift by
+    ±20 % over a run, and a ratio of medians can pair one row's good round with another's bad."""
     if not peer:
         return ""
-    return f"{stats['output_tokens_per_s']['median'] / peer['output_tokens_per_s']['median']:.2f}×"
+    # An interrupted run's last round may lack a row: pairs end with the shorter list.
+    pairs = zip(stats["output_tokens_per_s_by_round"], peer["output_tokens_per_s_by_round"], strict=False)
+    rounds = [ours / theirs for ours, theirs in pairs if theirs]
+    if not rounds:
+        return ""
+    return f"{statistics.median(rounds):.2f}× ({min(rounds):.2f}–{max(rounds):.2f})"
 
 
 def report(results: dict, systems: dict[str, System], out: Path, header: str) -> str:
-    lines = [header, "", "| concurrency | row | output tokens/s (min–max) | × FastAPI | × llama.cpp | TTFT p50 ms | ITL p50 ms | ITL p99 ms | errors |",
+    lines = [header, "", "| concurrency | row | output tokens/s (min–max) | × FastAPI, by round (min–max) | × llama.cpp, by round (min–max) | TTFT p50 ms | ITL p50 ms | ITL p99 ms | errors |",
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for concurrency, rows in results.items():
         for name, stats in rows.items():

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import statistics
+
 from bench.generate import KIT, System, report
 
 
-def stats(tokens_per_s: float) -> dict:
-    def spread(value: float) -> dict:
-        return {"median": value, "min": value, "max": value}
+def stats(*by_round: float) -> dict:
+    def spread(*values: float) -> dict:
+        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
     return {
-        "output_tokens_per_s": spread(tokens_per_s), "ttft_ms_p50": spread(100), "ttft_ms_p99": spread(200),
-        "itl_ms_p50": spread(50), "itl_ms_p99": spread(90), "requests": 4, "errors": 0,
+        "output_tokens_per_s": spread(*by_round), "output_tokens_per_s_by_round": list(by_round),
+        "ttft_ms_p50": spread(100), "ttft_ms_p99": spread(200), "itl_ms_p50": spread(50), "itl_ms_p99": spread(90),
+        "requests": 4, "errors": 0,
     }  # fmt: skip
 
 
@@ -35,7 +38,18 @@ def test_a_kit_row_is_divided_by_the_peers_rows_at_its_own_precision(tmp_path):
             "fastapi bfloat16": stats(10), "llama.cpp bf16": stats(20), "llama.cpp q8_0": stats(40)}  # fmt: skip
     text = report({16: rows}, systems, tmp_path, "# header")
     lines = {line.split(" | ")[1]: line.split(" | ") for line in text.splitlines() if line.startswith("| 16 |")}
-    assert lines["kit inductor"][3:5] == ["2.00×", ""]  # no llama.cpp row at float32
-    assert lines["kit inductor-bf16"][3:5] == ["3.00×", "1.50×"]
+    assert lines["kit inductor"][3:5] == ["2.00× (2.00–2.00)", ""]  # no llama.cpp row at float32
+    assert lines["kit inductor-bf16"][3:5] == ["3.00× (3.00–3.00)", "1.50× (1.50–1.50)"]
     assert lines["llama.cpp bf16"][3:5] == lines["fastapi float32"][3:5] == ["", ""]  # peers are not divided
     assert (tmp_path / "report.md").read_text() == text
+
+
+def test_a_ratio_is_taken_round_by_round_not_between_medians(tmp_path):
+    systems = {
+        s.name: s for s in (system("kit inductor", KIT, "float32"), system("llama.cpp f32", "llama.cpp", "float32"))
+    }
+    # Medians 30 and 20 (1.5×); round by round the kit wrote 4×, 0.75× and 0.5× the peer's tokens/s.
+    rows = {"kit inductor": stats(40, 30, 10), "llama.cpp f32": stats(10, 40, 20)}
+    text = report({4: rows}, systems, tmp_path, "# header")
+    (kit,) = [line.split(" | ") for line in text.splitlines() if line.startswith("| 4 | kit")]
+    assert kit[4] == "0.75× (0.50–4.00)"
