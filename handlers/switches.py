@@ -23,6 +23,9 @@ ITT_OPS_VAR = "KIT_ITT_OPS"
 WHOLE_JPEG_VAR = "KIT_WHOLE_JPEG_DECODE"
 LOG_DIR_VAR = "LOG_LOCATION"  # TorchServe's log directory, set by kit/server.py
 STAGES_DIR = "stages"  # in it: each worker's stage histograms
+# Set by kit/pin_worker.py from the plan: the sequences a language model's worker generates at
+# once, fewer than its archive's max_sequences when the memory budget holds no more KV cache.
+PLANNED_SEQUENCES_VAR = "KIT_MAX_SEQUENCES"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,3 +73,13 @@ class WorkerDirs:
             return cls()
         log_dir = Path(environ[LOG_DIR_VAR])
         return cls(log_dir / "profile", log_dir / STAGES_DIR)
+
+
+def planned_sequences(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The plan's number of sequences for this worker; None when it set none."""
+    raw = environ.get(PLANNED_SEQUENCES_VAR)
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{PLANNED_SEQUENCES_VAR} must be a number of sequences >= 1, got {raw!r}")
+    return int(raw)

@@ -11,6 +11,7 @@ generates once through every path before the first request.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -23,6 +24,7 @@ from ts.utils.util import PredictionException
 
 from handlers.backends import Backend, DType
 from handlers.generation import api
+from handlers.generation.cache import TORCH_DTYPES
 from handlers.generation.engine import SPAN_STEP, Discard, Engine, Generation, QueueFull
 from handlers.generation.packed_linear import can_pack, pack_linears
 from handlers.generation.respond import Responder, refuse
@@ -32,11 +34,11 @@ from handlers.optimize import graphs_compiled
 from handlers.payload import HTTP_BAD_REQUEST, URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
 from handlers.replies import Replies
 from handlers.settings import GenerationSettings
+from handlers.switches import planned_sequences
 from handlers.typed_config import parse_settings
 
 log = logging.getLogger(__name__)
 SERVICE_UNAVAILABLE = 503
-TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16}
 GENERATION_CONFIG = "generation_config.json"
 # Packed fp32 weights answer within 1e-4 of F.linear, not bit for bit, and at one row are no
 # faster (this repository's AMX Xeon); bf16 ones answer bit for bit, 1.3-1.7x faster.
@@ -73,12 +75,19 @@ class TextGenerationHandler:
         start = time.perf_counter()
         self.model_name = context.model_name
         model_dir = Path(context.system_properties["model_dir"])
-        self.settings = settings = parse_settings(GenerationSettings, (context.model_yaml_config or {}).get("handler"))
+        settings = parse_settings(GenerationSettings, (context.model_yaml_config or {}).get("handler"))
+        if (planned := planned_sequences()) is not None:  # the memory plan's, within the budget
+            settings = dataclasses.replace(settings, max_sequences=min(planned, settings.max_sequences))
+        self.settings = settings
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         model = load_model(settings, model_dir).to(TORCH_DTYPES[settings.dtype])
         if settings.dtype in PACKED_DTYPES and can_pack(TORCH_DTYPES[settings.dtype]):
             log.info("%s: %d linear layers on prepacked weights", self.model_name, pack_linears(model))
         if settings.backend is Backend.INDUCTOR:
+            # Sizes that happen to be equal when first traced share a symbol ("duck" shapes), and
+            # a later call where they differ compiles again: a prompt padded to 64 positions
+            # would be tied to a head size of 64. A worker compiles one model: set process-wide.
+            torch.fx.experimental._config.use_duck_shape = False
             model.forward = torch.compile(model.forward, dynamic=True)
         eos, sampling = model_defaults(model_dir, model.config)
         self.limits = api.Limits(settings.context_length, settings.max_new_tokens, sampling)
@@ -109,10 +118,10 @@ class TextGenerationHandler:
     def warm_up(self) -> float:
         """Every kind of step a request takes, compiled before the first: a prefill and decode steps
         for one sequence alone, then for every slot at once (a compiler specialises a size of 1),
-        each over two lengths (64 and 128 positions, then 128 and 192). A compiler also specialises
-        a length that happens to equal one of the model's constants (64, Qwen2.5-0.5B's head size:
-        its first requests compiled 3 graphs more): the second length makes it compile the general
-        step too."""
+        each over two lengths (prompts padded to 8 and 72 positions; decode spans of 64 and 128,
+        then 128 and 192). Should the first length be specialised (a length equal to one of the
+        model's sizes was, before duck shapes were turned off: 64, Qwen2.5-0.5B's head size, cost
+        its first requests 3 graphs more), the second makes it compile the general step too."""
         start = time.perf_counter()
         token = (self.tokenizer("Hello")["input_ids"] or [0])[0]
         context = self.settings.context_length

@@ -28,9 +28,9 @@ from pathlib import Path
 
 from handlers.stages import stage_table
 from kit import probe, supervise
-from kit.footprint import Footprint, measure_live, recorded
+from kit.footprint import Footprint, measure_live
 from kit.itt import chrome_trace, read_ranges
-from kit.models import Medium, Model, model_names, per_domain
+from kit.models import Medium, Model, model_names
 from kit.paths import LOGS
 from kit.plan import Demand, Objective, PlanError, plan_layout
 from kit.ports import INFERENCE_PORT, METRICS_PORT
@@ -48,7 +48,6 @@ from kit.topology import (
     parse_topology,
     read_topology,
 )
-from kit.variant import Variant
 
 RUN_DIR = LOGS
 ITT_DIR = LOGS / "itt"
@@ -221,20 +220,20 @@ def demands_of(args: argparse.Namespace) -> list[Demand]:
     for item in filter(None, args.footprint.split(",")):
         model, _, size = item.partition("=")
         given[model.strip()] = Footprint.of_size(parse_size(size))
-    preset = ServeConfig.from_preset("optimized")  # its variant unless --variant, and its batch size
-    variant = Variant.load(args.variant) if args.variant else preset.variant
+    # The optimized preset's variant unless --variant, and its batch size.
+    preset = ServeConfig.from_preset("optimized", **({"variant": args.variant} if args.variant else {}))
     demands = [Demand.parse(text) for text in args.models.split(",")]
     strangers = sorted(set(given) - {d.model for d in demands})
     if strangers:
         raise PlanError(f"--footprint names {strangers}, which --models does not plan")
-    return [
-        dataclasses.replace(
-            d,
-            footprint=given.get(d.model) or recorded(variant.archive(d.model), preset.batch_size),
-            per_domain=per_domain(d.model),
-        )
-        for d in demands
-    ]
+    planned = []
+    for d in demands:
+        demand = dataclasses.replace(preset.demand(d.model), share=d.share)
+        if d.model in given:  # a language model's given size holds its archive's sequences
+            sequences = demand.sequences.most if demand.sequences else 0
+            demand = dataclasses.replace(demand, footprint=dataclasses.replace(given[d.model], sequences=sequences))
+        planned.append(demand)
+    return planned
 
 
 def topology(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ class Footprint:
     private: int  # Private_Clean + Private_Dirty (USS)
     peak: int  # VmHWM: the most it ever held (warm-up, compilation)
     workers: int = 1  # workers of the model running when measured: how many shared the shared pages
+    sequences: int = 0  # a language model's KV cache rows when measured (0: it has none)
 
     @property
     def shared(self) -> int:
@@ -49,26 +50,38 @@ class Footprint:
         (an over-count for pages also shared with other models' workers, such as torch's libraries)."""
         return workers * self.per_worker + self.shared
 
+    def with_sequences(self, sequences: int, per_sequence: int) -> Footprint:
+        """What the worker would hold with `sequences` KV cache rows of `per_sequence` bytes each
+        instead of its own: the cache is allocated once, filled, at start (private pages)."""
+        delta = (self.sequences - sequences) * per_sequence
+        return dataclasses.replace(
+            self, rss=self.rss - delta, pss=self.pss - delta, private=self.private - delta, peak=self.peak - delta,
+            sequences=sequences,
+        )  # fmt: skip
+
     @classmethod
     def of_size(cls, size: int) -> Footprint:
         """A worker said to hold `size` bytes, none shared (`kit plan --footprint bert=1.3Gi`)."""
         return cls(size, size, size, size)
 
     @classmethod
-    def worst(cls, measured: Sequence[Footprint]) -> Footprint:
-        """One footprint for several workers of a model: the largest of each field."""
+    def worst(cls, measured: Sequence[Footprint], sequences: int = 0) -> Footprint:
+        """One footprint for several workers of a model (each with `sequences` KV cache rows): the
+        largest of each field."""
         return cls(
             max(f.rss for f in measured),
             max(f.pss for f in measured),
             max(f.private for f in measured),
             max(f.peak for f in measured),
             len(measured),
+            sequences,
         )
 
     def summary(self) -> str:
         return (
             f"{gib(self.per_worker)} per worker + {gib(self.shared)} shared "
-            f"(RSS {gib(self.rss)}, PSS {gib(self.pss)}, peak {gib(self.peak)}; {self.workers} worker(s) measured)"
+            f"(RSS {gib(self.rss)}, PSS {gib(self.pss)}, peak {gib(self.peak)}; {self.workers} worker(s) measured"
+            + (f", {self.sequences} sequence(s) each)" if self.sequences else ")")
         )
 
 
@@ -102,9 +115,10 @@ def archive_identity(archive: Path) -> list:
         return [size, hashlib.sha256(file.read()).hexdigest()]
 
 
-def record(archive: Path, batch_size: int, measured: Sequence[Footprint]) -> Footprint:
-    """Write the worst of `measured` beside `archive` (atomically: servers of a bench may race)."""
-    footprint = Footprint.worst(measured)
+def record(archive: Path, batch_size: int, measured: Sequence[Footprint], sequences: int = 0) -> Footprint:
+    """Write the worst of `measured` (workers holding `sequences` KV cache rows each) beside
+    `archive` (atomically: servers of a bench may race)."""
+    footprint = Footprint.worst(measured, sequences)
     path = footprint_file(archive, batch_size)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     partial.write_text(json.dumps({"archive": archive_identity(archive), **dataclasses.asdict(footprint)}, indent=2))

@@ -30,6 +30,9 @@ from pathlib import Path
 LAYOUT_VAR = "KIT_LAYOUT"  # the plan: run_dir/layout.json
 PYTHON_VAR = "KIT_WORKER_PYTHON"  # the environment's python that runs the worker
 ALLOCATOR_DIR_VAR = "KIT_ALLOCATOR_DIR"  # where lib<allocator>.so are: the environment's lib/
+# A language model's planned sequences (the plan's "sequences"), read by the handler. Spelled here
+# too, not imported: this script is standard library only (handlers.switches.PLANNED_SEQUENCES_VAR).
+SEQUENCES_VAR = "KIT_MAX_SEQUENCES"
 # Allocator.DEFAULT's value (kit/plan.py), glibc malloc: nothing preloaded. Spelled out because
 # this script imports nothing of the kit; tests/unit/kit/test_pin_worker.py keeps the two equal.
 GLIBC_MALLOC = "default"
@@ -93,6 +96,8 @@ def main(args: list[str]) -> None:
     index, _ = claim_slot(layout_file.parent / "slots", model, len(plan["workers"]))
     worker = plan["workers"][index]
     env = dict(os.environ, OMP_NUM_THREADS=str(worker["threads"]), KIT_WORKER_SLOT=str(index))
+    if plan.get("sequences"):
+        env[SEQUENCES_VAR] = str(plan["sequences"])
     library = allocator_library(Path(env[ALLOCATOR_DIR_VAR]), plan["allocator"])  # per model: its backend's
     if library:
         env["LD_PRELOAD"] = " ".join(filter(None, [str(library), env.get("LD_PRELOAD", "")]))

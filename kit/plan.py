@@ -26,7 +26,8 @@ A pure function of the topology, the models (with their traffic shares) and the 
   model's measured footprint (kit/footprint.py) and a budget (the cgroup's limit, else the
   machine's memory; `memory:` of a preset, `--memory`), the workers, the frontend (its JVM heap is
   set from the budget) and a headroom must fit. When they would not, a worker gets more cores
-  (2, 4, ... up to an L3 domain: fewer workers, the cores stay busy); then workers are dropped,
+  (2, 4, ... up to an L3 domain: fewer workers, the cores stay busy); then a language model
+  generates fewer sequences at once (its KV cache is a row per sequence); then workers are dropped,
   the costliest model's first; when even one worker per model does not fit, the plan is refused
   naming each model's footprint and the budget. Without a footprint the memory is not planned,
   and the plan says so.
@@ -80,12 +81,21 @@ class Objective(enum.StrEnum):
 
 
 @dataclasses.dataclass(frozen=True)
+class Sequences:
+    """A language model's KV cache: what each sequence a worker generates at once holds."""
+
+    per_sequence: int  # bytes: layers x 2 (keys, values) x kv heads x head size x context x dtype
+    most: int  # its settings' max_sequences: the plan may serve fewer, never more
+
+
+@dataclasses.dataclass(frozen=True)
 class Demand:
     model: str
     share: float = 1.0  # relative traffic: bert=2 gets twice resnet50's cores
     allocator: str = PREFERRED_ALLOCATOR.value  # preloaded into its workers (its backend's; OpenVINO: "default")
     footprint: Footprint | None = None  # one warmed worker's memory; None: never measured
     per_domain: bool = False  # one worker per L3 domain of its cores, whatever the objective
+    sequences: Sequences | None = None  # a language model's KV cache, sized by the memory plan
 
     @classmethod
     def parse(cls, text: str) -> Demand:
@@ -114,11 +124,13 @@ class WorkerPlan:
 class ModelPlan:
     workers: tuple[WorkerPlan, ...]
     allocator: str = PREFERRED_ALLOCATOR.value
+    sequences: int = 0  # a language model's: sequences each worker generates at once (0: not one)
 
     def to_dict(self) -> dict:
         return {
             "workers": [w.to_dict() for w in self.workers],
             "allocator": self.allocator,
+            "sequences": self.sequences,
         }
 
 
@@ -193,6 +205,7 @@ class Layout:
             name: ModelPlan(
                 tuple(WorkerPlan(tuple(w["cpus"]), w["threads"], w["numa_node"]) for w in model["workers"]),
                 model["allocator"],
+                model.get("sequences", 0),
             )
             for name, model in raw["models"].items()
         }
@@ -232,6 +245,7 @@ class Layout:
                 f"{name}: {len(model.workers)} worker(s) x {'/'.join(map(str, threads))} thread(s) on CPUs "
                 f"{format_cpus(c for w in model.workers for c in w.cpus)} (node {', '.join(map(str, nodes))}); "
                 f"{model.allocator}"
+                + (f"; {model.sequences} sequence(s) at once per worker" if model.sequences else "")
             )
         lines.append(self.memory.summary() if self.memory else f"memory: not planned ({self.unplanned})")
         return lines
@@ -301,15 +315,49 @@ def plan_layout(
         if topology.memory.limit is None:
             return dataclasses.replace(layout, unplanned=why)
         return cautious(topology, demands, objective, threads, unmeasured, why)
-    footprints = {d.model: d.footprint for d in demands}
+    # A language model's footprint as it would be with its settings' number of sequences.
+    footprints = {
+        d.model: d.footprint.with_sequences(d.sequences.most, d.sequences.per_sequence) if d.sequences else d.footprint
+        for d in demands
+    }
     budget = topology.memory.budget
     wider = widen(layout, topology, demands, objective, [] if threads else thread_counts(topology), footprints)
-    fitted, dropped = drop_workers(wider, footprints, budget)
+    sized = fewer_sequences(wider, demands, footprints, budget)
+    fitted, dropped = drop_workers(sized, footprints, budget, kv_caches(demands))
     plan = memory_plan(fitted, footprints, budget)
     if fitted != layout:
         idle = f" ({dropped} worker(s) dropped: their cores idle)" if dropped else ""
         plan = dataclasses.replace(plan, note=f"reduced to fit: {shape(layout)} -> {shape(fitted)}{idle}")
     return dataclasses.replace(fitted, memory=plan)
+
+
+def fewer_sequences(layout: Layout, demands: Sequence[Demand], footprints: dict[str, Footprint], budget: int) -> Layout:
+    """`layout` with its language models generating fewer sequences at once, in the demands' order,
+    until it fits (at least one each); `footprints` updated to match. A sequence fewer costs a
+    worker a KV cache row, not the cores and weights a dropped worker would."""
+    for demand in demands:
+        plan = memory_plan(layout, footprints, budget)
+        if plan.fits:
+            break
+        if not demand.sequences:
+            continue
+        model = layout.models[demand.model]
+        per_worker = len(model.workers) * demand.sequences.per_sequence
+        sequences = max(1, model.sequences - math.ceil((plan.total - budget) / per_worker))
+        footprints[demand.model] = footprints[demand.model].with_sequences(sequences, demand.sequences.per_sequence)
+        layout = dataclasses.replace(
+            layout, models={**layout.models, demand.model: dataclasses.replace(model, sequences=sequences)}
+        )
+    return layout
+
+
+def kv_caches(demands: Sequence[Demand]) -> dict[str, str]:
+    """What a refusal says of each language model's KV cache."""
+    return {
+        d.model: f" (at 1 sequence; its KV cache holds {gib(d.sequences.per_sequence)} per sequence)"
+        for d in demands
+        if d.sequences
+    }
 
 
 def cautious(
@@ -349,15 +397,17 @@ def widen(
     return layout
 
 
-def drop_workers(layout: Layout, footprints: dict[str, Footprint], budget: int) -> tuple[Layout, int]:
+def drop_workers(
+    layout: Layout, footprints: dict[str, Footprint], budget: int, details: dict[str, str] | None = None
+) -> tuple[Layout, int]:
     """Workers taken away, the costliest model's first, until the layout fits; PlanError when one
-    worker per model does not."""
+    worker per model does not (naming each model's footprint, with its `details`)."""
     models = dict(layout.models)
     dropped = 0
     while not (plan := memory_plan(layout, footprints, budget)).fits:
         several = [name for name in models if len(models[name].workers) > 1]
         if not several:
-            needs = ", ".join(f"{name} {footprints[name].summary()}" for name in models)
+            needs = ", ".join(f"{name} {footprints[name].summary()}{(details or {}).get(name, '')}" for name in models)
             raise PlanError(
                 f"one worker per model needs {gib(plan.total)} (frontend and headroom included), more than the "
                 f"memory budget of {gib(budget)}: {needs}. Serve fewer models per server, smaller variants "
@@ -371,9 +421,11 @@ def drop_workers(layout: Layout, footprints: dict[str, Footprint], budget: int) 
 
 
 def shape(layout: Layout) -> str:
-    """ "bert 2x1, resnet50 2x1": workers x threads per model."""
+    """ "bert 2x1, lm 1x2 (8 sequences)": workers x threads per model, a language model's sequences."""
     return ", ".join(
-        f"{name} {len(model.workers)}x{max(w.threads for w in model.workers)}" for name, model in layout.models.items()
+        f"{name} {len(model.workers)}x{max(w.threads for w in model.workers)}"
+        + (f" ({model.sequences} sequences)" if model.sequences else "")
+        for name, model in layout.models.items()
     )
 
 
@@ -410,6 +462,7 @@ def place(topology: Topology, demands: Sequence[Demand], objective: Objective, t
         models[demand.model] = ModelPlan(
             tuple(WorkerPlan(tuple(core.cpu for core in group), len(group), group[0].node) for group in chosen),
             demand.allocator,
+            demand.sequences.most if demand.sequences else 0,
         )
         offset += count
     return Layout(objective, models, frontend_cpus, len(serving), capacity)

@@ -28,6 +28,7 @@ from handlers.switches import Diagnostics
 from handlers.typed_config import SettingsError, parse_settings
 from kit.footprint import recorded
 from kit.itt import collector_environment
+from kit.kv_cache import served_sequences
 from kit.models import model_names, per_domain
 from kit.paths import CONFIG
 from kit.plan import PREFERRED_ALLOCATOR, Allocator, Demand, Layout, Objective, plan_layout
@@ -239,16 +240,24 @@ class ServeConfig:
             machine = topology.memory or Memory(limit, limit)
             limit = min(limit, machine.limit or limit)  # a narrower cgroup limit still binds
             topology = dataclasses.replace(topology, memory=dataclasses.replace(machine, limit=limit))
-        demands = [
-            Demand(
-                model,
-                allocator=self.allocator_of(model).value,
-                footprint=recorded(self.variant_of(model).archive(model), self.batch_size),
-                per_domain=per_domain(model),
-            )
-            for model in self.models
-        ]
+        demands = [self.demand(model) for model in self.models]
         return plan_layout(topology, demands, self.objective, self.threads)
+
+    def demand(self, model: str) -> Demand:
+        """What the plan needs of one served model: its archive's measured footprint and, for a
+        language model, its KV cache."""
+        archive = self.variant_of(model).archive(model)
+        footprint = recorded(archive, self.batch_size)
+        sequences = served_sequences(model, archive)
+        if sequences and footprint and not footprint.sequences:
+            footprint = None  # recorded before the kit counted a language model's sequences: measure again
+        return Demand(
+            model,
+            allocator=self.allocator_of(model).value,
+            footprint=footprint,
+            per_domain=per_domain(model),
+            sequences=sequences,
+        )
 
     def variant_of(self, model: str) -> Variant:
         return self.model_variants.get(model, self.variant)

@@ -29,6 +29,7 @@ from handlers.stages import Histogram, Stage, merge, read_stage_files
 from handlers.switches import STAGES_DIR
 from handlers.typed_config import parse_settings
 from kit.footprint import measure, record
+from kit.kv_cache import served_sequences
 from kit.launch import LAYOUT_FILE, Launch
 from kit.models import STARTUP_TIMEOUT_S
 from kit.paths import INDUCTOR_CACHE
@@ -309,6 +310,13 @@ class Server:
                 last_report = time.monotonic()
             time.sleep(1)
 
+    def sequences_of(self, model: str, archive: Path) -> int:
+        """The KV cache rows each of the model's workers holds: the plan's, else its archive's."""
+        if self.layout and model in self.layout.models:
+            return self.layout.models[model].sequences
+        sequences = served_sequences(model, archive)
+        return sequences.most if sequences else 0
+
     def record_footprints(self, progress=print) -> None:
         """Measure every model's warmed workers and record it beside its archive, for the next plan."""
         workers: dict[str, list[int]] = {}
@@ -318,7 +326,8 @@ class Server:
         for model, pids in workers.items():
             archive = (self.model_store / f"{model}.mar").resolve()
             try:
-                footprint = record(archive, self.config.batch_size, [measure(pid) for pid in pids])
+                measured = [measure(pid) for pid in pids]
+                footprint = record(archive, self.config.batch_size, measured, self.sequences_of(model, archive))
             except OSError as error:  # a worker gone meanwhile, a read-only store: the plan measures later
                 progress(f"[serve] {model}: memory not recorded ({error})")
                 continue

@@ -16,7 +16,23 @@ them), which the engine's warm-up makes before serving.
 from __future__ import annotations
 
 import torch
+from transformers import PretrainedConfig
 from transformers.cache_utils import Cache
+
+from handlers.backends import DType
+
+# A model's weights, activations and cache are in its served dtype.
+TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16}
+
+
+def row_bytes(config: PretrainedConfig, context: int, dtype: torch.dtype) -> int:
+    """What one sequence's row of a SlotCache holds: keys and values of every layer, as the
+    model's attention computes them (kv heads x head size), for `context` positions."""
+    text = config.get_text_config()
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_size = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return text.num_hidden_layers * 2 * kv_heads * head_size * context * dtype.itemsize
 
 
 class SlotCache(Cache):

@@ -32,9 +32,14 @@ from handlers.generation.stream import TextStream
 from handlers.itt import inference_range
 
 log = logging.getLogger(__name__)
-# Attention spans and padded prompt lengths are rounded up to a multiple of this: a handful of
-# shapes for the compiler instead of one per length, for at most this many masked positions.
+# A decode step's attention span is rounded up to a multiple of this: the masked positions cost
+# little (a cache read), and the span changes once in SPAN_STEP steps.
 SPAN_STEP = 64
+# A prompt is padded to a multiple of this. The forward is compiled for any length (dynamic
+# shapes), so padding only has to keep out a length of 1, which a compiler specialises; each
+# padded position costs a prefill a whole position's compute (64 here computed a 20-token
+# prompt as 64).
+PROMPT_STEP = 8
 DECODE_KEEP = torch.tensor([0])  # a decode step feeds one token per row: its logits are all there are
 
 
@@ -103,9 +108,9 @@ class Running:
         self.cancelled = True  # read by the engine's thread at its next step
 
 
-def span(length: int, limit: int) -> int:
-    """length rounded up to the next multiple of SPAN_STEP, at most limit."""
-    return min(limit, -(-length // SPAN_STEP) * SPAN_STEP)
+def span(length: int, limit: int, step: int = SPAN_STEP) -> int:
+    """length rounded up to the next multiple of step, at most limit."""
+    return min(limit, -(-length // step) * step)
 
 
 class Engine:
@@ -209,7 +214,7 @@ class Engine:
     def _prefill(self, sequence: Running) -> torch.Tensor:
         """The prompt into the sequence's cache row; the logits for its first new token."""
         prompt = sequence.generation.prompt
-        length = span(len(prompt), self.context)
+        length = span(len(prompt), self.context, PROMPT_STEP)
         ids = torch.zeros(1, length, dtype=torch.long)
         ids[0, : len(prompt)] = torch.tensor(prompt)
         positions = torch.arange(length)[None]

@@ -10,6 +10,7 @@ its own against the tokenizer), so equal texts mean equal tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -25,8 +26,10 @@ from client import grpc_client
 from handlers.generation.stream import TextStream
 from kit.models import model_file
 from kit.paths import ROOT
+from kit.plan import PlanError
 from kit.serve_config import ServeConfig
 from kit.server import Server
+from kit.topology import read_topology
 from tests.e2e.conftest import one_cpu, start_server
 from tests.e2e.test_your_model import remove_model
 from tests.hf_models import gpt2_lm, qwen2_lm
@@ -238,3 +241,40 @@ def test_no_request_waited_for_the_compiler(server):
     log = server.logs.model_log.read_text(errors="replace")
     assert f"{QWEN} ready: backend={server.config.variant.name.split('-')[0]}" in log
     assert "recompiled while serving" not in log, "a request waited for the compiler"
+
+
+def test_a_memory_budget_short_of_the_kv_caches_serves_fewer_sequences(sources, references, tmp_path):
+    """The plan counts a language model's KV cache per sequence (its archive's config.json and
+    settings) in the footprint its last server recorded, and under a budget too small for every
+    sequence gives its workers fewer; the worker serves that many, and answers as before."""
+    config = ServeConfig.from_preset("optimized", variant="eager", models=list(MAKERS), cpus=one_cpu())
+    topology = read_topology()
+    if any(config.demand(m).footprint is None for m in MAKERS):
+        start_server(tmp_path / "measure", config).stop()  # READY records the footprints
+    most = {m: config.demand(m).sequences.most for m in MAKERS}
+
+    def planned(budget: int):
+        try:
+            return dataclasses.replace(config, memory=str(budget)).layout(topology)
+        except PlanError:
+            return None
+
+    # The largest budget, in steps of one sequence's cache, under which the first model loses one.
+    per_sequence = config.demand(config.models[0]).sequences.per_sequence
+    budget = planned(64 * 2**30).memory.total
+    while (layout := planned(budget)) and layout.models[config.models[0]].sequences == most[config.models[0]]:
+        budget -= per_sequence
+    assert layout is not None, "no budget serves fewer sequences without refusing"
+    sequences = {m: layout.models[m].sequences for m in MAKERS}
+    assert sequences[config.models[0]] < most[config.models[0]] and layout.memory.total <= budget
+    assert "sequences) ->" in layout.memory.note
+
+    server = start_server(tmp_path / "tight", dataclasses.replace(config, memory=str(budget)))
+    try:
+        log = server.logs.model_log.read_text(errors="replace")
+        for model in MAKERS:
+            assert f"{model} ready: backend=eager dtype=float32 sequences={sequences[model]} " in log
+        text, count = references[QWEN].prompt(PROMPTS[0])
+        assert generate(server, QWEN, {"prompt": PROMPTS[0], "max_new_tokens": 24}).json()["text"] == text
+    finally:
+        server.stop()

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from kit.footprint import Footprint, footprint_file, measure, record, recorded
-from kit.plan import Demand, Layout, PlanError, place, plan_layout
+from kit.plan import Demand, Layout, PlanError, Sequences, place, plan_layout
 from kit.serve_config import ConfigError, ServeConfig, jvm_args
 from kit.topology import Memory, TopologyError, kb_fields, meminfo_bytes
 from tests.machines import FIXTURES, MACHINES, machine
@@ -171,6 +171,59 @@ def test_under_a_memory_limit_a_model_never_measured_starts_one_wide_worker():
     layout = plan_layout(container, demands({**INDUCTOR, "bert": None}))
     assert shape(layout)["bert"] == (1, 8)  # one worker, as wide as an L3 domain
     assert "until then one worker each under the limit" in layout.unplanned and layout.memory is None
+
+
+# A language model: 1 GiB of weights and runtime per worker, measured with 8 sequences of 256 MiB
+# of KV cache each (Qwen2.5-0.5B in fp32 at a context of 32k holds 384 MiB per sequence).
+LM_KV = Sequences(per_sequence=256 * MiB, most=8)
+LM = Footprint(rss=3200 * MiB, pss=3100 * MiB, private=3072 * MiB, peak=3300 * MiB, workers=1, sequences=8)
+
+
+def lm_demands(footprint: Footprint = LM, sequences: Sequences = LM_KV) -> list[Demand]:
+    return [Demand("lm", footprint=footprint, per_domain=True, sequences=sequences)]
+
+
+def test_a_footprint_counts_a_language_models_kv_cache_per_sequence():
+    three = LM.with_sequences(3, LM_KV.per_sequence)
+    assert LM.per_worker - three.per_worker == 5 * 256 * MiB and three.shared == LM.shared
+    assert three.sequences == 3 and three.with_sequences(8, LM_KV.per_sequence) == LM
+
+
+def test_a_language_model_generates_fewer_sequences_to_fit_its_budget_and_says_so():
+    vm = MACHINES["this-vm"]  # one worker on both cores
+    roomy = plan_layout(with_budget(vm, 8 * GiB), lm_demands())
+    assert roomy.models["lm"].sequences == 8 and roomy.memory.note == ""
+    # Measured at 8, asked for at most 4 (the model file's max_sequences): planned at 4.
+    assert (
+        plan_layout(with_budget(vm, 8 * GiB), lm_demands(sequences=Sequences(256 * MiB, 4))).models["lm"].sequences == 4
+    )
+    tight = plan_layout(with_budget(vm, 3 * GiB), lm_demands())
+    sequences = tight.models["lm"].sequences
+    assert 1 <= sequences < 8 and tight.memory.total <= 3 * GiB
+    # The most that fits: one sequence more would not.
+    one_more = LM.with_sequences(sequences + 1, LM_KV.per_sequence)
+    assert (
+        tight.memory.total + one_more.per_worker - LM.with_sequences(sequences, LM_KV.per_sequence).per_worker > 3 * GiB
+    )
+    assert tight.memory.note == f"reduced to fit: lm 1x2 (8 sequences) -> lm 1x2 ({sequences} sequences)"
+    assert f"{sequences} sequence(s) at once per worker" in "\n".join(tight.summary())
+    # A footprint measured with fewer sequences (a server the plan had narrowed) plans the same.
+    measured_at_two = LM.with_sequences(2, LM_KV.per_sequence)
+    assert plan_layout(with_budget(vm, 3 * GiB), lm_demands(measured_at_two)).models["lm"].sequences == sequences
+
+
+def test_a_language_model_that_does_not_fit_at_one_sequence_is_refused_with_its_kv_cache():
+    with pytest.raises(PlanError) as refused:
+        plan_layout(with_budget(MACHINES["this-vm"], int(1.5 * GiB)), lm_demands())
+    assert "(at 1 sequence; its KV cache holds 256 MiB per sequence)" in str(refused.value)
+
+
+def test_a_language_models_sequences_reach_the_json_plan():
+    layout = plan_layout(with_budget(MACHINES["epyc-96c"], 12 * GiB), lm_demands() + demands())
+    raw = json.loads(json.dumps(layout.to_dict()))
+    assert raw["models"]["lm"]["sequences"] == layout.models["lm"].sequences >= 1
+    assert raw["models"]["bert"]["sequences"] == 0
+    assert Layout.from_dict(raw) == layout
 
 
 def test_the_json_plan_carries_its_memory():

@@ -10,12 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from handlers.switches import PLANNED_SEQUENCES_VAR, planned_sequences
 from kit import pin_worker
 
 REPORT = """#!/bin/sh
 echo "allocator=$(grep -q libtcmalloc /proc/$$/maps && echo tcmalloc || echo default)"
 echo "cpus=$(grep Cpus_allowed_list /proc/$$/status | cut -f2)"
 echo "omp=$OMP_NUM_THREADS"
+echo "sequences=${KIT_MAX_SEQUENCES:-unset}"
 echo "args=$*"
 """
 
@@ -80,3 +82,16 @@ def test_both_workers_are_recognised_by_their_command_line():
     assert pin_worker.is_worker(["python", "/x/ts/model_service_worker.py", "--sock-type", "unix"])
     assert pin_worker.is_worker(["python", "-m", "handlers.worker", "--sock-type", "unix"])
     assert not pin_worker.is_worker(["python", "-m", "kit", "serve"])
+
+
+def test_a_language_models_worker_is_told_its_planned_sequences(tmp_path):
+    assert pin_worker.SEQUENCES_VAR == PLANNED_SEQUENCES_VAR  # one name, spelled in two places
+    cpu = max(os.sched_getaffinity(0))
+    worker = {"cpus": [cpu], "threads": 1, "numa_node": 0}
+    layout = {"models": {
+        "lm": {"workers": [worker], "allocator": "default", "sequences": 3},
+        "bert": {"workers": [worker], "allocator": "default", "sequences": 0},
+    }}  # fmt: skip
+    assert start_worker(tmp_path / "a", "lm", layout)["sequences"] == "3"
+    assert start_worker(tmp_path / "b", "bert", layout)["sequences"] == "unset"
+    assert planned_sequences({PLANNED_SEQUENCES_VAR: "3"}) == 3 and planned_sequences({}) is None

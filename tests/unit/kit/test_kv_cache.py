@@ -1,0 +1,34 @@
+"""kit/kv_cache.py: a language model's KV cache read from the archive that serves it."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import torch
+import yaml
+from transformers import AutoConfig
+
+from handlers.generation.cache import row_bytes
+from kit.kv_cache import archive_sequences
+from tests.hf_models import qwen2_lm
+
+
+def test_an_archives_sequences_come_from_its_config_and_settings(tmp_path):
+    directory = qwen2_lm(tmp_path / "lm")
+    archive = tmp_path / "lm.mar"
+    handler = {"architecture": "hf-causal-lm", "context_length": 512, "max_sequences": 6, "dtype": "bfloat16"}
+    with zipfile.ZipFile(archive, "w") as files:
+        files.writestr("model-config.yaml", yaml.safe_dump({"asyncCommunication": True, "handler": handler}))
+        files.write(directory / "config.json", "config.json")
+    sequences = archive_sequences(archive)
+    assert sequences.most == 6
+    expected = row_bytes(AutoConfig.from_pretrained(directory), 512, torch.bfloat16)
+    config = json.loads((directory / "config.json").read_text())
+    # layers x (keys, values) x kv heads x head size x positions x 2 bytes
+    head = config["hidden_size"] // config["num_attention_heads"]
+    assert (
+        sequences.per_sequence
+        == expected
+        == config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head * 512 * 2
+    )
