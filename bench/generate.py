@@ -37,14 +37,14 @@ from bench.streams import Ask, StreamStats, measure_streams
 from handlers.backends import DType, cpu_refusal
 from handlers.calibration import SENTENCES
 from handlers.settings import GenerationSettings
-from handlers.typed_config import parse_settings
+from kit.kv_cache import archive_settings
 from kit.models import Model, Task
 from kit.paths import ROOT, process_environment
 from kit.ports import PORTS
 from kit.serve_config import ServeConfig
 from kit.server import Server, start_ready, terminate
 from kit.topology import read_topology
-from model_store import huggingface
+from kit.variant import Variant
 
 RESULTS = ROOT / "bench" / "results"
 PEER_READY_S = 600
@@ -84,9 +84,8 @@ LLAMA_QUANTIZED = "q8_0"  # llama.cpp's int8 weights: what its users serve; the 
 
 
 def served_settings(model: Model) -> GenerationSettings:
-    """What the kit's archive serves: the directory's derived settings under the model file's."""
-    derived = huggingface.derive(model.source.path, model.task).settings
-    return parse_settings(GenerationSettings, {**derived, **model.handler_settings})
+    """What the kit's fp32 archive (always built) serves: its sequences and context size a peer's."""
+    return archive_settings(Variant.load(VARIANTS[DType.FLOAT32]).archive(model.name))
 
 
 def kit_system(model: Model, dtype: DType, run_dir: Path) -> System:

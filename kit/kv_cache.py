@@ -32,14 +32,18 @@ def served_sequences(name: str, archive: Path) -> Sequences | None:
     return archive_sequences(archive)
 
 
+def archive_settings(archive: Path) -> GenerationSettings:
+    """The handler settings its workers serve with (context_length, max_sequences, dtype, ...)."""
+    with zipfile.ZipFile(archive) as files:
+        return parse_settings(GenerationSettings, yaml.safe_load(files.read(MODEL_CONFIG)).get("handler"))
+
+
 def archive_sequences(archive: Path) -> Sequences:
     from transformers import AutoConfig
 
     from handlers.generation.cache import TORCH_DTYPES, row_bytes
 
+    settings = archive_settings(archive)
     with zipfile.ZipFile(archive) as files:
-        handler = yaml.safe_load(files.read(MODEL_CONFIG)).get("handler")
-        raw = json.loads(files.read(HF_CONFIG))
-    settings = parse_settings(GenerationSettings, handler)
-    config = AutoConfig.for_model(**raw)
+        config = AutoConfig.for_model(**json.loads(files.read(HF_CONFIG)))
     return Sequences(row_bytes(config, settings.context_length, TORCH_DTYPES[settings.dtype]), settings.max_sequences)

@@ -55,8 +55,9 @@ class PackedLinear(nn.Module):
         return packed_linear(x, self.key)
 
 
-def can_pack(dtype: torch.dtype) -> bool:
-    return torch.backends.mkldnn.is_available() and dtype in (torch.bfloat16, torch.float32)
+def can_pack() -> bool:
+    """Whether this torch has oneDNN to pack with (which dtypes to pack is the caller's choice)."""
+    return torch.backends.mkldnn.is_available()
 
 
 def pack_linears(model: nn.Module) -> int:

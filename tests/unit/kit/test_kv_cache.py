@@ -10,17 +10,29 @@ import yaml
 from transformers import AutoConfig
 
 from handlers.generation.cache import row_bytes
-from kit.kv_cache import archive_sequences
+from handlers.backends import DType
+from kit.kv_cache import archive_sequences, archive_settings
 from tests.hf_models import qwen2_lm
 
 
-def test_an_archives_sequences_come_from_its_config_and_settings(tmp_path):
+def archive_of(tmp_path, handler: dict):
     directory = qwen2_lm(tmp_path / "lm")
     archive = tmp_path / "lm.mar"
-    handler = {"architecture": "hf-causal-lm", "context_length": 512, "max_sequences": 6, "dtype": "bfloat16"}
     with zipfile.ZipFile(archive, "w") as files:
         files.writestr("model-config.yaml", yaml.safe_dump({"asyncCommunication": True, "handler": handler}))
         files.write(directory / "config.json", "config.json")
+    return directory, archive
+
+
+def test_an_archives_settings_are_its_model_configs_handler_settings(tmp_path):
+    _, archive = archive_of(tmp_path, {"architecture": "hf-causal-lm", "context_length": 384, "max_sequences": 3})
+    settings = archive_settings(archive)
+    assert (settings.context_length, settings.max_sequences, settings.dtype) == (384, 3, DType.FLOAT32)
+
+
+def test_an_archives_sequences_come_from_its_config_and_settings(tmp_path):
+    handler = {"architecture": "hf-causal-lm", "context_length": 512, "max_sequences": 6, "dtype": "bfloat16"}
+    directory, archive = archive_of(tmp_path, handler)
     sequences = archive_sequences(archive)
     assert sequences.most == 6
     expected = row_bytes(AutoConfig.from_pretrained(directory), 512, torch.bfloat16)
