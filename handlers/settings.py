@@ -284,6 +284,13 @@ class GenerationSettings(OptimizationSettings):
     max_new_tokens: int = 256
     # Requests waiting for a free sequence beyond which a request gets a 503.
     max_waiting: int = 64
+    # The accuracy guard of a reduced precision (handlers/generation/agreement.py): this many
+    # held-out prompts (yours, make model ... SAMPLES=, else the kit's sentences), each continued
+    # by this many tokens. `accuracy_tolerance` is the largest mean next-token distance, and
+    # this the smallest share of greedy tokens equal to the float model's (null: the dtype's).
+    accuracy_prompts: int = 8
+    accuracy_tokens: int = 32
+    accuracy_min_match_rate: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -296,8 +303,11 @@ class GenerationSettings(OptimizationSettings):
             raise SettingsError(
                 f"a generative model is served at dtype {' or '.join(sorted(GENERATION_DTYPES))}, not {self.dtype.value!r}"
             )
-        for name in ("context_length", "max_sequences", "max_new_tokens"):
+        for name in ("context_length", "max_sequences", "max_new_tokens", "accuracy_prompts", "accuracy_tokens"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be 1 or more, got {getattr(self, name)}")
         if self.max_waiting < 0:
             raise SettingsError(f"max_waiting must be 0 or more, got {self.max_waiting}")
+        rate = self.accuracy_min_match_rate
+        if rate is not None and not 0 <= rate <= 1:
+            raise SettingsError(f"accuracy_min_match_rate must be between 0 and 1 or null, got {rate}")

@@ -5,8 +5,9 @@ torch-model-archiver --handler handlers/text_generation.py ...   (see model_stor
 Served with `asyncCommunication: true` (kit/models.py gives the task that key): the kit's worker
 (handlers/worker.py) hands each request to `accept` as it arrives, and the engine's thread
 answers it, token by token or whole, while other requests keep arriving. `initialize` loads the
-model in its served dtype, allocates the KV cache for `max_sequences` x `context_length`, and
-generates once through every path before the first request.
+model in its served dtype (a reduced one judged against float32 first: the accuracy guard,
+handlers/generation/agreement.py), allocates the KV cache for `max_sequences` x
+`context_length`, and generates once through every path before the first request.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Any
 import torch
 from ts.utils.util import PredictionException
 
-from handlers.backends import Backend, DType
-from handlers.generation import api
+from handlers.backends import Backend
+from handlers.calibration import SENTENCES
+from handlers.generation import agreement, api
 from handlers.generation.cache import TORCH_DTYPES
 from handlers.generation.engine import SPAN_STEP, Discard, Engine, Generation, QueueFull
 from handlers.generation.packed_linear import can_pack, pack_linears
@@ -33,6 +35,7 @@ from handlers.loaders import load_model
 from handlers.optimize import graphs_compiled
 from handlers.payload import HTTP_BAD_REQUEST, URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
 from handlers.replies import Replies
+from handlers.samples import UserSamples
 from handlers.settings import GenerationSettings
 from handlers.switches import planned_sequences
 from handlers.typed_config import parse_settings
@@ -40,9 +43,6 @@ from handlers.typed_config import parse_settings
 log = logging.getLogger(__name__)
 SERVICE_UNAVAILABLE = 503
 GENERATION_CONFIG = "generation_config.json"
-# In fp32 a packed weight's products are not summed in F.linear's order: answers would no longer
-# equal transformers' bit for bit, which the fp32 variant promises. bf16 promises no such thing.
-PACKED_DTYPES = {DType.BFLOAT16}
 
 
 def model_defaults(model_dir: Path, config) -> tuple[set[int], Sampling]:
@@ -80,9 +80,19 @@ class TextGenerationHandler:
             settings = dataclasses.replace(settings, max_sequences=min(planned, settings.max_sequences))
         self.settings = settings
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        model = load_model(settings, model_dir).to(TORCH_DTYPES[settings.dtype])
-        if settings.dtype in PACKED_DTYPES and can_pack():
+        model = load_model(settings, model_dir)  # float32, as saved or not
+        guard = agreement.limits(settings)
+        reference = None if guard is None else self.reference(model, model_dir)
+        model = model.to(TORCH_DTYPES[settings.dtype])
+        if can_pack():
+            # Also in float32: a packed weight sums its products in another order than F.linear's,
+            # as compiled code does; the greedy answers the tests compare stay transformers'.
             log.info("%s: %d linear layers on prepacked weights", self.model_name, pack_linears(model))
+        if reference is not None:
+            # Judged as it will serve (packed), before the compiler: it computes the same.
+            agreed = agreement.measure(model, reference)
+            log.info("%s accuracy against float32: %s", self.model_name, agreed.summary())
+            agreement.require(agreed, guard, settings.dtype.value)
         if settings.backend is Backend.INDUCTOR:
             # Sizes that happen to be equal when first traced share a symbol ("duck" shapes), and
             # a later call where they differ compiles again: a prompt padded to 64 positions
@@ -114,6 +124,23 @@ class TextGenerationHandler:
             settings.context_length, self.engine.cache.bytes / 1e6, sorted(eos), load_seconds, warm_seconds,
         )  # fmt: skip
         self.initialized = True
+
+    def reference(self, model, model_dir: Path) -> agreement.Reference:
+        """The float model's answers on held-out prompts: yours (make model ... SAMPLES=; none
+        calibrates anything here), else the kit's sentences, each cut to leave room for its
+        continuation in the context."""
+        start, settings = time.perf_counter(), self.settings
+        user = UserSamples.load(model_dir)
+        texts = [body.decode() for body in user.calibration + user.held_out] if user else list(SENTENCES)
+        tokens = max(1, min(settings.accuracy_tokens, settings.context_length - 2))
+        room = settings.context_length - tokens
+        prompts = [ids[-room:] for ids in map(self.tokenize, texts[: settings.accuracy_prompts]) if ids]
+        reference = agreement.Reference.of(model, prompts, tokens)
+        log.info(
+            "%s: the float model answered %d held-out prompts (%d tokens each) in %.1fs",
+            self.model_name, len(prompts), tokens, time.perf_counter() - start,
+        )  # fmt: skip
+        return reference
 
     def warm_up(self) -> float:
         """Every kind of step a request takes, compiled before the first: a prefill and decode steps

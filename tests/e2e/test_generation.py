@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,14 +23,16 @@ from pathlib import Path
 import pytest
 import requests
 import torch
+import yaml
 
 from client import grpc_client
+from handlers.backends import DType, cpu_refusal
 from handlers.generation.stream import TextStream
 from kit.models import model_file
 from kit.paths import ROOT
 from kit.plan import PlanError
 from kit.serve_config import ServeConfig
-from kit.server import Server
+from kit.server import Server, ServerError, start_ready
 from kit.topology import read_topology
 from tests.e2e.conftest import one_cpu, start_server
 from tests.e2e.test_your_model import remove_model
@@ -278,3 +282,49 @@ def test_a_memory_budget_short_of_the_kv_caches_serves_fewer_sequences(sources, 
         assert generate(server, QWEN, {"prompt": PROMPTS[0], "max_new_tokens": 24}).json()["text"] == text
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(bool(cpu_refusal(DType.BFLOAT16)), reason="this CPU does not compute bf16")
+def test_bf16_is_judged_against_float32_and_refused_by_name_when_too_far(sources, tmp_path):
+    """A worker serving bf16 first measures its greedy tokens and next-token distributions against
+    the float model on held-out prompts (handlers/generation/agreement.py): within the limits it
+    serves and logs the agreement; with a model file's stricter limit it does not start, and the
+    reason the user sees names what failed. Eager: the guard judges the model before any compiler.
+    The first is judged on the user's prompts (its SAMPLES: 5), the second on 4 of the kit's."""
+    document = yaml.safe_load(model_file(QWEN).read_text())
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"{PROMPTS[i % 2]}, part {i}\n" for i in range(5)))
+    made = {
+        "test-yours-lm-bf16": {"handler": {}, "samples": str(prompts)},
+        "test-yours-lm-bf16-strict": {"handler": {"accuracy_tolerance": 1e-4, "accuracy_prompts": 4}},
+    }
+    for name, extra in made.items():
+        handler = {**document.get("handler", {}), "dtype": "bfloat16", **extra.pop("handler")}
+        model_file(name).write_text(yaml.safe_dump({**document, **extra, "handler": handler}))
+    try:
+        build = [sys.executable, "-m", "model_store.build", "--models", ",".join(made), "--variants", "eager"]
+        done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        good, strict = made
+        config = ServeConfig.from_preset("optimized", variant="eager", models=[good], cpus=one_cpu())
+        server = start_server(tmp_path / "good", config)
+        try:
+            log = server.logs.model_log.read_text(errors="replace")
+            assert re.search(
+                rf"{good} accuracy against float32: greedy tokens [\d.]+% equal \(\d+ of \d+ positions, 5 prompts\)",
+                log,
+            )
+            assert f"{good} ready: backend=eager dtype=bfloat16" in log
+            answer = generate(server, good, {"prompt": PROMPTS[0], "max_new_tokens": 8})
+            assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1
+        finally:
+            server.stop()
+        config = dataclasses.replace(config, models=[strict])
+        with pytest.raises(ServerError, match="model load failed") as refused:
+            start_ready(config, tmp_path / "strict", deadline_s=300, progress=lambda message: None)
+        assert "bfloat16 answers too far from the float model on held-out prompts: next-token distance mean" in str(
+            refused.value
+        )
+    finally:
+        for name in made:
+            remove_model(name)

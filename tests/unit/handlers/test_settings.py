@@ -1,7 +1,9 @@
+import re
+
 import pytest
 
 from handlers.backends import Backend, DType
-from handlers.settings import Architecture, CompileMode, ImageSettings, TextSettings
+from handlers.settings import Architecture, CompileMode, GenerationSettings, ImageSettings, TextSettings
 from handlers.typed_config import SettingsError, parse_settings
 
 
@@ -61,3 +63,17 @@ def test_settings_are_frozen():
     settings = parse_settings(ImageSettings, {})
     with pytest.raises(AttributeError):
         settings.backend = Backend.EAGER
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("accuracy_min_match_rate", 1.5, "accuracy_min_match_rate must be between 0 and 1 or null, got 1.5"),
+        ("accuracy_tokens", 0, "accuracy_tokens must be 1 or more, got 0"),
+        ("accuracy_prompts", 0, "accuracy_prompts must be 1 or more, got 0"),
+        ("backend", "openvino", "a generative model is served by backend eager or inductor, not 'openvino'"),
+    ],
+)
+def test_a_generative_models_settings_refuse_what_it_cannot_serve(key, value, message):
+    with pytest.raises(SettingsError, match=re.escape(message)):
+        parse_settings(GenerationSettings, {key: value})

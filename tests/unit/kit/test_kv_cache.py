@@ -9,8 +9,8 @@ import torch
 import yaml
 from transformers import AutoConfig
 
-from handlers.generation.cache import row_bytes
 from handlers.backends import DType
+from handlers.generation.cache import row_bytes
 from kit.kv_cache import archive_sequences, archive_settings
 from tests.hf_models import qwen2_lm
 

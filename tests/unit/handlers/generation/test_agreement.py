@@ -1,0 +1,93 @@
+"""handlers/generation/agreement.py: a language model at reduced precision judged against its
+float original on held-out prompts, teacher-forced on the float model's greedy continuation."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from handlers.accuracy import AccuracyError
+from handlers.backends import DType, cpu_refusal
+from handlers.calibration import SENTENCES
+from handlers.generation import agreement
+from handlers.generation.agreement import Agreement, AgreementLimits, Reference, measure, require
+from handlers.generation.packed_linear import can_pack, pack_linears
+from handlers.settings import GenerationSettings
+from tests.hf_models import gpt2_lm, qwen2_lm
+
+MAKERS = {"qwen2": qwen2_lm, "gpt2": gpt2_lm}
+TOKENS = 16
+
+
+@pytest.fixture(scope="module", params=sorted(MAKERS))
+def family(request, tmp_path_factory):
+    directory = MAKERS[request.param](tmp_path_factory.mktemp(request.param))
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    prompts = [tokenizer(text)["input_ids"] for text in SENTENCES[:6]]
+    return model, Reference.of(model, prompts, TOKENS)
+
+
+def test_the_float_model_continues_each_prompt_by_as_many_tokens_whatever_it_writes(family):
+    _, reference = family
+    assert reference.positions == len(reference.prompts) * TOKENS
+    for judged in reference.prompts:
+        assert judged.ids.shape[1] == judged.start + 1 + TOKENS
+        assert torch.allclose(judged.probabilities.sum(-1), torch.ones(TOKENS), atol=1e-4)
+
+
+def test_the_float_model_agrees_with_itself_entirely(family):
+    model, reference = family
+    agreed = measure(model, reference)
+    assert (agreed.match_rate, agreed.equal, agreed.distance_mean, agreed.distance_max) == (
+        1.0,
+        reference.positions,
+        0,
+        0,
+    )
+    require(agreed, agreement.LIMITS[DType.BFLOAT16], "float32")
+
+
+@pytest.mark.skipif(bool(cpu_refusal(DType.BFLOAT16)) or not can_pack(), reason="this CPU does not compute bf16")
+def test_bf16_as_served_passes_the_default_limits_and_differs_somewhere(family):
+    model, reference = family
+    served = copy.deepcopy(model).to(torch.bfloat16)
+    pack_linears(served)
+    agreed = measure(served, reference)
+    require(agreed, agreement.LIMITS[DType.BFLOAT16], "bfloat16")
+    assert agreed.distance_max > 0  # it was judged, not the float model again
+
+
+def test_a_layer_off_by_half_its_spread_is_refused_by_name(family):
+    model, reference = family
+    broken = copy.deepcopy(model)
+    linears = [
+        m for m in broken.modules() if isinstance(m, torch.nn.Linear) and m.weight.shape[0] != model.config.vocab_size
+    ]
+    if not linears:  # GPT-2's layers are Conv1D: the same product, another class
+        linears = [m for name, m in broken.named_modules() if name.endswith("mlp.c_fc")]
+    torch.manual_seed(0)
+    with torch.no_grad():
+        weight = linears[0].weight
+        weight.add_(torch.randn_like(weight) * weight.std() * 0.5)
+    with pytest.raises(AccuracyError, match="too far from the float model on held-out prompts") as refused:
+        require(measure(broken, reference), agreement.LIMITS[DType.BFLOAT16], "bfloat16")
+    assert "bfloat16 answers" in str(refused.value) and "greedy tokens" in str(refused.value)
+
+
+def test_each_limit_fails_on_its_own_and_nan_fails():
+    limits = AgreementLimits(min_match_rate=0.9, max_distance_mean=0.1)
+    assert limits.failures(Agreement(2, 10, 9, 0.1, 0.3)) == []
+    assert limits.failures(Agreement(2, 10, 8, 0.05, 0.3)) == ["greedy tokens equal 80.0% < 90.0%"]
+    assert limits.failures(Agreement(2, 10, 10, 0.2, 0.3)) == ["next-token distance mean 0.2 > 0.1"]
+    assert len(limits.failures(Agreement(2, 10, 10, float("nan"), float("nan")))) == 1
+
+
+def test_float32_is_not_judged_and_a_model_files_limits_replace_the_dtypes():
+    assert agreement.limits(GenerationSettings()) is None
+    assert agreement.limits(GenerationSettings(dtype=DType.BFLOAT16)) == agreement.LIMITS[DType.BFLOAT16]
+    settings = GenerationSettings(dtype=DType.BFLOAT16, accuracy_min_match_rate=0.99, accuracy_tolerance=0.01)
+    assert agreement.limits(settings) == AgreementLimits(0.99, 0.01)
