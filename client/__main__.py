@@ -4,6 +4,8 @@
 .venv/bin/python -m client predict bert "some text"       # anything else: the text itself
 .venv/bin/python -m client predict minilm "a sentence" --url http://10.0.0.5:8080 --token KEY
 .venv/bin/python -m client --grpc 127.0.0.1:7070 predict bert "some text"   # gRPC Predictions
+.venv/bin/python -m client generate lm "Once upon a time" --max-new-tokens 64   # streamed as it is written
+.venv/bin/python -m client --grpc 127.0.0.1:7070 generate lm "Once upon a time"   # gRPC: whole
 .venv/bin/python -m client ping
 """
 
@@ -45,6 +47,26 @@ def print_body(body: bytes) -> None:
         print(body.decode("utf-8", "replace"))
 
 
+def generation(args: argparse.Namespace) -> dict:
+    return {"prompt": args.prompt, "max_new_tokens": args.max_new_tokens, "stream": True}
+
+
+def generate(url: str, args: argparse.Namespace) -> int:
+    """A language model's answer printed as it streams (the kit's path: chunked text)."""
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    post = requests.post(
+        f"{url}/predictions/{args.model}", json=generation(args), headers=headers, stream=True, timeout=60
+    )
+    with post as response:
+        if not response.ok:
+            print(response.text, file=sys.stderr)
+            return 1
+        for text in response.iter_content(chunk_size=None, decode_unicode=True):
+            print(text, end="", flush=True)
+    print()
+    return 0
+
+
 def grpc_main(args: argparse.Namespace) -> int:
     import grpc  # only this path needs it (and the stubs `make install` generates)
 
@@ -53,6 +75,14 @@ def grpc_main(args: argparse.Namespace) -> int:
     try:
         if args.command == "ping":
             print(grpc_client.ping(args.grpc))
+            return 0
+        if args.command == "generate":  # whole: TorchServe 0.12 streams no gRPC answer (docs/generation.md)
+            body = json.dumps({**generation(args), "stream": False}).encode()
+            answer = json.loads(grpc_client.predict(args.grpc, args.model, body))
+            if "text" not in answer:  # the kit's error body: {"code", "type", "message"}
+                print_body(json.dumps(answer).encode())
+                return 1
+            print(answer["text"])
             return 0
         body, _ = payload(args.input)
         print_body(grpc_client.predict(args.grpc, args.model, body))
@@ -73,11 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     predict_parser = commands.add_parser("predict", help="POST one input to /predictions/MODEL")
     predict_parser.add_argument("model")
     predict_parser.add_argument("input", help="a file path (sent as bytes) or text")
+    generate_parser = commands.add_parser("generate", help="a language model's answer, printed as it streams")
+    generate_parser.add_argument("model")
+    generate_parser.add_argument("prompt")
+    generate_parser.add_argument("--max-new-tokens", type=int, default=128)
     commands.add_parser("ping", help="GET /ping (healthy frontend; models may still be loading)")
     args = parser.parse_args(argv)
     if args.grpc:
         return grpc_main(args)
     try:
+        if args.command == "generate":
+            return generate(args.url, args)
         if args.command == "ping":
             response = requests.get(f"{args.url}/ping", timeout=10)
         else:

@@ -240,6 +240,22 @@ def test_grpc_answers_whole_as_rest_does(server):
     assert answer == generate(server, GPT2, body).json()
 
 
+@pytest.mark.parametrize("transport", ["rest", "grpc"])
+def test_the_client_prints_the_answer_as_it_streams(server, transport):
+    """`python -m client [--grpc HOST:PORT] generate MODEL PROMPT`: the text the whole answer has."""
+    body = {"prompt": PROMPTS[1], "max_new_tokens": 10}
+    whole = generate(server, QWEN, body).json()["text"]
+    where = (
+        ["--grpc", f"127.0.0.1:{server.config.grpc_inference_port}"]
+        if transport == "grpc"
+        else ["--url", url(server, QWEN).removesuffix(f"/predictions/{QWEN}")]
+    )
+    command = [sys.executable, "-m", "client", *where, "generate", QWEN, PROMPTS[1], "--max-new-tokens", "10"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == whole + "\n"
+
+
 def test_no_request_waited_for_the_compiler(server):
     """Runs after the others on each server: every shape they sent was compiled at warm-up."""
     log = server.logs.model_log.read_text(errors="replace")
