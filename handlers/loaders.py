@@ -68,8 +68,11 @@ def _pretrained(auto_class: str, model_dir: Path) -> nn.Module:
     import transformers
 
     _require(model_dir, TEXT_CONFIG_FILE)
-    # Offline by construction: a local directory, never a hub name.
-    return getattr(transformers, auto_class).from_pretrained(str(model_dir), local_files_only=True)
+    # Offline by construction: a local directory, never a hub name. In float32 whatever dtype the
+    # checkpoint was saved in (transformers 5 loads that one by default; Qwen's and Llama's are
+    # bf16): the accuracy guard's reference is the float model, and the handler settings' dtype,
+    # not the file's, is the one served.
+    return getattr(transformers, auto_class).from_pretrained(str(model_dir), local_files_only=True, dtype=torch.float32)
 
 
 def _load_hf_sequence_classifier(model_dir: Path, settings) -> nn.Module:

@@ -80,7 +80,7 @@ class TextGenerationHandler:
             settings = dataclasses.replace(settings, max_sequences=min(planned, settings.max_sequences))
         self.settings = settings
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        model = load_model(settings, model_dir)  # float32, as saved or not
+        model = load_model(settings, model_dir)  # float32, whatever the checkpoint's dtype
         guard = agreement.limits(settings)
         reference = None if guard is None else self.reference(model, model_dir)
         model = model.to(TORCH_DTYPES[settings.dtype])

@@ -91,3 +91,15 @@ def test_float32_is_not_judged_and_a_model_files_limits_replace_the_dtypes():
     assert agreement.limits(GenerationSettings(dtype=DType.BFLOAT16)) == agreement.LIMITS[DType.BFLOAT16]
     settings = GenerationSettings(dtype=DType.BFLOAT16, accuracy_min_match_rate=0.99, accuracy_tolerance=0.01)
     assert agreement.limits(settings) == AgreementLimits(0.99, 0.01)
+
+
+def test_a_checkpoint_saved_in_bf16_is_judged_against_float32(tmp_path):
+    """Real checkpoints are saved in bf16, which transformers 5 loads as bf16: the guard's
+    reference would then be the bf16 model judging itself. The loader gives float32."""
+    from handlers.loaders import load_model
+
+    directory = qwen2_lm(tmp_path / "lm")
+    AutoModelForCausalLM.from_pretrained(directory).to(torch.bfloat16).save_pretrained(directory)
+    assert AutoModelForCausalLM.from_pretrained(directory).dtype == torch.bfloat16  # the default this guards against
+    model = load_model(GenerationSettings(), directory)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
