@@ -28,7 +28,7 @@ help:
 	@echo "make stop | status | test | test-unit | test-e2e | archive | lint | format | clean | install-ipex"
 	@echo "make image [IMAGE=tag] [IMAGE_VARIANTS=inductor,aoti-int8] [BASE=image] | image-context (for docker build)"
 	@echo "make image-start [MODELS=...] [ROUNDS=N]   (container start to ready, per cold-start option)"
-	@echo "make bench [PLAN=quick|default|full|versus] | tune | soak [SOAK_SECONDS=300] | bench-preprocess"
+	@echo "make bench [PLAN=quick|default|full|versus] | tune [MODELS=lm STREAMS=16 ITL_MS=150] | soak [SOAK_SECONDS=300] | bench-preprocess"
 	@echo "make bench-lengths [MODELS=all text models] [LENGTH_VARIANTS=inductor,openvino] [ROUNDS=3]   (which text length buckets pay)"
 	@echo "make model NAME=mine SRC=hf-dir|model.pt2 [TASK=image-classification|text-classification|feature-extraction] [SAMPLES=...] [TOLERANCE=...] [FORCE=1]"
 	@echo "make doctor | profile MODEL=name [VARIANT=inductor]"
@@ -133,15 +133,17 @@ SOAK_SECONDS ?= 300
 # llama.cpp's server (bench/generate.py; llama.cpp is built into .cache/peers/ on first use).
 bench: install
 ifeq ($(PLAN),generate)
-	@test -n "$(MODELS)" || { echo "usage: make bench PLAN=generate MODELS=lm [ROUNDS=3] [SECONDS=60] [PEERS=fastapi,llama.cpp] [CONCURRENCY=1,4,16]"; exit 2; }
+	@test -n "$(MODELS)" || { echo "usage: make bench PLAN=generate MODELS=lm[,lm-other] [ROUNDS=3] [SECONDS=60] [PEERS=fastapi,llama.cpp] [CONCURRENCY=1,4,16]"; exit 2; }
 	@$(PY) -m bench.generate --model $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(SECONDS),--seconds $(SECONDS)) $(if $(PEERS),--peers $(PEERS)) $(if $(CONCURRENCY),--concurrency $(CONCURRENCY))
 else
 	@$(PY) -m bench --plan $(PLAN) $(if $(MODELS),--models $(MODELS))
 endif
 
 # Search the layout and write the winner as config/presets/tuned.yaml: `make serve CONFIG=tuned`.
+# A language model among MODELS: its variant and sequences per worker, measured at STREAMS
+# concurrent streams (16), ROUNDS rounds (2) of SECONDS (30) each, within ITL_MS if given.
 tune: install
-	@$(PY) -m bench --plan tune --write-preset tuned $(if $(MODELS),--models $(MODELS))
+	@$(PY) -m bench --plan tune --write-preset tuned $(if $(MODELS),--models $(MODELS)) $(if $(STREAMS),--streams $(STREAMS)) $(if $(ITL_MS),--itl-ms $(ITL_MS)) $(if $(ROUNDS),--lm-rounds $(ROUNDS)) $(if $(SECONDS),--lm-seconds $(SECONDS))
 
 # Soak at concurrency 8, kill -9 a worker under load, restart on a warm cache: bench/results/soak-<time>/.
 soak: archive

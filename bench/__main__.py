@@ -17,13 +17,18 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from bench.plan import Plan, PlanError, load_plan
 from bench.report import write_report
 from bench.results import BenchRun, RunEnvironment
 from bench.runner import log, run_plan
 from bench.tune import write_tuned_preset
+from bench.tune_lm import Tuning, tune_models
 from bench.versus import run_rounds
 from bench.versus_report import write_versus_report
+from handlers.typed_config import SettingsError
+from kit.models import Model, Task, check_models
 from kit.paths import ROOT
 from kit.variant import Variant
 
@@ -49,15 +54,54 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="results directory (default: bench/results/<time>)")
     parser.add_argument("--models", default="", help="comma list: run the plan for these models instead of its own")
     parser.add_argument("--write-preset", default="", help="write the fastest layout as config/presets/NAME.yaml")
+    lm = parser.add_argument_group("language models (--write-preset): their variant and sequences (bench/tune_lm.py)")
+    lm.add_argument("--streams", type=int, default=Tuning.streams, help="the concurrent streams to tune for")
+    lm.add_argument("--itl-ms", type=float, default=Tuning.itl_ms, help="the ITL p50 the choice must meet (0: none)")
+    lm.add_argument("--lm-rounds", type=int, default=Tuning.rounds)
+    lm.add_argument("--lm-seconds", type=float, default=Tuning.seconds, help="per candidate and round")
+    lm.add_argument(
+        "--lm-variants", default="", help="comma list (default: inductor, and inductor-bf16 where computed)"
+    )
     args = parser.parse_args(argv)
     command = "python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    requested = [m for m in args.models.split(",") if m]
     try:
-        plan = load_plan(args.plan, [m for m in args.models.split(",") if m])
-    except PlanError as error:
+        check_models(requested)
+        tuning = Tuning(args.streams, args.lm_rounds, args.lm_seconds, args.itl_ms)
+    except (SettingsError, ValueError) as error:
         print(f"[bench] ERROR: {error}", file=sys.stderr)
         return 2
+    languages = [m for m in requested if Model.load(m).task is Task.TEXT_GENERATION]
+    if languages and not args.write_preset:
+        print(f"[bench] ERROR: {languages} generate text: `make bench PLAN=generate MODELS=...` measures a language "
+              "model, `make tune MODELS=...` tunes it", file=sys.stderr)  # fmt: skip
+        return 2
+    others, base = [m for m in requested if m not in languages], None
+    if others or not languages:  # the plan's own models when none are named
+        status, path = bench_plan(args, others, command)
+        if status or not languages:
+            return status
+        base = yaml.safe_load(path.read_text()) if path else None  # the other models' preset: LMs join it
+    variants = [v for v in args.lm_variants.split(",") if v] or None
+    return tune_models(
+        languages,
+        tuning,
+        variants,
+        args.write_preset,
+        base,
+        args.out or RESULTS / f"tune-lm-{time.strftime('%Y%m%d-%H%M%S')}",
+    )
+
+
+def bench_plan(args: argparse.Namespace, models: list[str], command: str) -> tuple[int, Path | None]:
+    """The plan run for `models` (its own when none); its exit status and the preset it wrote."""
+    try:
+        plan = load_plan(args.plan, models)
+    except PlanError as error:
+        print(f"[bench] ERROR: {error}", file=sys.stderr)
+        return 2, None
     if not build_archives(plan):
-        return 1
+        return 1, None
     out_dir = args.out or RESULTS / time.strftime("%Y%m%d-%H%M%S")
     models = sorted({r.model for r in plan.rows})
     log(f"plan {plan.name!r}: {len(plan.rows)} rows over {models}, estimated {plan.estimate_s() / 60:.0f} min "
@@ -69,26 +113,27 @@ def main(argv: list[str] | None = None) -> int:
         execute(run, out_dir)
     except KeyboardInterrupt:
         log("interrupted: servers stopped; the report has the rows measured so far")
-        return 130  # as a shell reports Ctrl-C: no preset from a run cut short
+        return 130, None  # as a shell reports Ctrl-C: no preset from a run cut short
     finally:
         report(out_dir, run)
         log(f"report: {out_dir / 'report.md'}")
     print((out_dir / "report.md").read_text())
     served = [r for r in run.results if r.kind == "served"]  # the kit's rows, not the peers'
+    path = None
     if args.write_preset and served:
         try:
             path = write_tuned_preset(args.write_preset, served, [f for f in run.failed if f.kind == "served"])
         except ValueError as error:
             log(f"ERROR: no preset written: {error}")
-            return 1
+            return 1, None
         log(f"fastest layout written to {path}; serve it with `make serve CONFIG={args.write_preset}`")
     for failure in run.failed:
         log(f"row failed: {failure.model} / {failure.name}: {failure.reason}")
     # Failed rows are in the report; the run fails only when a result it exists for is missing.
     if lost := run.lost():
         log(f"ERROR: the run lost what its result depends on: {'; '.join(lost)}")
-        return 1
-    return 0
+        return 1, None
+    return 0, path
 
 
 if __name__ == "__main__":

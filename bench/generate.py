@@ -1,14 +1,16 @@
 """`make bench PLAN=generate MODELS=lm`: a language model served by the kit against what a user would
 run instead, streamed, at several concurrencies, in interleaved rounds.
 
-    .venv/bin/python -m bench.generate --model lm [--rounds 3] [--seconds 60] [--concurrency 1,4,16]
+    .venv/bin/python -m bench.generate --model lm[,lm-other] [--rounds 3] [--seconds 60] [--concurrency 1,4,16]
         [--peers fastapi,llama.cpp]
 
 Rows, on the model file's own directory: the kit (TorchServe, `inductor` and, where the CPU
 computes bf16, `inductor-bf16`); the FastAPI + transformers `generate` peer (bench/generate_peer.py)
 at the same precisions; llama.cpp's server (bench/llama_cpp.py: built from PyPI's llama-cpp-python
 source, the GGUF converted from the same directory) at the same precisions and at Q8_0, with as
-many parallel slots and as much context per slot as the kit serves. Every server runs at once;
+many parallel slots and as much context per slot as the kit serves. Several model files (the same
+directory with other handler settings, e.g. `prefill_chunk`) are each a kit row of their own, in
+the same rounds; the peers serve the first one's directory. Every server runs at once;
 each round measures every row at every concurrency, in a rotated order, with the same workload
 (bench/streams.py): a mix of prompt and answer lengths, greedy, every answer its full length.
 The report gives medians over the rounds and their spread: output tokens/s, time to first token
@@ -75,6 +77,7 @@ class System:
     precision: str  # of its weights: a DType's value, or a quantization ("q8_0")
     url: str  # its OpenAI completions endpoint
     stop: Callable[[], None]
+    model: str  # the name its requests give
 
 
 KIT = "kit"
@@ -88,14 +91,15 @@ def served_settings(model: Model) -> GenerationSettings:
     return archive_settings(Variant.load(VARIANTS[DType.FLOAT32]).archive(model.name))
 
 
-def kit_system(model: Model, dtype: DType, run_dir: Path) -> System:
+def kit_system(model: Model, dtype: DType, run_dir: Path, named: bool = False) -> System:
     # The optimized preset as `make serve` starts it: the plan gives a language model one worker
     # per L3 domain, its cores as threads (kit/plan.py), every stream in one engine's batch.
     variant = VARIANTS[dtype]
     config = ServeConfig.from_preset("optimized", variant=variant, models=[model.name])
-    server: Server = start_ready(config, run_dir / f"kit-{variant}", progress=log)
+    row = f"{KIT} {model.name} {variant}" if named else f"{KIT} {variant}"  # named: several kit models
+    server: Server = start_ready(config, run_dir / row.replace(" ", "-"), progress=log)
     url = server.api.url("inference", f"/predictions/{model.name}/1.0/v1/completions")
-    return System(f"{KIT} {variant}", KIT, dtype.value, url, server.stop)
+    return System(row, KIT, dtype.value, url, server.stop, model.name)
 
 
 class ExitedAtStart(RuntimeError):
@@ -135,7 +139,8 @@ def fastapi_system(model: Model, precision: str, run_dir: Path) -> System:
     command = [sys.executable, "-m", "bench.generate_peer", str(model.source.path), "--port", str(port),
                "--dtype", precision]  # fmt: skip
     stop = started("the FastAPI peer", command, run_dir / f"fastapi-{precision}.log", port)
-    return System(f"fastapi {precision}", "fastapi", precision, f"http://{HOST}:{port}/v1/completions", stop)
+    url = f"http://{HOST}:{port}/v1/completions"
+    return System(f"fastapi {precision}", "fastapi", precision, url, stop, model.name)
 
 
 def llama_system(model: Model, precision: str, run_dir: Path) -> System:
@@ -158,7 +163,7 @@ def llama_system(model: Model, precision: str, run_dir: Path) -> System:
         name += f" {llama_cpp.NO_REPACK}"
         command.append(llama_cpp.NO_REPACK)
         stop = started(name, command, run_dir / f"llama.cpp-{gguf_type}{llama_cpp.NO_REPACK}.log", port)
-    return System(name, "llama.cpp", precision, f"http://{HOST}:{port}/v1/completions", stop)
+    return System(name, "llama.cpp", precision, f"http://{HOST}:{port}/v1/completions", stop, model.name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,22 +228,25 @@ def report(results: dict, systems: dict[str, System], out: Path, header: str) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="a text-generation model file (make model NAME=... SRC=...)")
+    parser.add_argument(
+        "--model", required=True, help="text-generation model files, comma-separated (make model NAME=... SRC=...)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--peers", default=",".join(PEERS), help=f"of {', '.join(PEERS)}")
     args = parser.parse_args(argv)
-    model = Model.load(args.model)
-    if model.task is not Task.TEXT_GENERATION:
-        log(f"ERROR: {args.model} is a {model.task.value} model; PLAN=generate measures text-generation models")
+    models = [Model.load(name) for name in args.model.split(",") if name]
+    if others := [f"{m.name} ({m.task.value})" for m in models if m.task is not Task.TEXT_GENERATION]:
+        log(f"ERROR: PLAN=generate measures text-generation models, not {', '.join(others)}")
         return 2
+    model = models[0]  # the peers serve its directory
     peers = [peer for peer in args.peers.split(",") if peer]
     if unknown := sorted(set(peers) - set(PEERS)):
         log(f"ERROR: no peer {unknown}; PEERS= takes {', '.join(PEERS)}")
         return 2
     dtypes = [DType.FLOAT32] + ([] if cpu_refusal(DType.BFLOAT16) else [DType.BFLOAT16])
-    build = [sys.executable, "-m", "model_store.build", "--models", model.name,
+    build = [sys.executable, "-m", "model_store.build", "--models", ",".join(m.name for m in models),
              "--variants", ",".join(VARIANTS[d] for d in dtypes)]  # fmt: skip
     if subprocess.run(build, cwd=ROOT).returncode != 0:
         return 1
@@ -249,22 +257,23 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[int, dict[str, list[StreamStats]]] = {c: {} for c in concurrencies}
     asks = workload()
     try:
-        for dtype in dtypes:
-            started_at = time.monotonic()
-            systems.append(kit_system(model, dtype, out))
-            log(f"the kit's {VARIANTS[dtype]} worker started in {time.monotonic() - started_at:.0f} s")
+        for served in models:
+            for dtype in dtypes:
+                started_at = time.monotonic()
+                systems.append(kit_system(served, dtype, out, named=len(models) > 1))
+                log(f"{systems[-1].name}: its worker started in {time.monotonic() - started_at:.0f} s")
         for peer in peers:
             for precision in [d.value for d in dtypes] + list(PEERS[peer].extra):
                 log(f"starting {peer} at {precision}")
                 systems.append(PEERS[peer].start(model, precision, out))
         for system in systems:
             log(f"warming up {system.name}")
-            measure_streams(system.url, model.name, asks, 2, WARMUP_S)
+            measure_streams(system.url, system.model, asks, 2, WARMUP_S)
         for round_ in range(args.rounds):
             order = systems[round_ % len(systems) :] + systems[: round_ % len(systems)]
             for concurrency in concurrencies:
                 for system in order:
-                    stats = measure_streams(system.url, model.name, asks, concurrency, args.seconds)
+                    stats = measure_streams(system.url, system.model, asks, concurrency, args.seconds)
                     results[concurrency].setdefault(system.name, []).append(stats)
                     log(f"round {round_ + 1}/{args.rounds} c={concurrency} {system.name}: {stats.output_tokens_per_s:.1f} "
                         f"tokens/s, TTFT p50 {stats.ttft_ms.p50:.0f} ms, ITL p50 {stats.itl_ms.p50:.0f} ms, {stats.errors} errors"
@@ -278,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     by_name = {system.name: system for system in systems}
     topology = read_topology()
     header = (
-        f"# PLAN=generate: {model.name} ({model.source.location})\n\n`{' '.join(sys.argv)}`; {args.rounds} rounds of "
+        f"# PLAN=generate: {', '.join(m.name for m in models)} ({model.source.location})\n\n`{' '.join(sys.argv)}`; {args.rounds} rounds of "
         f"{args.seconds:.0f} s per row and concurrency; CPU: {topology.model_name} ({len(topology.cpus)} CPUs usable)."
     )
     (out / "results.json").write_text(

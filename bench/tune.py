@@ -107,10 +107,20 @@ def write_tuned_preset(name: str, results: list[RowResult], failed: list[RowFail
         return f"{model} {value:.1f} req/s on {row.variant}" + (f" ({', '.join(parts)})" if parts else "")
 
     gains = ", ".join(gain(m, row) for m, row in sorted(rows.items()))
-    path = PRESETS / f"{name}.yaml"
     header = f"# Written by `make tune` from a measured run: {gains}\n"
     if failed:
         header += f"# Chosen without the rows that failed: {', '.join(f'{f.model} / {f.name}' for f in failed)}\n"
+    path = save_preset(name, layout, header)
+    print(f"[tune] winner: {layout} -> {gains}")
+    return path
+
+
+def save_preset(name: str, layout: dict, header: str, keep_header: bool = False) -> Path:
+    """config/presets/<name>.yaml (after `header`, and the file's own comments when `keep_header`),
+    validated, and config/<name>.properties rendered from it."""
+    path = PRESETS / f"{name}.yaml"
+    if keep_header and path.is_file():
+        header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#")) + header
     path.write_text(header + yaml.safe_dump(layout, sort_keys=False))
     config = ServeConfig.from_preset(name)  # validates what was written
     # For TorchServe started by hand; placement plan pins only through `make serve CONFIG=<name>`.
@@ -120,5 +130,4 @@ def write_tuned_preset(name: str, results: list[RowResult], failed: list[RowFail
         store = STORE / name
         link_store(config.archives(), store)
     (CONFIG / f"{name}.properties").write_text(render(config, store, config.layout(read_topology())))
-    print(f"[tune] winner: {layout} -> {gains}")
     return path

@@ -284,6 +284,12 @@ class GenerationSettings(OptimizationSettings):
     max_new_tokens: int = 256
     # Requests waiting for a free sequence beyond which a request gets a 503.
     max_waiting: int = 64
+    # Prompt tokens a step computes at most, between the decode steps of the sequences in flight
+    # (chunked prefill, handlers/generation/engine.py): a long prompt, or many at once, then delays
+    # every stream by this many tokens' compute a step, not by all of them. 0: each prompt whole,
+    # the default: a sequence whose prompt is in parts holds its slot through steps that give it no
+    # token, and cost tokens/s at 16 streams (`make bench PLAN=generate`, docs/generation.md).
+    prefill_chunk: int = 0
     # The accuracy guard of a reduced precision (handlers/generation/agreement.py): this many
     # held-out prompts (yours, make model ... SAMPLES=, else the kit's sentences), each continued
     # by this many tokens. `accuracy_tolerance` is the largest mean next-token distance, and
@@ -306,8 +312,9 @@ class GenerationSettings(OptimizationSettings):
         for name in ("context_length", "max_sequences", "max_new_tokens", "accuracy_prompts", "accuracy_tokens"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be 1 or more, got {getattr(self, name)}")
-        if self.max_waiting < 0:
-            raise SettingsError(f"max_waiting must be 0 or more, got {self.max_waiting}")
+        for name in ("max_waiting", "prefill_chunk"):
+            if getattr(self, name) < 0:
+                raise SettingsError(f"{name} must be 0 or more, got {getattr(self, name)}")
         rate = self.accuracy_min_match_rate
         if rate is not None and not 0 <= rate <= 1:
             raise SettingsError(f"accuracy_min_match_rate must be between 0 and 1 or null, got {rate}")

@@ -76,8 +76,9 @@ class TextGenerationHandler:
         self.model_name = context.model_name
         model_dir = Path(context.system_properties["model_dir"])
         settings = parse_settings(GenerationSettings, (context.model_yaml_config or {}).get("handler"))
-        if (planned := planned_sequences()) is not None:  # the memory plan's, within the budget
-            settings = dataclasses.replace(settings, max_sequences=min(planned, settings.max_sequences))
+        if (planned := planned_sequences()) is not None:
+            # The plan's: the settings' max_sequences or the preset's model_sequences, within memory.
+            settings = dataclasses.replace(settings, max_sequences=planned)
         self.settings = settings
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         model = load_model(settings, model_dir)  # float32, whatever the checkpoint's dtype
@@ -111,6 +112,7 @@ class TextGenerationHandler:
             settings.max_waiting,
             self.model_name,
             settings.itt,
+            settings.prefill_chunk,
         )
         load_seconds = time.perf_counter() - start
         warm_seconds = self.warm_up()
@@ -146,13 +148,19 @@ class TextGenerationHandler:
         """Every kind of step a request takes, compiled before the first: a prefill and decode steps
         for one sequence alone, then for every slot at once (a compiler specialises a size of 1),
         each over two lengths (prompts padded to 8 and 72 positions; decode spans of 64 and 128,
-        then 128 and 192). Should the first length be specialised (a length equal to one of the
-        model's sizes was, before duck shapes were turned off: 64, Qwen2.5-0.5B's head size, cost
-        its first requests 3 graphs more), the second makes it compile the general step too."""
+        then 128 and 192), then a prompt computed in parts (chunked prefill). Should the first
+        length be specialised (a length equal to one of the model's sizes was, before duck shapes
+        were turned off: 64, Qwen2.5-0.5B's head size, cost its first requests 3 graphs more), the
+        second makes it compile the general step too."""
         start = time.perf_counter()
         token = (self.tokenizer("Hello")["input_ids"] or [0])[0]
         context = self.settings.context_length
-        for count, length in ((1, 1), (self.settings.max_sequences, SPAN_STEP + 1)):
+        shapes = [(1, 1), (self.settings.max_sequences, SPAN_STEP + 1)]
+        if (chunk := self.engine.prefill_chunk) and chunk + 1 < context:
+            # A prompt longer than a chunk: its later parts attend over more positions than they
+            # hold (two such shapes, when the context has room, for the same reason as above).
+            shapes.append((1, min(2 * chunk + 1, context - 2)))
+        for count, length in shapes:
             prompt = (token,) * min(length, context - 1)
             new = max(1, min(SPAN_STEP + 1, context - len(prompt)))  # into the next span of positions
             for _ in range(count):

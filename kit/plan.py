@@ -85,7 +85,7 @@ class Sequences:
     """A language model's KV cache: what each sequence a worker generates at once holds."""
 
     per_sequence: int  # bytes: layers x 2 (keys, values) x kv heads x head size x context x dtype
-    most: int  # its settings' max_sequences: the plan may serve fewer, never more
+    most: int  # its settings' max_sequences (or the preset's model_sequences): the plan may serve fewer
 
 
 @dataclasses.dataclass(frozen=True)

@@ -92,6 +92,10 @@ class ServeConfig:
     # Per model, a variant other than `variant` ({bert: openvino}): what `make tune` writes when
     # the backends win on different models. Every variant must run in one Python environment.
     model_variants: dict[str, Variant] = dataclasses.field(default_factory=dict, hash=False)
+    # Per language model, the sequences each worker generates at once ({lm: 16}), in place of its
+    # settings' max_sequences: what `make tune MODELS=lm` measured best. The memory plan may serve
+    # fewer (placement plan only: the plan tells the workers).
+    model_sequences: dict[str, int] = dataclasses.field(default_factory=dict, hash=False)
     bind: str = "127.0.0.1"  # inference and metrics APIs
     # The management API can load, scale and delete models: loopback unless asked explicitly.
     management_bind: str = "127.0.0.1"
@@ -155,6 +159,15 @@ class ServeConfig:
         strangers = sorted(set(self.model_variants) - set(self.models))
         if strangers:
             raise ConfigError(f"model_variants names {strangers}, which are not served (models: {list(self.models)})")
+        if strangers := sorted(set(self.model_sequences) - set(self.models)):
+            raise ConfigError(f"model_sequences names {strangers}, which are not served (models: {list(self.models)})")
+        if wrong := {m: n for m, n in self.model_sequences.items() if type(n) is not int or n < 1}:
+            raise ConfigError(f"model_sequences takes a number of sequences >= 1 per model, got {wrong}")
+        if self.model_sequences and self.placement is not Placement.PLAN:
+            raise ConfigError(
+                f"model_sequences needs placement: plan (the plan tells each worker its sequences), "
+                f"got placement: {self.placement.value}"
+            )
         environments = {self.variant_of(model).environment for model in self.models}
         if len(environments) > 1:
             raise ConfigError(
@@ -249,6 +262,10 @@ class ServeConfig:
         archive = self.variant_of(model).archive(model)
         footprint = recorded(archive, self.batch_size)
         sequences = served_sequences(model, archive)
+        if model in self.model_sequences:
+            if sequences is None:
+                raise ConfigError(f"model_sequences names {model!r}, which is not a language model (or has no archive)")
+            sequences = dataclasses.replace(sequences, most=self.model_sequences[model])
         if sequences and footprint and not footprint.sequences:
             footprint = None  # recorded before the kit counted a language model's sequences: measure again
         return Demand(

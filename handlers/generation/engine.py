@@ -4,9 +4,13 @@
     sequence = engine.submit(Generation(prompt_ids, max_new_tokens=64, sampling=Sampling()), sink)
     engine.run_forever()           # in a thread of its own (handlers/text_generation.py)
 
-A step admits waiting sequences into free slots (each one's prompt is one forward, its "prefill",
-which yields its first token), then runs one forward over the occupied slots ("decode"): row r
-feeds slot r's last token at its own position and attends over its own cache row. A sequence
+A step admits waiting sequences into free slots, computes prompts ("prefill": a forward per
+sequence, whose last position yields its first token), at most `prefill_chunk` prompt tokens a
+step, then runs one forward over the slots whose prompts are done ("decode"): row r feeds slot r's
+last token at its own position and attends over its own cache row. A prompt longer than what is
+left of a step's chunk is computed over several steps, a part each, attending over the parts
+before it: a long prompt delays the streams in flight by a chunk a step, not by its whole length
+at once (chunked prefill; 0 computes each prompt whole as it is admitted). A sequence
 leaves when it meets an end-of-sequence token, a stop string, its max_new_tokens or the context,
 or is cancelled; its slot is free for the next step. The KV cache is allocated once
 (cache.py), for `slots` sequences of `context` tokens.
@@ -18,6 +22,7 @@ import collections
 import dataclasses
 import enum
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -96,8 +101,13 @@ class Running:
     generator: torch.Generator | None
     slot: int = -1
     tokens: list[int] = dataclasses.field(default_factory=list)  # generated so far
+    prefilled: int = 0  # prompt tokens in its cache row
     cancelled: bool = False
     submitted: float = dataclasses.field(default_factory=time.perf_counter)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prefilled < len(self.generation.prompt)
 
     @property
     def position(self) -> int:
@@ -125,10 +135,14 @@ class Engine:
         max_waiting: int = 64,
         name: str = "",
         itt: bool = False,
+        prefill_chunk: int = 0,
     ):
         self.model, self.decode, self.eos = model, decode, frozenset(eos)
         self.name, self.itt = name, itt  # one ITT range per forward (prefill or decode step), for VTune
         self.slots, self.context, self.max_waiting = slots, context, max_waiting
+        # Prompt tokens a step computes at most (a multiple of PROMPT_STEP: only a prompt's last
+        # part is padded); 0: every admitted prompt whole.
+        self.prefill_chunk = max(PROMPT_STEP, prefill_chunk // PROMPT_STEP * PROMPT_STEP) if prefill_chunk else 0
         self.cache = SlotCache(slots, context, dtype)
         self.active: dict[int, Running] = {}
         self.waiting: collections.deque[Running] = collections.deque()
@@ -175,7 +189,8 @@ class Engine:
             self._end(sequence, Finish.CANCELLED)
 
     def step(self) -> None:
-        """Admit what fits, then advance every sequence in flight by one token."""
+        """Admit what fits, compute prompts (a chunk's worth), then advance every sequence whose
+        prompt is done by one token."""
         with torch.inference_mode():
             for sequence in list(self.active.values()):
                 if sequence.cancelled:
@@ -190,8 +205,8 @@ class Engine:
                     continue
                 sequence.slot = min(set(range(self.slots)) - set(self.active))
                 self.active[sequence.slot] = sequence
-                self._advance(sequence, self._prefill(sequence))
-            if self.active:
+            self._prefill_chunk()
+            if any(not sequence.prefilling for sequence in self.active.values()):
                 self._decode()
 
     def _forward(
@@ -211,28 +226,51 @@ class Engine:
             )
         return out.logits.float()
 
-    def _prefill(self, sequence: Running) -> torch.Tensor:
-        """The prompt into the sequence's cache row; the logits for its first new token."""
-        prompt = sequence.generation.prompt
-        length = span(len(prompt), self.context, PROMPT_STEP)
+    def _prefill_chunk(self) -> None:
+        """Prompts, in the order their sequences were admitted, up to the step's chunk of tokens;
+        a sequence whose prompt is done gets its first token."""
+        budget = self.prefill_chunk or sys.maxsize
+        for sequence in [s for s in self.active.values() if s.prefilling]:
+            remaining = len(sequence.generation.prompt) - sequence.prefilled
+            take = remaining if remaining <= budget else budget // PROMPT_STEP * PROMPT_STEP
+            if take <= 0:
+                break
+            logits = self._prefill(sequence, take)
+            budget -= take
+            if not sequence.prefilling:
+                self._advance(sequence, logits)
+
+    def _prefill(self, sequence: Running, take: int) -> torch.Tensor:
+        """The prompt's next `take` tokens into the sequence's cache row, attending over its parts
+        before them; the logits at the last of them (its first new token's, after the last part)."""
+        prompt, start = sequence.generation.prompt, sequence.prefilled
+        last = start + take == len(prompt)
+        length = span(take, self.context - start, PROMPT_STEP) if last else take  # only the last part is padded
         ids = torch.zeros(1, length, dtype=torch.long)
-        ids[0, : len(prompt)] = torch.tensor(prompt)
-        positions = torch.arange(length)[None]
-        mask = torch.ones(length, length, dtype=torch.bool).tril()[None, None]
-        keep = torch.tensor([len(prompt) - 1])
-        return self._forward(ids, positions, mask, slice(sequence.slot, sequence.slot + 1), keep)[0, -1]
+        ids[0, :take] = torch.tensor(prompt[start : start + take])
+        positions = torch.arange(start, start + length)[None]
+        mask = (torch.arange(start + length)[None, :] <= positions[0][:, None])[None, None]  # [1, 1, length, kv]
+        keep = torch.tensor([take - 1])
+        logits = self._forward(ids, positions, mask, slice(sequence.slot, sequence.slot + 1), keep)[0, -1]
+        sequence.prefilled = start + take
+        return logits
 
     def _decode(self) -> None:
         rows = max(self.active) + 1
         ids = torch.zeros(rows, 1, dtype=torch.long)
         positions = torch.zeros(rows, 1, dtype=torch.long)
         for slot, sequence in self.active.items():
-            ids[slot, 0], positions[slot, 0] = sequence.tokens[-1], sequence.position
+            if sequence.prefilling:
+                # Its row writes at the position its prompt's next part overwrites; its logits unused.
+                positions[slot, 0] = sequence.prefilled
+            else:
+                ids[slot, 0], positions[slot, 0] = sequence.tokens[-1], sequence.position
         kv_length = span(int(positions.max()) + 1, self.context)
         mask = (torch.arange(kv_length)[None, :] <= positions)[:, None, None, :]  # [rows, 1, 1, kv]
         logits = self._forward(ids, positions, mask, slice(0, rows), DECODE_KEEP)
         for slot, sequence in list(self.active.items()):
-            self._advance(sequence, logits[slot, -1])
+            if not sequence.prefilling:
+                self._advance(sequence, logits[slot, -1])
 
     def _advance(self, sequence: Running, logits: torch.Tensor) -> None:
         """Choose the sequence's next token from its logits; send its text, or end it."""

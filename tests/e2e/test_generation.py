@@ -29,9 +29,9 @@ from client import grpc_client
 from handlers.backends import DType, cpu_refusal
 from handlers.generation.stream import TextStream
 from kit.models import model_file
-from kit.paths import ROOT
+from kit.paths import CONFIG, ROOT
 from kit.plan import PlanError
-from kit.serve_config import ServeConfig
+from kit.serve_config import PRESETS, ServeConfig
 from kit.server import Server, ServerError, start_ready
 from kit.topology import read_topology
 from tests.e2e.conftest import one_cpu, start_server
@@ -43,6 +43,7 @@ pytestmark = pytest.mark.e2e
 QWEN, GPT2 = "test-yours-qwen2-lm", "test-yours-gpt2-lm"
 MAKERS = {QWEN: qwen2_lm, GPT2: gpt2_lm}
 VARIANTS = ("eager", "inductor")
+CHUNK = 32
 PROMPTS = [
     "The committee postponed the expansion",
     "A quick brown fox",
@@ -72,6 +73,24 @@ def sources(tmp_path_factory):
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
             assert "task: text-generation" in model_file(name).read_text()  # inferred from architectures
             assert (source / "config.json").is_file(), f"building the archive deleted {source}"
+        # Qwen's prompts are computed CHUNK tokens a step (chunked prefill; the longest prompt here
+        # in 7 parts) while the other streams advance; GPT-2's whole (prefill_chunk 0).
+        for name, chunk in ((QWEN, CHUNK), (GPT2, 0)):
+            document = yaml.safe_load(model_file(name).read_text())
+            model_file(name).write_text(
+                yaml.safe_dump({**document, "handler": {**(document.get("handler") or {}), "prefill_chunk": chunk}})
+            )
+        build = [
+            sys.executable,
+            "-m",
+            "model_store.build",
+            "--models",
+            ",".join(made),
+            "--variants",
+            ",".join(VARIANTS),
+        ]
+        done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=1200)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         yield made
     finally:
         for name in made:
@@ -344,3 +363,36 @@ def test_bf16_is_judged_against_float32_and_refused_by_name_when_too_far(sources
     finally:
         for name in made:
             remove_model(name)
+
+
+def test_make_tune_measures_each_number_of_sequences_and_its_preset_serves_the_choice(sources, references, tmp_path):
+    """`make tune MODELS=lm`'s command on real TorchServes: a server per candidate (eager here, to
+    be quick; 4, 8 and 16 sequences at 16 streams), streamed and measured, each serving as many as
+    asked however many its archive holds (8); the preset it writes serves the choice."""
+    name = f"test-tune-lm-{os.getpid()}"
+    command = [sys.executable, "-m", "bench", "--plan", "tune", "--models", QWEN, "--write-preset", name,
+               "--streams", "16", "--lm-rounds", "1", "--lm-seconds", "2", "--lm-variants", "eager",
+               "--out", str(tmp_path / "tune")]  # fmt: skip
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        for sequences in (4, 8, 16):
+            assert re.search(rf"\[tune\] eager x{sequences}: started in \d+ s, {sequences} sequences", done.stdout)
+            worker = (tmp_path / "tune" / QWEN / f"eager-{sequences}-r0" / "model_log.log").read_text(errors="replace")
+            assert f"{QWEN} ready: backend=eager dtype=float32 sequences={sequences} " in worker
+            assert re.search(rf"\[tune\] eager x{sequences} sequences: [\d.]+ tokens/s, ITL p50", done.stdout)
+        config = ServeConfig.from_preset(name)
+        assert config.models == (QWEN,) and config.variant.name == "eager"
+        chosen = config.model_sequences[QWEN]
+        assert f"[tune] {QWEN}: eager x{chosen} sequences:" in done.stdout
+        server = start_server(tmp_path / "tuned", dataclasses.replace(config, cpus=one_cpu()))
+        try:
+            log = server.logs.model_log.read_text(errors="replace")
+            assert f"{QWEN} ready: backend=eager dtype=float32 sequences={chosen} " in log
+            text, _ = references[QWEN].prompt(PROMPTS[0])
+            assert generate(server, QWEN, {"prompt": PROMPTS[0], "max_new_tokens": 24}).json()["text"] == text
+        finally:
+            server.stop()
+    finally:
+        for path in (PRESETS / f"{name}.yaml", CONFIG / f"{name}.properties"):
+            path.unlink(missing_ok=True)

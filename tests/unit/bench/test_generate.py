@@ -19,7 +19,7 @@ def stats(*by_round: float) -> dict:
 
 
 def system(name: str, server: str, precision: str) -> System:
-    return System(name, server, precision, "http://unused", lambda: None)
+    return System(name, server, precision, "http://unused", lambda: None, "lm")
 
 
 def test_a_kit_row_is_divided_by_the_peers_rows_at_its_own_precision(tmp_path):

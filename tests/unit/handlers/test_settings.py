@@ -71,6 +71,8 @@ def test_settings_are_frozen():
         ("accuracy_min_match_rate", 1.5, "accuracy_min_match_rate must be between 0 and 1 or null, got 1.5"),
         ("accuracy_tokens", 0, "accuracy_tokens must be 1 or more, got 0"),
         ("accuracy_prompts", 0, "accuracy_prompts must be 1 or more, got 0"),
+        ("prefill_chunk", -8, "prefill_chunk must be 0 or more, got -8"),
+        ("max_waiting", -1, "max_waiting must be 0 or more, got -1"),
         ("backend", "openvino", "a generative model is served by backend eager or inductor, not 'openvino'"),
     ],
 )

@@ -6,7 +6,9 @@ import pytest
 
 from handlers.switches import Diagnostics
 from handlers.typed_config import SettingsError, parse_settings
+from kit import serve_config
 from kit.paths import STORE
+from kit.plan import Sequences
 from kit.serve_config import Allocator, ConfigError, Placement, ServeConfig, launcher_args, render, worker_environment
 from kit.topology import parse_topology
 from tests.conftest import BUNDLED_MODELS
@@ -206,11 +208,30 @@ def test_models_of_different_variants_get_their_archives_and_allocators():
          "use placement: plan"),
         ({"model_variants": {"bert": "fastest"}}, "variant 'fastest' is unknown"),
         ({"model_variants": ["bert", "openvino"]}, "model_variants must be a mapping"),
+        ({"model_sequences": {"vit": 4}}, r"model_sequences names \['vit'\], which are not served"),
+        ({"model_sequences": {"bert": 0}}, r"a number of sequences >= 1 per model, got \{'bert': 0\}"),
+        ({"model_sequences": {"bert": "many"}}, "model_sequences"),
+        ({"model_sequences": {"bert": 4}, "placement": "launcher", "workers": 1, "threads": 1},
+         "model_sequences needs placement: plan"),
     ],
 )  # fmt: skip
-def test_model_variants_errors_name_the_problem(overrides, message):
+def test_per_model_settings_errors_name_the_problem(overrides, message):
     with pytest.raises(ConfigError, match=message):
         ServeConfig.from_preset("optimized", **overrides)
+
+
+def test_a_presets_model_sequences_replace_the_archives_and_name_only_language_models(monkeypatch):
+    """`make tune MODELS=lm` writes the sequences it measured best; the plan starts from them (and may
+    serve fewer under a memory budget) instead of the archive's max_sequences."""
+    archived = Sequences(per_sequence=2**20, most=8)
+    monkeypatch.setattr(serve_config, "served_sequences", lambda model, archive: archived if model == "bert" else None)
+    config = ServeConfig.from_preset("optimized", models=["bert", "resnet50"], model_sequences={"bert": 32})
+    assert config.demand("bert").sequences == Sequences(per_sequence=2**20, most=32)
+    assert ServeConfig.from_preset("optimized", models=["bert"]).demand("bert").sequences == archived
+    assert parse_settings(ServeConfig, json.loads(json.dumps(config.to_dict()))) == config
+    wrong = ServeConfig.from_preset("optimized", models=["resnet50"], model_sequences={"resnet50": 4})
+    with pytest.raises(ConfigError, match="model_sequences names 'resnet50', which is not a language model"):
+        wrong.demand("resnet50")
 
 
 def test_frontend_jvm_options_are_rendered_as_vmargs(tmp_path):

@@ -36,8 +36,11 @@ def lm(request, tmp_path_factory):
     return model, AutoTokenizer.from_pretrained(directory)
 
 
-def engine(model, tokenizer, slots: int = 3, context: int = 256, eos: set[int] | None = None, waiting: int = 16):
-    return Engine(model, tokenizer.decode, set() if eos is None else eos, slots, context, torch.float32, waiting)
+def engine(
+    model, tokenizer, slots: int = 3, context: int = 256, eos: set[int] | None = None, waiting: int = 16, chunk: int = 0
+):
+    eos = set() if eos is None else eos
+    return Engine(model, tokenizer.decode, eos, slots, context, torch.float32, waiting, prefill_chunk=chunk)
 
 
 def reference(model, ids: list[int], new: int) -> list[int]:
@@ -55,12 +58,13 @@ def run(engine_: Engine, sequences: list, joining: list[tuple[Generation, Record
         engine_.step()
 
 
-def test_sequences_joining_mid_generation_each_get_transformers_greedy_answer(lm):
+@pytest.mark.parametrize("chunk", [0, 16])  # prompts whole, or 16 tokens of them a step (the third: 3 steps)
+def test_sequences_joining_mid_generation_each_get_transformers_greedy_answer(lm, chunk):
     model, tokenizer = lm
     ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
     new = 40
     expected = [reference(model, i, new) for i in ids]
-    eng = engine(model, tokenizer, slots=3)  # four requests, three slots: one waits for a free slot
+    eng = engine(model, tokenizer, slots=3, chunk=chunk)  # four requests, three slots: one waits for a free slot
     first = [(Generation(tuple(i), new), Recorder()) for i in ids[:2]]
     later = [(Generation(tuple(i), new), Recorder()) for i in ids[2:]]
     sequences = [eng.submit(g, r) for g, r in first]
@@ -157,3 +161,56 @@ def test_ignore_eos_writes_every_token_asked_for(lm):
     while eng.busy:
         eng.step()
     assert sequence.tokens == tokens and sequence.sink.reason is Finish.LENGTH
+
+
+def test_a_long_prompt_is_computed_a_chunk_a_step_while_the_streams_in_flight_advance(lm):
+    """Chunked prefill: a prompt of 108 tokens joining with 48 a step takes three steps (48, 48,
+    12), and the sequence already generating gets a token at every one of them; both answers are
+    transformers' greedy ones."""
+    model, tokenizer = lm
+    short, long = (tokenizer(p)["input_ids"] for p in (PROMPTS[0], PROMPTS[2]))
+    assert 96 < len(long) < 144
+    eng = engine(model, tokenizer, slots=2, chunk=48)
+    computed: list[list[int]] = []
+    prefill = eng._prefill
+
+    def recording(sequence, take):
+        computed[-1].append(take)
+        return prefill(sequence, take)
+
+    eng._prefill = recording
+    first = eng.submit(Generation(tuple(short), 12), Recorder())
+    computed.append([])
+    eng.step()
+    before = len(first.tokens)
+    second = eng.submit(Generation(tuple(long), 6), Recorder())
+    progress = []
+    while not second.tokens:
+        computed.append([])
+        eng.step()
+        progress.append(len(first.tokens))
+    assert computed[1:] == [[48], [48], [len(long) - 96]]
+    assert progress == [before + 1, before + 2, before + 3]  # a token at each of the long prompt's steps
+    while eng.busy:
+        eng.step()
+    assert first.tokens == reference(model, short, 12) and second.tokens == reference(model, long, 6)
+
+
+def test_a_chunk_is_shared_by_the_prompts_waiting_in_the_order_they_came(lm):
+    model, tokenizer = lm
+    ids = [tuple(tokenizer(p)["input_ids"]) for p in (PROMPTS[0], PROMPTS[3], PROMPTS[2])]
+    assert len(ids[0]) + len(ids[1]) <= 24 and len(ids[2]) > 32
+    eng = engine(model, tokenizer, slots=3, chunk=32)
+    sequences = [eng.submit(Generation(i, 4), Recorder()) for i in ids]
+    eng.step()
+    # The first two whole; of the third, what is left in multiples of 8 (only a prompt's end is padded).
+    left = 32 - len(ids[0]) - len(ids[1])
+    assert [s.prefilled for s in sequences] == [len(ids[0]), len(ids[1]), left // 8 * 8]
+    while eng.busy:
+        eng.step()
+    assert [s.tokens for s in sequences] == [reference(model, list(i), 4) for i in ids]
+
+
+@pytest.mark.parametrize(("asked", "served"), [(0, 0), (3, 8), (20, 16), (256, 256)])
+def test_a_chunk_is_whole_padding_steps_so_only_a_prompts_end_is_padded(asked, served):
+    assert Engine(None, str, set(), 1, 64, torch.float32, prefill_chunk=asked).prefill_chunk == served
