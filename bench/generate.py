@@ -98,8 +98,12 @@ def kit_system(model: Model, dtype: DType, run_dir: Path, named: bool = False) -
     config = ServeConfig.from_preset("optimized", variant=variant, models=[model.name])
     row = f"{KIT} {model.name} {variant}" if named else f"{KIT} {variant}"  # named: several kit models
     server: Server = start_ready(config, run_dir / row.replace(" ", "-"), progress=log)
-    url = server.api.url("inference", f"/predictions/{model.name}/1.0/v1/completions")
-    return System(row, KIT, dtype.value, url, server.stop, model.name)
+    return System(row, KIT, dtype.value, completions_url(server, model.name), server.stop, model.name)
+
+
+def completions_url(server: Server, model: str) -> str:
+    """The kit's OpenAI completions endpoint for `model`."""
+    return server.api.url("inference", f"/predictions/{model}/1.0/v1/completions")
 
 
 class ExitedAtStart(RuntimeError):
@@ -275,9 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                 for system in order:
                     stats = measure_streams(system.url, system.model, asks, concurrency, args.seconds)
                     results[concurrency].setdefault(system.name, []).append(stats)
-                    log(f"round {round_ + 1}/{args.rounds} c={concurrency} {system.name}: {stats.output_tokens_per_s:.1f} "
-                        f"tokens/s, TTFT p50 {stats.ttft_ms.p50:.0f} ms, ITL p50 {stats.itl_ms.p50:.0f} ms, {stats.errors} errors"
-                        + (f" (the first: {stats.first_error[:200]})" if stats.errors else ""))  # fmt: skip
+                    log(f"round {round_ + 1}/{args.rounds} c={concurrency} {system.name}: {stats.summary()}")
     except KeyboardInterrupt:
         log("interrupted: the report has the rows measured so far")
     finally:

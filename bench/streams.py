@@ -74,6 +74,14 @@ class StreamStats:
     def output_tokens_per_s(self) -> float:
         return self.output_tokens / self.seconds
 
+    def summary(self) -> str:
+        """One line for a log: what a measurement gave, and why its failed requests failed."""
+        text = (
+            f"{self.output_tokens_per_s:.1f} tokens/s, TTFT p50 {self.ttft_ms.p50:.0f} ms, "
+            f"ITL p50 {self.itl_ms.p50:.0f} ms, {self.errors} errors"
+        )
+        return text + (f" (the first: {self.first_error[:200]})" if self.errors else "")
+
 
 @dataclasses.dataclass
 class Record:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.generate import VARIANTS, WARMUP_S, workload
+from bench.generate import VARIANTS, WARMUP_S, completions_url, workload
 from bench.streams import StreamStats, measure_streams
 from bench.tune import save_preset
 from handlers.backends import cpu_refusal
@@ -165,7 +165,7 @@ def measure_once(model: Model, entry: Measured, tuning: Tuning, run_dir: Path) -
         return
     try:
         entry.served = server.layout.models[model.name].sequences
-        url = server.api.url("inference", f"/predictions/{model.name}/1.0/v1/completions")
+        url = completions_url(server, model.name)
         asks = workload()
         log(
             f"{entry.candidate.name}: started in {time.monotonic() - started:.0f} s, {entry.served} sequences; measuring"
@@ -173,11 +173,7 @@ def measure_once(model: Model, entry: Measured, tuning: Tuning, run_dir: Path) -
         measure_streams(url, model.name, asks, WARMUP_STREAMS, min(WARMUP_S, tuning.seconds))
         stats = measure_streams(url, model.name, asks, tuning.streams, tuning.seconds)
         entry.runs.append(stats)
-        log(
-            f"{entry.candidate.name}: {stats.output_tokens_per_s:.1f} tokens/s, ITL p50 {stats.itl_ms.p50:.0f} ms, "
-            f"TTFT p50 {stats.ttft_ms.p50:.0f} ms, {stats.errors} errors"
-            + (f" (the first: {stats.first_error[:200]})" if stats.errors else "")
-        )
+        log(f"{entry.candidate.name}: {stats.summary()}")
     finally:
         server.stop()
 

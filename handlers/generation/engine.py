@@ -205,7 +205,7 @@ class Engine:
                     continue
                 sequence.slot = min(set(range(self.slots)) - set(self.active))
                 self.active[sequence.slot] = sequence
-            self._prefill_chunk()
+            self._prefill_prompts()
             if any(not sequence.prefilling for sequence in self.active.values()):
                 self._decode()
 
@@ -226,7 +226,7 @@ class Engine:
             )
         return out.logits.float()
 
-    def _prefill_chunk(self) -> None:
+    def _prefill_prompts(self) -> None:
         """Prompts, in the order their sequences were admitted, up to the step's chunk of tokens;
         a sequence whose prompt is done gets its first token."""
         budget = self.prefill_chunk or sys.maxsize

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from bench.streams import Ask, measure_streams
+from bench.streams import Ask, Spread, StreamStats, measure_streams
 
 # Far apart: the bounds below tell the first chunk from the second, and one gap from two.
 TOKENS, GAP_S, FIRST_S = 5, 0.1, 0.2
@@ -80,3 +80,10 @@ def test_no_two_requests_of_a_run_send_the_same_prompt_and_each_ends_with_the_wo
     assert len(Completions.prompts) >= 8  # each client sent at least twice per row, and both asks went out
     assert len(set(Completions.prompts)) == len(Completions.prompts)
     assert {prompt.split(" ", 1)[1] for prompt in Completions.prompts} == {"one", "two"}
+
+
+def test_a_measurement_says_in_one_line_what_it_gave_and_why_requests_failed():
+    ok = StreamStats(4, 10.0, 8, 125, Spread(210.4, 400.0), Spread(49.6, 90.0), 0)
+    assert ok.summary() == "12.5 tokens/s, TTFT p50 210 ms, ITL p50 50 ms, 0 errors"
+    failed = StreamStats(4, 10.0, 8, 125, Spread(210.4, 400.0), Spread(49.6, 90.0), 2, "503: " + "x" * 300)
+    assert failed.summary().endswith(f"2 errors (the first: 503: {'x' * 195})")
