@@ -148,27 +148,43 @@ class TextGenerationHandler:
         """Every kind of step a request takes, compiled before the first: a prefill and decode steps
         for one sequence alone, then for every slot at once (a compiler specialises a size of 1),
         each over two lengths (prompts padded to 8 and 72 positions; decode spans of 64 and 128,
-        then 128 and 192), then a prompt computed in parts (chunked prefill). Should the first
-        length be specialised (a length equal to one of the model's sizes was, before duck shapes
-        were turned off: 64, Qwen2.5-0.5B's head size, cost its first requests 3 graphs more), the
-        second makes it compile the general step too."""
+        then 128 and 192), then a prompt computed in parts (chunked prefill), then a prompt
+        arriving while another sequence decodes (a mixed step), over the same two lengths. Should
+        the first length be specialised (a length equal to one of the model's sizes was, before
+        duck shapes were turned off: 64, Qwen2.5-0.5B's head size, cost its first requests 3
+        graphs more), the second makes it compile the general step too."""
         start = time.perf_counter()
         token = (self.tokenizer("Hello")["input_ids"] or [0])[0]
         context = self.settings.context_length
-        shapes = [(1, 1), (self.settings.max_sequences, SPAN_STEP + 1)]
+        lengths = [(1, 1), (self.settings.max_sequences, SPAN_STEP + 1)]
         if (chunk := self.engine.prefill_chunk) and chunk + 1 < context:
             # A prompt longer than a chunk: its later parts attend over more positions than they
             # hold (two such shapes, when the context has room, for the same reason as above).
-            shapes.append((1, min(2 * chunk + 1, context - 2)))
-        for count, length in shapes:
-            prompt = (token,) * min(length, context - 1)
-            new = max(1, min(SPAN_STEP + 1, context - len(prompt)))  # into the next span of positions
-            for _ in range(count):
-                self.engine.submit(Generation(prompt, new, ignore_eos=True), Discard())
-            while self.engine.busy:
-                self.engine.step()
+            lengths.append((1, min(2 * chunk + 1, context - 2)))
+        for count, length in lengths:
+            self.warm(*(self.warm_prompt(token, length) for _ in range(count)))
+        if self.engine.mixes and self.settings.max_sequences > 1:
+            for length in (1, SPAN_STEP + 1):
+                self.warm(self.warm_prompt(token, length), self.warm_prompt(token, length), arriving=1)
         self.graphs = graphs_compiled()
         return time.perf_counter() - start
+
+    def warm_prompt(self, token: int, length: int) -> Generation:
+        """`length` tokens (what the context holds), then as many as reach the next decode span."""
+        prompt = (token,) * min(length, self.settings.context_length - 1)
+        new = max(1, min(SPAN_STEP + 1, self.settings.context_length - len(prompt)))
+        return Generation(prompt, new, ignore_eos=True)
+
+    def warm(self, *generations: Generation, arriving: int = 0) -> None:
+        """Step the engine until `generations` are answered; the last `arriving` of them are
+        submitted when the others decode."""
+        first = [self.engine.submit(g, Discard()) for g in generations[: len(generations) - arriving]]
+        while self.engine.busy and not all(sequence.tokens for sequence in first):
+            self.engine.step()
+        for generation in generations[len(first) :]:
+            self.engine.submit(generation, Discard())
+        while self.engine.busy:
+            self.engine.step()
 
     def check_no_recompile(self) -> None:
         # Every shape a step takes was compiled by warm_up; a new graph means a request waited

@@ -52,6 +52,11 @@ class SlotCache(Cache):
         self.rows, self.positions, self.kv_length = rows, positions, kv_length
         self.row_index = torch.arange(rows.start, rows.stop)[:, None]
 
+    def select_tokens(self, slots: torch.Tensor, positions: torch.Tensor, kv_length: int) -> None:
+        """A forward of one row whose tokens go to several slots (attention.Mixed): token i to
+        slot slots[0, i] at positions[0, i]; layers get every slot's first kv_length positions."""
+        self.rows, self.row_index, self.positions, self.kv_length = slice(0, self.slots), slots, positions, kv_length
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         # key_states, value_states: [rows, kv_heads, tokens, head_dim]
         if layer_idx == len(self.keys):
@@ -59,7 +64,7 @@ class SlotCache(Cache):
             self.keys.append(torch.zeros(shape, dtype=self.dtype))
             self.values.append(torch.zeros(shape, dtype=self.dtype))
         keys, values = self.keys[layer_idx], self.values[layer_idx]
-        # [rows, 1] and [rows, tokens] index [rows, tokens, kv_heads, head_dim]
+        # [rows, 1] (or [1, tokens]) and [rows, tokens] index [rows, tokens, kv_heads, head_dim]
         keys[self.row_index, :, self.positions] = key_states.transpose(1, 2).to(self.dtype)
         values[self.row_index, :, self.positions] = value_states.transpose(1, 2).to(self.dtype)
         return keys[self.rows, :, : self.kv_length], values[self.rows, :, : self.kv_length]

@@ -6,14 +6,17 @@
 
 A step admits waiting sequences into free slots, computes prompts ("prefill": a forward per
 sequence, whose last position yields its first token), at most `prefill_chunk` prompt tokens a
-step, then runs one forward over the slots whose prompts are done ("decode"): row r feeds slot r's
-last token at its own position and attends over its own cache row. A prompt longer than what is
-left of a step's chunk is computed over several steps, a part each, attending over the parts
-before it: a long prompt delays the streams in flight by a chunk a step, not by its whole length
-at once (chunked prefill; 0 computes each prompt whole as it is admitted). A sequence
-leaves when it meets an end-of-sequence token, a stop string, its max_new_tokens or the context,
-or is cancelled; its slot is free for the next step. The KV cache is allocated once
-(cache.py), for `slots` sequences of `context` tokens.
+step, and advances the sequences whose prompts are done by one token ("decode": row r feeds slot
+r's last token at its own position and attends over its own cache row). Where the model's
+attention is transformers' pluggable kind (attention.py), the first prompt's part and the decode
+rows are one forward (a mixed step): on CPU a decode step costs mostly the read of the weights,
+which the prompt's forward makes anyway. A prompt longer than what is left of a step's chunk is
+computed over several steps, a part each, attending over the parts before it: a long prompt
+delays the streams in flight by a chunk a step, not by its whole length at once (chunked
+prefill; 0 computes each prompt whole as it is admitted). A sequence leaves when it meets an
+end-of-sequence token, a stop string, its max_new_tokens or the context, or is cancelled; its
+slot is free for the next step. The KV cache is allocated once (cache.py), for `slots`
+sequences of `context` tokens.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from handlers.generation import attention
 from handlers.generation.cache import SlotCache
 from handlers.generation.sampling import Sampling
 from handlers.generation.stream import TextStream
@@ -123,6 +127,12 @@ def span(length: int, limit: int, step: int = SPAN_STEP) -> int:
     return min(limit, -(-length // step) * step)
 
 
+def prompt_chunk(asked: int) -> int:
+    """Prompt tokens a step computes at most: a multiple of PROMPT_STEP, so that only a prompt's
+    last part is padded; 0 (every admitted prompt whole) stays 0."""
+    return max(PROMPT_STEP, asked // PROMPT_STEP * PROMPT_STEP) if asked else 0
+
+
 class Engine:
     def __init__(
         self,
@@ -138,12 +148,11 @@ class Engine:
         prefill_chunk: int = 0,
     ):
         self.model, self.decode, self.eos = model, decode, frozenset(eos)
-        self.name, self.itt = name, itt  # one ITT range per forward (prefill or decode step), for VTune
+        self.name, self.itt = name, itt  # one ITT range per forward (prefill, decode or mixed step), for VTune
         self.slots, self.context, self.max_waiting = slots, context, max_waiting
-        # Prompt tokens a step computes at most (a multiple of PROMPT_STEP: only a prompt's last
-        # part is padded); 0: every admitted prompt whole.
-        self.prefill_chunk = max(PROMPT_STEP, prefill_chunk // PROMPT_STEP * PROMPT_STEP) if prefill_chunk else 0
+        self.prefill_chunk = prompt_chunk(prefill_chunk)
         self.cache = SlotCache(slots, context, dtype)
+        self.mixes = attention.use(model)  # decode rows and a prompt's part in one forward
         self.active: dict[int, Running] = {}
         self.waiting: collections.deque[Running] = collections.deque()
         self.lock = threading.Condition()
@@ -189,8 +198,9 @@ class Engine:
             self._end(sequence, Finish.CANCELLED)
 
     def step(self) -> None:
-        """Admit what fits, compute prompts (a chunk's worth), then advance every sequence whose
-        prompt is done by one token."""
+        """Admit what fits, compute prompts (a chunk's worth), and advance every sequence whose
+        prompt is done by one token: in one forward with the first prompt's part where the model
+        allows it (attention.py), else in a decode after the prompts."""
         with torch.inference_mode():
             for sequence in list(self.active.values()):
                 if sequence.cancelled:
@@ -205,17 +215,27 @@ class Engine:
                     continue
                 sequence.slot = min(set(range(self.slots)) - set(self.active))
                 self.active[sequence.slot] = sequence
-            self._prefill_prompts()
-            if any(not sequence.prefilling for sequence in self.active.values()):
+            parts = self._prompt_parts()
+            mixed = bool(parts) and self.mixes and self._decoding()
+            if mixed:
+                self._mixed(*parts.pop(0))
+            for sequence, take in parts:
+                logits = self._prefill(sequence, take)
+                if not sequence.prefilling:
+                    self._advance(sequence, logits)
+            if not mixed and self._decoding():
                 self._decode()
 
+    def _decoding(self) -> bool:
+        return any(not sequence.prefilling for sequence in self.active.values())
+
     def _forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, rows: slice, keep: torch.Tensor
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, **mixed
     ) -> torch.Tensor:
         """Logits [rows, len(keep), vocab] at the positions `keep` of each row: the vocabulary
-        projection (151936 columns for Qwen) is made only where a token is chosen."""
-        self.cache.select(rows, positions, mask.shape[-1])
-        with inference_range(self.name, rows.stop - rows.start, self.itt):
+        projection (151936 columns for Qwen) is made only where a token is chosen. The cache's
+        selection (SlotCache.select) is the caller's."""
+        with inference_range(self.name, ids.numel(), self.itt):
             out = self.model(
                 input_ids=ids,
                 position_ids=positions,
@@ -223,54 +243,94 @@ class Engine:
                 past_key_values=self.cache,
                 use_cache=True,
                 logits_to_keep=keep,
+                **mixed,
             )
         return out.logits.float()
 
-    def _prefill_prompts(self) -> None:
-        """Prompts, in the order their sequences were admitted, up to the step's chunk of tokens;
-        a sequence whose prompt is done gets its first token."""
-        budget = self.prefill_chunk or sys.maxsize
+    def _prompt_parts(self) -> list[tuple[Running, int]]:
+        """The prompt tokens this step computes, (sequence, how many), in the order the sequences
+        were admitted, up to the step's chunk."""
+        budget, parts = self.prefill_chunk or sys.maxsize, []
         for sequence in [s for s in self.active.values() if s.prefilling]:
             remaining = len(sequence.generation.prompt) - sequence.prefilled
             take = remaining if remaining <= budget else budget // PROMPT_STEP * PROMPT_STEP
             if take <= 0:
                 break
-            logits = self._prefill(sequence, take)
+            parts.append((sequence, take))
             budget -= take
-            if not sequence.prefilling:
-                self._advance(sequence, logits)
+        return parts
+
+    def _part(self, sequence: Running, take: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The prompt's next `take` tokens (only its last part padded): ids and positions
+        [1, length], and the mask [1, 1, length, kv] over its parts before them."""
+        prompt, start = sequence.generation.prompt, sequence.prefilled
+        last = start + take == len(prompt)
+        length = span(take, self.context - start, PROMPT_STEP) if last else take
+        ids = torch.zeros(1, length, dtype=torch.long)
+        ids[0, :take] = torch.tensor(prompt[start : start + take])
+        positions = torch.arange(start, start + length)[None]
+        mask = (torch.arange(start + length)[None, :] <= positions[0][:, None])[None, None]
+        return ids, positions, mask
 
     def _prefill(self, sequence: Running, take: int) -> torch.Tensor:
         """The prompt's next `take` tokens into the sequence's cache row, attending over its parts
         before them; the logits at the last of them (its first new token's, after the last part)."""
-        prompt, start = sequence.generation.prompt, sequence.prefilled
-        last = start + take == len(prompt)
-        length = span(take, self.context - start, PROMPT_STEP) if last else take  # only the last part is padded
-        ids = torch.zeros(1, length, dtype=torch.long)
-        ids[0, :take] = torch.tensor(prompt[start : start + take])
-        positions = torch.arange(start, start + length)[None]
-        mask = (torch.arange(start + length)[None, :] <= positions[0][:, None])[None, None]  # [1, 1, length, kv]
-        keep = torch.tensor([take - 1])
-        logits = self._forward(ids, positions, mask, slice(sequence.slot, sequence.slot + 1), keep)[0, -1]
-        sequence.prefilled = start + take
+        ids, positions, mask = self._part(sequence, take)
+        self.cache.select(slice(sequence.slot, sequence.slot + 1), positions, mask.shape[-1])
+        logits = self._forward(ids, positions, mask, torch.tensor([take - 1]))[0, -1]
+        sequence.prefilled += take
         return logits
 
-    def _decode(self) -> None:
+    def _decode_rows(
+        self, mixing: Running | None = None, part_end: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Ids and positions [rows, 1] feeding slot r's last token at row r, and the mask
+        [rows, 1, 1, kv] over each row's cache. A slot holding no decoding sequence gets a row too
+        (rows are the slots up to the last one taken); what it writes is never read: a prefilling
+        slot's goes where its prompt's next part overwrites it, or, for the one whose part a mixed
+        step computes (`mixing`), just past that part (part_end)."""
         rows = max(self.active) + 1
         ids = torch.zeros(rows, 1, dtype=torch.long)
         positions = torch.zeros(rows, 1, dtype=torch.long)
         for slot, sequence in self.active.items():
-            if sequence.prefilling:
-                # Its row writes at the position its prompt's next part overwrites; its logits unused.
-                positions[slot, 0] = sequence.prefilled
-            else:
+            if not sequence.prefilling:
                 ids[slot, 0], positions[slot, 0] = sequence.tokens[-1], sequence.position
+            elif sequence is mixing:
+                # Past a last part's padding is the context's end at most: then its last padding.
+                positions[slot, 0] = min(part_end, self.context - 1)
+            else:
+                positions[slot, 0] = sequence.prefilled
         kv_length = span(int(positions.max()) + 1, self.context)
-        mask = (torch.arange(kv_length)[None, :] <= positions)[:, None, None, :]  # [rows, 1, 1, kv]
-        logits = self._forward(ids, positions, mask, slice(0, rows), DECODE_KEEP)
+        mask = (torch.arange(kv_length)[None, :] <= positions)[:, None, None, :]
+        return ids, positions, mask
+
+    def _decode(self) -> None:
+        ids, positions, mask = self._decode_rows()
+        self.cache.select(slice(0, ids.shape[0]), positions, mask.shape[-1])
+        logits = self._forward(ids, positions, mask, DECODE_KEEP)
         for slot, sequence in list(self.active.items()):
             if not sequence.prefilling:
                 self._advance(sequence, logits[slot, -1])
+
+    def _mixed(self, sequence: Running, take: int) -> None:
+        """One forward: a decode row per slot (as _decode) and `take` tokens of `sequence`'s prompt
+        (as _prefill), flattened into one row of tokens; attention.py splits its attention."""
+        ids, positions, mask = self._part(sequence, take)
+        decode_ids, decode_positions, decode_mask = self._decode_rows(sequence, int(positions[0, -1]) + 1)
+        rows = decode_ids.shape[0]
+        slots = torch.cat([torch.arange(rows), torch.full((ids.shape[1],), sequence.slot)])[None]
+        positions = torch.cat([decode_positions.T, positions], 1)
+        self.cache.select_tokens(slots, positions, max(decode_mask.shape[-1], mask.shape[-1]))
+        keep = torch.cat([torch.arange(rows), torch.tensor([rows + take - 1])])
+        mixed = attention.Mixed(decode_mask, mask, torch.tensor([sequence.slot]))
+        logits = self._forward(torch.cat([decode_ids.T, ids], 1), positions, mask, keep, mixed=mixed)[0]
+        sequence.prefilled += take
+        for slot, running in list(self.active.items()):
+            if running is sequence:
+                if not sequence.prefilling:
+                    self._advance(sequence, logits[rows])
+            elif not running.prefilling:
+                self._advance(running, logits[slot])
 
     def _advance(self, sequence: Running, logits: torch.Tensor) -> None:
         """Choose the sequence's next token from its logits; send its text, or end it."""

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from handlers.generation.engine import Engine, Finish, Generation, QueueFull
+from handlers.generation.engine import Engine, Finish, Generation, QueueFull, prompt_chunk
 from handlers.generation.sampling import Sampling
 from tests.hf_models import gpt2_lm, qwen2_lm
 
@@ -172,24 +172,32 @@ def test_a_long_prompt_is_computed_a_chunk_a_step_while_the_streams_in_flight_ad
     assert 96 < len(long) < 144
     eng = engine(model, tokenizer, slots=2, chunk=48)
     computed: list[list[int]] = []
-    prefill = eng._prefill
+    forwards: list[int] = []
+    parts, forward = eng._prompt_parts, eng._forward
 
-    def recording(sequence, take):
-        computed[-1].append(take)
-        return prefill(sequence, take)
+    def recording_parts():
+        planned = parts()
+        computed.append([take for _, take in planned])
+        return planned
 
-    eng._prefill = recording
+    def counting_forward(*args, **kwargs):
+        forwards[-1] += 1
+        return forward(*args, **kwargs)
+
+    eng._prompt_parts, eng._forward = recording_parts, counting_forward
     first = eng.submit(Generation(tuple(short), 12), Recorder())
-    computed.append([])
+    forwards.append(0)
     eng.step()
     before = len(first.tokens)
     second = eng.submit(Generation(tuple(long), 6), Recorder())
     progress = []
     while not second.tokens:
-        computed.append([])
+        forwards.append(0)
         eng.step()
         progress.append(len(first.tokens))
     assert computed[1:] == [[48], [48], [len(long) - 96]]
+    # Each of them one forward: the running sequence's decode row and the part together (a mixed step).
+    assert forwards[1:] == [1, 1, 1]
     assert progress == [before + 1, before + 2, before + 3]  # a token at each of the long prompt's steps
     while eng.busy:
         eng.step()
@@ -213,4 +221,4 @@ def test_a_chunk_is_shared_by_the_prompts_waiting_in_the_order_they_came(lm):
 
 @pytest.mark.parametrize(("asked", "served"), [(0, 0), (3, 8), (20, 16), (256, 256)])
 def test_a_chunk_is_whole_padding_steps_so_only_a_prompts_end_is_padded(asked, served):
-    assert Engine(None, str, set(), 1, 64, torch.float32, prefill_chunk=asked).prefill_chunk == served
+    assert prompt_chunk(asked) == served
