@@ -62,6 +62,9 @@ def attention(
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
     """Returns [batch, tokens, heads, head_dim], as transformers' attention functions do."""
+    if kwargs.get("softcap") is not None:
+        # Gemma 2's logit soft-capping: sdpa has none either; refused at warm-up, not answered wrong.
+        raise ValueError(f"{type(module).__name__} caps its attention logits (softcap); the kit's attention does not")
     if attention_mask is None:
         # Not the engine's (which always masks): transformers' own, e.g. generate() on the model.
         return sdpa_attention_forward(module, query, key, value, None, scaling=scaling, **kwargs)

@@ -59,3 +59,11 @@ def test_a_mixed_step_attends_each_decode_row_over_its_slot_and_the_part_over_it
     assert out.shape == (1, rows + part, HEADS, SIZE)
     torch.testing.assert_close(out[0, :rows], decode[:, 0], atol=TOLERANCE, rtol=0)
     torch.testing.assert_close(out[:, rows:], prompt, atol=TOLERANCE, rtol=0)
+
+
+def test_an_attention_that_caps_its_logits_is_refused_by_name(cache):
+    key, value = cache
+    query = torch.randn(SLOTS, HEADS, 1, SIZE)
+    mask = torch.ones(SLOTS, 1, 1, KV, dtype=torch.bool)
+    with pytest.raises(ValueError, match="caps its attention logits \\(softcap\\)"):
+        attention(Layer(), query, key, value, mask, softcap=30.0)
