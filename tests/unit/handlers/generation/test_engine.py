@@ -222,3 +222,20 @@ def test_a_chunk_is_shared_by_the_prompts_waiting_in_the_order_they_came(lm):
 @pytest.mark.parametrize(("asked", "served"), [(0, 0), (3, 8), (20, 16), (256, 256)])
 def test_a_chunk_is_whole_padding_steps_so_only_a_prompts_end_is_padded(asked, served):
     assert prompt_chunk(asked) == served
+
+
+def test_a_model_loaded_with_eager_attention_is_served_with_the_kits_and_answers_as_transformers(lm):
+    """transformers' eager attention adds a mask to the scores (it expects 0 / -inf); the engine's
+    are boolean, which sdpa reads as attend / not. The engine computes every model's attention
+    with its own (attention.py, sdpa's), so the attention a model was loaded with does not matter."""
+    reference_model, tokenizer = lm
+    model = AutoModelForCausalLM.from_pretrained(tokenizer.name_or_path, attn_implementation="eager").eval()
+    eng = engine(model, tokenizer, slots=2)
+    assert eng.mixes
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS[:2]]
+    first = eng.submit(Generation(tuple(ids[0]), 8), Recorder())
+    eng.step()
+    second = eng.submit(Generation(tuple(ids[1]), 8), Recorder())
+    while eng.busy:
+        eng.step()
+    assert [first.tokens, second.tokens] == [reference(reference_model, i, 8) for i in ids]
