@@ -2,7 +2,7 @@
 run instead, streamed, at several concurrencies, in interleaved rounds.
 
     .venv/bin/python -m bench.generate --model lm[,lm-other] [--rounds 3] [--seconds 60] [--concurrency 1,4,16]
-        [--peers fastapi,llama.cpp]
+        [--peers fastapi,llama.cpp,openvino]
 
 Rows, on the model file's own directory: the kit (TorchServe, `inductor` and, where the CPU
 computes bf16, `inductor-bf16`); the FastAPI + transformers `generate` peer (bench/generate_peer.py)
@@ -33,8 +33,8 @@ from pathlib import Path
 import psutil
 import requests
 
-from bench import llama_cpp
-from bench.generate_peer import HEALTH_PATH, HOST
+from bench import llama_cpp, openvino_genai
+from bench.completions import HEALTH_PATH, HOST
 from bench.streams import Ask, StreamStats, measure_streams
 from handlers.backends import DType, cpu_refusal
 from handlers.calibration import SENTENCES
@@ -93,7 +93,8 @@ def served_settings(model: Model) -> GenerationSettings:
 
 def kit_system(model: Model, dtype: DType, run_dir: Path, named: bool = False) -> System:
     # The optimized preset as `make serve` starts it: the plan gives a language model one worker
-    # per L3 domain, its cores as threads (kit/plan.py), every stream in one engine's batch.
+    # (or one per L3 domain, batching: async), its cores as threads (kit/plan.py), every stream in
+    # one engine's batch.
     variant = VARIANTS[dtype]
     config = ServeConfig.from_preset("optimized", variant=variant, models=[model.name])
     row = f"{KIT} {model.name} {variant}" if named else f"{KIT} {variant}"  # named: several kit models
@@ -170,6 +171,21 @@ def llama_system(model: Model, precision: str, run_dir: Path) -> System:
     return System(name, "llama.cpp", precision, f"http://{HOST}:{port}/v1/completions", stop, model.name)
 
 
+def openvino_system(model: Model, precision: str, run_dir: Path) -> System:
+    """OpenVINO GenAI at the kit's precision (fp32 weights, computed in it), or on int8 weights at
+    the CPU plugin's own precision."""
+    int8 = precision == openvino_genai.INT8
+    ir = openvino_genai.export(model.source.path, openvino_genai.INT8 if int8 else "fp32")
+    settings = served_settings(model)
+    config = json.loads((model.source.path / "config.json").read_text())
+    cache = openvino_genai.cache_gb(config, settings.max_sequences, settings.context_length)
+    (port,) = PORTS.take(1)
+    command = openvino_genai.server_command(ir, port, None if int8 else precision, settings.max_sequences, cache)
+    name = f"openvino {precision}"
+    stop = started(name, command, run_dir / f"openvino-{precision}.log", port)
+    return System(name, "openvino", precision, f"http://{HOST}:{port}/v1/completions", stop, model.name)
+
+
 @dataclasses.dataclass(frozen=True)
 class Peer:
     start: Callable[[Model, str, Path], System]
@@ -177,7 +193,11 @@ class Peer:
 
 
 # A peer's rows start after the kit's, in this order.
-PEERS = {"fastapi": Peer(fastapi_system), "llama.cpp": Peer(llama_system, (LLAMA_QUANTIZED,))}
+PEERS = {
+    "fastapi": Peer(fastapi_system),
+    "llama.cpp": Peer(llama_system, (LLAMA_QUANTIZED,)),
+    "openvino": Peer(openvino_system, (openvino_genai.INT8,)),
+}
 
 
 def median_stats(runs: list[StreamStats]) -> dict:
@@ -210,19 +230,24 @@ def ratio(stats: dict, peer: dict | None) -> str:
     return f"{statistics.median(rounds):.2f}× ({min(rounds):.2f}–{max(rounds):.2f})"
 
 
+PEER_NAMES = {"fastapi": "FastAPI", "llama.cpp": "llama.cpp", "openvino": "OpenVINO GenAI"}
+
+
 def report(results: dict, systems: dict[str, System], out: Path, header: str) -> str:
-    lines = [header, "", "| concurrency | row | output tokens/s (min–max) | × FastAPI, by round (min–max) | × llama.cpp, by round (min–max) | TTFT p50 ms | ITL p50 ms | ITL p99 ms | errors |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    """A row per server and concurrency; each kit row against each peer's row at its precision."""
+    peers = [peer for peer in PEERS if any(system.server == peer for system in systems.values())]
+    ratios = "".join(f" × {PEER_NAMES[peer]}, by round (min–max) |" for peer in peers)
+    lines = [header, "", f"| concurrency | row | output tokens/s (min–max) |{ratios} TTFT p50 ms | ITL p50 ms | ITL p99 ms | errors |",
+             "|---|---|---|" + "---|" * len(peers) + "---|---|---|---|"]  # fmt: skip
     for concurrency, rows in results.items():
         for name, stats in rows.items():
-            # Each kit row against each peer's row at its precision.
             precision = systems[name].precision
             same = {systems[row].server: rows[row] for row in rows if systems[row].precision == precision}
             kit = systems[name].server == KIT
             tps = stats["output_tokens_per_s"]
+            against = "".join(f" {ratio(stats, same.get(peer)) if kit else ''} |" for peer in peers)
             lines.append(
-                f"| {concurrency} | {name} | {tps['median']:.1f} ({tps['min']:.1f}–{tps['max']:.1f}) | "
-                f"{ratio(stats, same.get('fastapi')) if kit else ''} | {ratio(stats, same.get('llama.cpp')) if kit else ''} | "
+                f"| {concurrency} | {name} | {tps['median']:.1f} ({tps['min']:.1f}–{tps['max']:.1f}) |{against} "
                 f"{stats['ttft_ms_p50']['median']:.0f} | {stats['itl_ms_p50']['median']:.0f} | {stats['itl_ms_p99']['median']:.0f} | {stats['errors']} |"
             )  # fmt: skip
     text = "\n".join(lines) + "\n"

@@ -17,17 +17,16 @@ import argparse
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
+from bench import peer_setup
+from bench.peer_setup import PEERS
 from kit.paths import ROOT
 from kit.topology import Topology, read_topology
 
-PEERS = ROOT / ".cache" / "peers"
-VERSION = "0.3.36"  # llama-cpp-python; requirements/peers.txt says the same, for pip
+VERSION = "0.3.36"  # llama-cpp-python
 SDIST = f"llama_cpp_python-{VERSION}"
 SERVER = "llama-server"
 NO_REPACK = "--no-repack"  # weights as stored: no AMX or other repacked kernels
@@ -45,14 +44,7 @@ def log(message: str) -> None:
 
 
 def run(command: list[str], what: str, log_file: Path, **options) -> None:
-    started = time.monotonic()
-    log(f"{what} (log: {log_file})")
-    with open(log_file, "w") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, **options)
-    if done.returncode != 0:
-        tail = "".join(log_file.read_text().splitlines(keepends=True)[-15:])
-        raise RuntimeError(f"{what} failed (exit {done.returncode}); the end of {log_file}:\n{tail}")
-    log(f"{what}: done in {time.monotonic() - started:.0f} s")
+    peer_setup.run(command, what, log_file, log, **options)
 
 
 def source_tree() -> Path:
@@ -92,10 +84,7 @@ def server_binary(topology: Topology | None = None) -> Path:
 
 
 def gguf_path(model_dir: Path, gguf_type: str) -> Path:
-    # Keyed by the directory's files and their times: a re-saved model converts again.
-    stamp = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in model_dir.iterdir() if p.is_file())
-    digest = hashlib.sha256(f"{model_dir.resolve()} {stamp} {VERSION}".encode()).hexdigest()[:12]
-    return PEERS / "gguf" / f"{model_dir.name}-{digest}-{gguf_type}.gguf"
+    return PEERS / "gguf" / f"{peer_setup.derived(model_dir, VERSION)}-{gguf_type}.gguf"
 
 
 def convert(model_dir: Path, gguf_type: str) -> Path:

@@ -113,6 +113,16 @@ class OptimizationSettings:
     # fastest); serving pads each batch up to the next of these sizes.
     aoti_batch_sizes: tuple[int, ...] = (1,)
 
+    def torchserve_keys(self) -> dict[str, typing.Any]:
+        """TorchServe model-config keys these settings need (kit/models.py puts them in the
+        model's model-config.yaml, over what the model file says)."""
+        return {}
+
+    @property
+    def single_worker(self) -> bool:
+        """Whether TorchServe must give the model one worker (kit/plan.py plans it so)."""
+        return False
+
     def __post_init__(self) -> None:
         if self.warmup_iterations < 0:
             raise SettingsError(f"warmup_iterations must be >= 0, got {self.warmup_iterations}")
@@ -267,6 +277,28 @@ GENERATION_BACKENDS = frozenset({"eager", "inductor"})
 GENERATION_DTYPES = frozenset({"float32", "bfloat16"})  # weight-only int8 (torchao) is to come
 
 
+class Batching(enum.StrEnum):
+    """How TorchServe's frontend hands a language model's requests to its worker, whose engine
+    batches them (handlers/replies.py, handlers/worker.py)."""
+
+    # asyncCommunication: each request as it arrives; the worker answers when it likes. The
+    # frontend never tells the worker that a client went away.
+    ASYNC = "async"
+    # continuousBatching: a batch of the requests the worker holds, answered once a step. A
+    # request whose client went away is left out of the next batch, and its sequence ends. A
+    # model has one worker: the frontend holds a model's queue while one of its workers waits for
+    # a request, and another's steps would wait with it (wlm/Model.pollInferJob).
+    CONTINUOUS = "continuous"
+
+
+# The frontend's batch under continuousBatching: every request it has for the model's one worker
+# (far more than an engine holds), as asyncCommunication hands them over, so that the engine
+# decides which wait and which get its 503 (max_waiting), not the frontend's queue. Gathered for
+# at most 1 ms when the worker has none: it takes what is there.
+CONTINUOUS_BATCH_SIZE = 65536
+CONTINUOUS_BATCH_DELAY_MS = 1
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationSettings(OptimizationSettings):
     """A causal language model served many sequences at once (handlers/generation/)."""
@@ -290,6 +322,9 @@ class GenerationSettings(OptimizationSettings):
     # the default: a sequence whose prompt is in parts holds its slot through steps that give it no
     # token, and cost tokens/s at 16 streams (`make bench PLAN=generate`, docs/generation.md).
     prefill_chunk: int = 0
+    # TorchServe's protocol for the requests (Batching): `continuous` ends a sequence whose client
+    # went away, with one worker; `async` runs it to its end, with a worker per L3 domain.
+    batching: Batching = Batching.CONTINUOUS
     # The accuracy guard of a reduced precision (handlers/generation/agreement.py): this many
     # held-out prompts (yours, make model ... SAMPLES=, else the kit's sentences), each continued
     # by this many tokens. `accuracy_tolerance` is the largest mean next-token distance, and
@@ -318,3 +353,17 @@ class GenerationSettings(OptimizationSettings):
         rate = self.accuracy_min_match_rate
         if rate is not None and not 0 <= rate <= 1:
             raise SettingsError(f"accuracy_min_match_rate must be between 0 and 1 or null, got {rate}")
+
+    @property
+    def single_worker(self) -> bool:
+        return self.batching is Batching.CONTINUOUS
+
+    def torchserve_keys(self) -> dict[str, typing.Any]:
+        if self.batching is Batching.ASYNC:
+            return {"asyncCommunication": True, "continuousBatching": False}
+        return {
+            "continuousBatching": True,
+            "asyncCommunication": False,
+            "batchSize": CONTINUOUS_BATCH_SIZE,
+            "maxBatchDelay": CONTINUOUS_BATCH_DELAY_MS,
+        }

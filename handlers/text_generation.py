@@ -2,9 +2,11 @@
 
 torch-model-archiver --handler handlers/text_generation.py ...   (see model_store/build.py)
 
-Served with `asyncCommunication: true` (kit/models.py gives the task that key): the kit's worker
-(handlers/worker.py) hands each request to `accept` as it arrives, and the engine's thread
-answers it, token by token or whole, while other requests keep arriving. `initialize` loads the
+Served over TorchServe's asyncCommunication or continuousBatching (the `batching` setting): the
+kit's worker (handlers/worker.py) hands each request to `accept` as it reaches the worker, and
+the engine's thread answers it, token by token or whole, while other requests keep arriving;
+under continuousBatching the worker also learns of clients that went away (`cancel`), and the
+engine waits after each step for the frontend's next batch (`after_step`). `initialize` loads the
 model in its served dtype (a reduced one judged against float32 first: the accuracy guard,
 handlers/generation/agreement.py), allocates the KV cache for `max_sequences` x
 `context_length`, and generates once through every path before the first request.
@@ -34,7 +36,7 @@ from handlers.generation.sampling import Sampling
 from handlers.loaders import load_model
 from handlers.optimize import graphs_compiled
 from handlers.payload import HTTP_BAD_REQUEST, URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
-from handlers.replies import Replies
+from handlers.replies import Transport
 from handlers.samples import UserSamples
 from handlers.settings import GenerationSettings
 from handlers.switches import planned_sequences
@@ -68,6 +70,7 @@ def decode_body(request: dict[str, Any], api_kind: api.Api) -> Any:
 class TextGenerationHandler:
     settings_class = GenerationSettings
     initialized = False
+    replies: Transport | None = None  # the worker's, once it has loaded the model
 
     def initialize(self, context) -> None:
         from transformers import AutoTokenizer
@@ -117,7 +120,7 @@ class TextGenerationHandler:
         load_seconds = time.perf_counter() - start
         warm_seconds = self.warm_up()
         self.thread = threading.Thread(
-            target=self.engine.run_forever, args=(self.check_no_recompile,), name="generation", daemon=True
+            target=self.engine.run_forever, args=(self.after_step,), name="generation", daemon=True
         )
         self.thread.start()
         log.info(
@@ -186,6 +189,11 @@ class TextGenerationHandler:
         while self.engine.busy:
             self.engine.step()
 
+    def after_step(self) -> None:
+        self.check_no_recompile()
+        if self.replies is not None:
+            self.replies.settle()
+
     def check_no_recompile(self) -> None:
         # Every shape a step takes was compiled by warm_up; a new graph means a request waited
         # for the compiler. Logged, so a test or a user sees it.
@@ -200,12 +208,18 @@ class TextGenerationHandler:
     # -- TorchServe ---------------------------------------------------------------------------
     def handle(self, data, context):
         raise PredictionException(
-            "text generation is served with asyncCommunication: true (model-config.yaml) by the kit's worker", 500
+            "text generation is served by the kit's worker with asyncCommunication or continuousBatching "
+            "(model-config.yaml), not a batch at a time",
+            500,
         )
 
-    def accept(self, request_id: str, request: dict[str, Any], headers: dict[str, Any], replies: Replies) -> None:
+    def connect(self, replies: Transport) -> None:
+        """Where the answers go: the worker's, before its first request."""
+        self.replies = replies
+
+    def accept(self, request_id: str, request: dict[str, Any], headers: dict[str, Any]) -> None:
         """One request, as it arrives (the worker's reader thread): checked, then queued."""
-        grpc = over_grpc(headers)
+        replies, grpc = self.replies, over_grpc(headers)
         path = str(headers.get(URL_PATH) or "").strip("/")
         try:
             kind = api.Api(path)
@@ -219,10 +233,17 @@ class TextGenerationHandler:
             refuse(replies, request_id, kind, str(error), HTTP_BAD_REQUEST, grpc)
             return
         answer = api.ANSWERS[kind](request_id, self.model_name, parsed)
+        responder = Responder(replies, request_id, answer, parsed.stream, grpc)
         try:
-            self.engine.submit(parsed.generation, Responder(replies, request_id, answer, parsed.stream, grpc))
+            self.engine.submit(parsed.generation, responder, key=request_id)
         except QueueFull as error:
             refuse(replies, request_id, kind, str(error), SERVICE_UNAVAILABLE, grpc)
+            return
+        responder.open()
+
+    def cancel(self, request_id: str) -> None:
+        """The request's client went away: its sequence ends at the engine's next step (logged)."""
+        self.engine.cancel(request_id)
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])

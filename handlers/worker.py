@@ -15,9 +15,12 @@ worker's time goes"):
   through a buffer, usually in one or two system calls.
 A handler that is not one of the kit's (no stage clock) is served the same way, untimed.
 
-With TorchServe's asyncCommunication (a language model: handlers/text_generation.py) the loop
-only reads: each request goes to the handler's accept() as it arrives, and the handler's own
-threads answer it (handlers/replies.py), while the next requests are read.
+A language model (handlers/text_generation.py) is served over one of TorchServe's two generative
+protocols (its `batching` setting): with asyncCommunication the loop only reads, each request
+going to the handler's accept() as it arrives while the handler's own threads answer it
+(handlers/replies.py, Replies); with continuousBatching each batch's new requests go to accept(),
+the requests the frontend left out of it (their clients went away) to cancel(), and the loop
+answers the batch with what the handler's threads wrote since the last one (StepReplies).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from ts.service import Service
 from ts.utils.util import PredictionException
 
 from handlers.payload import over_grpc
-from handlers.replies import Replies
+from handlers.replies import Replies, StepReplies, Transport
 from handlers.stages import Stage, StageClock, now
 
 log = logging.getLogger(__name__)
@@ -76,23 +79,38 @@ def predict(service: Service, batch: list[dict[str, Any]]) -> bytearray:
     return otf.create_predict_response(answers, request_ids, "Prediction success", 200, context=context)
 
 
+def handler_of(service: Service) -> Any:
+    """The handler object whose method TorchServe calls (None for a function handler)."""
+    return getattr(service._entry_point, "__self__", None)
+
+
 def stage_clock(service: Service) -> StageClock | None:
     """The kit handler's clock (handlers/base.py), which this loop adds the frame stages to."""
-    return getattr(getattr(service._entry_point, "__self__", None), "stages", None)
+    return getattr(handler_of(service), "stages", None)
 
 
-def accept_all(service: Service, batch: list[dict[str, Any]], replies: Replies) -> None:
-    """asyncCommunication: hand each request to the handler, which answers it when it likes."""
+def accept_all(service: Service, batch: list[dict[str, Any]], replies: Transport) -> list[str]:
+    """Hand each new request of the batch to the handler, which answers it when it likes (under
+    continuousBatching a batch also lists the requests the handler already has); the batch's ids."""
     headers, inputs, request_ids = Service.retrieve_data_for_inference(batch)
-    handler = service._entry_point.__self__
+    handler = handler_of(service)
     for index, request_id in request_ids.items():
+        if not replies.new(request_id):
+            continue
         properties = headers[index].get_request_properties()
         try:
-            handler.accept(request_id, inputs[index], properties, replies)
+            handler.accept(request_id, inputs[index], properties)
         except Exception:  # noqa: BLE001 - as TorchServe: the request fails, the worker stays up
             log.warning("Invoking custom service failed.", exc_info=True)
             body = b'{"code": 503, "type": "InternalServerException", "message": "Prediction failed"}'
             replies.refuse(request_id, body, "application/json", 503, "Prediction failed", over_grpc(properties))
+    return list(request_ids.values())
+
+
+def steps_of(service: Service) -> bool:
+    """Whether the model is served with continuousBatching by a handler that answers by itself."""
+    config = service.context.model_yaml_config or {}
+    return bool(config.get("continuousBatching")) and hasattr(handler_of(service), "accept")
 
 
 class KitWorker(TorchModelServiceWorker):
@@ -127,6 +145,9 @@ class KitWorker(TorchModelServiceWorker):
                 cl_socket.sendall(otf.create_load_model_response(code, result))
                 if code != 200:
                     raise RuntimeError(f"{code} - {result}")
+                if steps_of(service):
+                    self.serve_steps(connection, cl_socket, service)
+                    return
                 service.set_cl_socket(cl_socket)
                 clock = stage_clock(service)
             else:
@@ -144,18 +165,35 @@ class KitWorker(TorchModelServiceWorker):
                 accept_all(service, otf._retrieve_inference_msg(connection), replies)
             elif command == otf.LOAD_MSG:
                 service, result, code = self.load_model(otf._retrieve_load_msg(connection))
-                if code == 200 and not hasattr(getattr(service._entry_point, "__self__", None), "accept"):
+                if code == 200 and not hasattr(handler_of(service), "accept"):
                     service, result, code = (
                         None,
                         "asyncCommunication needs a handler with accept() (the kit's text generation)",
                         500,
                     )
+                if service is not None:
+                    handler_of(service).connect(replies)
                 with replies.lock:
                     cl_socket.sendall(otf.create_load_model_response(code, result))
                 if code != 200:
                     raise RuntimeError(f"{code} - {result}")
             else:
                 raise ValueError(f"received unknown command: {command!r}")
+
+    def serve_steps(self, connection: BufferedConnection, cl_socket: socket.socket, service: Service) -> None:
+        """continuousBatching, once the model is loaded: a batch in, one answer out, until the
+        frontend goes away."""
+        replies, handler = StepReplies(), handler_of(service)
+        handler.connect(replies)
+        while True:
+            command = otf._retrieve_buffer(connection, 1)
+            if command != otf.PREDICT_MSG:
+                raise ValueError(f"received {command!r} where an inference batch was expected")
+            request_ids = accept_all(service, otf._retrieve_inference_msg(connection), replies)
+            for request_id in replies.batch(request_ids):
+                handler.cancel(request_id)
+            replies.handled()
+            cl_socket.sendall(replies.answer())
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ import yaml
 from handlers.settings import GenerationSettings, ImageSettings, OptimizationSettings, TensorSettings, TextSettings
 from handlers.typed_config import SettingsError, parse_settings
 from kit.paths import CONFIG, ROOT
+from kit.plan import Grouping, OmpWaitPolicy
 
 MODELS_DIR = CONFIG / "models"
 # TorchServe waits this long for a worker's initialize() (load + compile + warm-up); the kit's
@@ -58,11 +59,12 @@ class TaskTraits:
     # How a Hugging Face config.json's `architectures` names a model of the task (`make model`
     # without TASK=): "BertForSequenceClassification" ends with "ForSequenceClassification".
     architecture_suffixes: tuple[str, ...] = ()
-    # TorchServe model-config keys the task needs (a model file may not say otherwise).
-    serving: dict[str, Any] = dataclasses.field(default_factory=dict)
     # Its worker batches its own requests (a generation engine): planned one per L3 domain with
-    # the domain's cores as threads, whatever the objective (kit/plan.py).
+    # the domain's cores as threads, whatever the objective (kit/plan.py), unless its settings
+    # need a single worker (models.grouping).
     per_domain: bool = False
+    # Its workers' OpenMP wait policy over the preset's (None: the preset's).
+    omp_wait_policy: OmpWaitPolicy | None = None
 
 
 class Task(enum.StrEnum):
@@ -95,15 +97,19 @@ TASKS = {
     Task.FEATURE_EXTRACTION: TaskTraits("sentence_embedding.py", Medium.TEXT, TextSettings),
     Task.TENSOR: TaskTraits("tensor.py", Medium.TENSOR, TensorSettings),
     # The handler answers each request from its own thread, token by token, while more arrive
-    # (handlers/text_generation.py); TorchServe hands it requests as they come. GPT-2's class is
-    # GPT2LMHeadModel, the older name of the same head.
+    # (handlers/text_generation.py); the TorchServe keys that hand it requests come from its
+    # settings (`batching`). GPT-2's class is GPT2LMHeadModel, the older name of the same head.
+    # Its threads spin a while between OpenMP regions (libgomp's default) rather than sleep at
+    # once as the presets' passive policy has them: a decode step is hundreds of regions (a linear
+    # layer each), and waking sleeping threads for each made a one-sequence bf16 step of
+    # Qwen2.5-0.5B's shape 1.6x as long on a 2-core EPYC (in-process, docs/generation.md).
     Task.TEXT_GENERATION: TaskTraits(
         "text_generation.py",
         Medium.TEXT,
         GenerationSettings,
         ("ForCausalLM", "LMHeadModel"),
-        {"asyncCommunication": True},
         per_domain=True,
+        omp_wait_policy=OmpWaitPolicy.DEFAULT,
     ),
 }
 
@@ -202,10 +208,21 @@ def model_file(name: str) -> Path:
     return MODELS_DIR / f"{name}.yaml"
 
 
-def per_domain(name: str) -> bool:
-    """Whether model `name` is planned one worker per L3 domain (its task's trait); a name without
-    a model file here (`kit plan --models` for another machine) is not."""
-    return model_file(name).is_file() and TASKS[Model.load(name).task].per_domain
+def grouping(name: str) -> Grouping:
+    """How model `name`'s cores are made into workers: one per L3 domain for a task whose worker
+    batches its own requests (its trait), or one in all when its settings need a single worker; a
+    name without a model file here (`kit plan --models` for another machine) as the objective says."""
+    if not model_file(name).is_file():
+        return Grouping.OBJECTIVE
+    model = Model.load(name)
+    if model.settings.single_worker:
+        return Grouping.ONE
+    return Grouping.DOMAIN if TASKS[model.task].per_domain else Grouping.OBJECTIVE
+
+
+def omp_wait_policy(name: str) -> OmpWaitPolicy | None:
+    """Model `name`'s workers' own OpenMP wait policy (its task's), None for the preset's."""
+    return TASKS[Model.load(name).task].omp_wait_policy if model_file(name).is_file() else None
 
 
 def model_names() -> list[str]:
@@ -214,13 +231,14 @@ def model_names() -> list[str]:
 
 def parse_model(name: str, raw: dict[str, Any]) -> Model:
     spec = parse_settings(ModelSpec, {k: v for k, v in raw.items() if k in KIT_KEYS})
-    serving = {**SERVING_DEFAULTS, **{k: v for k, v in raw.items() if k not in KIT_KEYS}, **TASKS[spec.task].serving}
-    weights, labels, samples = (str(ROOT / p) if p else "" for p in (spec.weights, spec.labels, spec.samples))
-    targets = parse_settings(Targets, spec.targets)
     try:
-        settings = parse_settings(spec.task.settings, serving.get("handler"))
+        settings = parse_settings(spec.task.settings, raw.get("handler"))
     except SettingsError as error:
         raise SettingsError(f"handler: {error}") from None
+    # The keys the settings need win over the file's own (a model file may not say otherwise).
+    serving = {**SERVING_DEFAULTS, **{k: v for k, v in raw.items() if k not in KIT_KEYS}, **settings.torchserve_keys()}
+    weights, labels, samples = (str(ROOT / p) if p else "" for p in (spec.weights, spec.labels, spec.samples))
+    targets = parse_settings(Targets, spec.targets)
     source = Source.parse(spec.source)
     return Model(name, spec.task, source, serving, settings, weights, labels, samples, targets)
 

@@ -9,8 +9,10 @@ model's extracted archive directory. The kit points PYTHON_EXECUTABLE here (kit/
    takes the first free one by locking <run dir>/slots/<model>.<i>. The lock belongs to the open
    file, which exec keeps: it lasts exactly as long as the worker, so a worker that dies frees its
    slot and TorchServe's replacement lands on the same cores;
-3. it execs `numactl --physcpubind=CPUS --membind=NODE $KIT_WORKER_PYTHON ...` with
-   OMP_NUM_THREADS and the model's planned allocator preloaded: no process stays behind (TorchServe's own
+3. it execs `numactl --physcpubind=CPUS --membind=NODE $KIT_WORKER_PYTHON ...` (a worker over
+   several nodes' cores: --interleave=all, over the nodes its CPU set may use) with
+   OMP_NUM_THREADS, the model's own OpenMP wait policy if it has one, and its planned allocator
+   preloaded: no process stays behind (TorchServe's own
    launcher, torch.backends.xeon.run_cpu, stays as a parent of every worker, ~225 MB each);
 4. the worker it runs is the kit's (handlers/worker.py, in every archive the kit builds) in place
    of ts/model_service_worker.py: the same protocol without TorchServe's per-request extras.
@@ -36,6 +38,8 @@ SEQUENCES_VAR = "KIT_MAX_SEQUENCES"
 # Allocator.DEFAULT's value (kit/plan.py), glibc malloc: nothing preloaded. Spelled out because
 # this script imports nothing of the kit; tests/unit/kit/test_pin_worker.py keeps the two equal.
 GLIBC_MALLOC = "default"
+INTERLEAVED = -1  # kit/plan.py's: a worker whose cores span nodes (test_pin_worker keeps the two equal)
+LIBGOMP_DEFAULT = "default"  # OmpWaitPolicy.DEFAULT's value (kit/plan.py): OMP_WAIT_POLICY unset
 TS_WORKER = "model_service_worker.py"  # the script TorchServe's frontend starts
 KIT_WORKER_MODULE = "handlers.worker"  # run with -m from the archive's directory, the worker's cwd
 KIT_WORKER_FILE = Path("handlers") / "worker.py"
@@ -80,7 +84,9 @@ def command(worker: dict, python: str, args: list[str]) -> list[str]:
     cpus = ",".join(map(str, worker["cpus"]))
     numactl = shutil.which("numactl")
     if numactl:
-        return [numactl, f"--physcpubind={cpus}", f"--membind={worker['numa_node']}", python, *args]
+        node = worker["numa_node"]
+        memory = "--interleave=all" if node == INTERLEAVED else f"--membind={node}"
+        return [numactl, f"--physcpubind={cpus}", memory, python, *args]
     os.sched_setaffinity(0, set(worker["cpus"]))  # inherited across exec; memory left unbound
     return [python, *args]
 
@@ -98,6 +104,10 @@ def main(args: list[str]) -> None:
     env = dict(os.environ, OMP_NUM_THREADS=str(worker["threads"]), KIT_WORKER_SLOT=str(index))
     if plan.get("sequences"):
         env[SEQUENCES_VAR] = str(plan["sequences"])
+    if policy := plan.get("omp_wait_policy"):  # the model's own, over the server's (kit/plan.py)
+        env.pop("OMP_WAIT_POLICY", None)
+        if policy != LIBGOMP_DEFAULT:
+            env["OMP_WAIT_POLICY"] = policy.upper()
     library = allocator_library(Path(env[ALLOCATOR_DIR_VAR]), plan["allocator"])  # per model: its backend's
     if library:
         env["LD_PRELOAD"] = " ".join(filter(None, [str(library), env.get("LD_PRELOAD", "")]))

@@ -14,14 +14,16 @@ A pure function of the topology, the models (with their traffic shares) and the 
 - Workers: `throughput` runs one single-threaded worker per core (no OpenMP barriers, so a
   worker never waits for a core the frontend holds: 2 x 1 beat 1 x 2 by 25-50 % in `make bench`);
   `latency` runs one worker per L3 domain, its cores as threads. A worker's cores never span
-  two NUMA nodes or L3 domains; its memory is bound to its node.
+  two NUMA nodes or L3 domains (but the single worker below); its memory is bound to its node.
 - Models: the cores are split in proportion to traffic shares; a model gets at least
   MIN_CORES_PER_MODEL cores (all of them on a small machine), so models overlap, and then share
   cores, only where the machine has too few for each to have its own.
 - A model whose worker batches its own requests (a language model's engine: every stream in one
   forward per step) gets one worker per L3 domain of its cores, those cores as its threads,
   whatever the objective: single-threaded workers would split the streams and read the weights
-  once per core instead of once per domain.
+  once per core instead of once per domain. One that TorchServe must give a single worker (a
+  language model on continuousBatching) gets one over all its cores, its memory interleaved
+  over their nodes.
 - Memory: every worker is a process with its own copy of the runtime and the weights. With each
   model's measured footprint (kit/footprint.py) and a budget (the cgroup's limit, else the
   machine's memory; `memory:` of a preset, `--memory`), the workers, the frontend (its JVM heap is
@@ -66,6 +68,14 @@ class Allocator(enum.StrEnum):
     TCMALLOC = "tcmalloc"
 
 
+class OmpWaitPolicy(enum.StrEnum):
+    """What a worker's OpenMP threads do between parallel regions (OMP_WAIT_POLICY)."""
+
+    DEFAULT = "default"  # libgomp's own: spin a while, then sleep
+    PASSIVE = "passive"  # sleep at once: frees the core for the frontend and other workers
+    ACTIVE = "active"  # spin: lowest wake-up latency, burns the core
+
+
 # What a preset preloads unless it says otherwise (kit/serve_config.py). Measured: ties glibc on
 # ResNet-50, ahead of jemalloc (docs/benchmarks.md).
 PREFERRED_ALLOCATOR = Allocator.TCMALLOC
@@ -88,14 +98,27 @@ class Sequences:
     most: int  # its settings' max_sequences (or the preset's model_sequences): the plan may serve fewer
 
 
+class Grouping(enum.StrEnum):
+    """How a model's cores are made into workers."""
+
+    OBJECTIVE = "objective"  # the objective's: a single-threaded worker per core, or one per L3 domain
+    DOMAIN = "domain"  # one per L3 domain of its cores, whatever the objective (a language model's engine)
+    ONE = "one"  # one over all its cores (a model TorchServe must give one worker)
+
+
+# A worker whose cores span several NUMA nodes: its memory is interleaved over them (kit/pin_worker.py).
+INTERLEAVED = -1
+
+
 @dataclasses.dataclass(frozen=True)
 class Demand:
     model: str
     share: float = 1.0  # relative traffic: bert=2 gets twice resnet50's cores
     allocator: str = PREFERRED_ALLOCATOR.value  # preloaded into its workers (its backend's; OpenVINO: "default")
     footprint: Footprint | None = None  # one warmed worker's memory; None: never measured
-    per_domain: bool = False  # one worker per L3 domain of its cores, whatever the objective
+    grouping: Grouping = Grouping.OBJECTIVE
     sequences: Sequences | None = None  # a language model's KV cache, sized by the memory plan
+    omp_wait_policy: OmpWaitPolicy | None = None  # its workers' own; None: the preset's
 
     @classmethod
     def parse(cls, text: str) -> Demand:
@@ -114,7 +137,7 @@ class Demand:
 class WorkerPlan:
     cpus: tuple[int, ...]  # logical CPU ids, as lscpu names them; one per core
     threads: int  # OpenMP threads: one per core
-    numa_node: int  # memory bound here
+    numa_node: int  # memory bound here; INTERLEAVED: interleaved over the nodes of its cores
 
     def to_dict(self) -> dict:
         return {"cpus": list(self.cpus), "threads": self.threads, "numa_node": self.numa_node}
@@ -125,12 +148,14 @@ class ModelPlan:
     workers: tuple[WorkerPlan, ...]
     allocator: str = PREFERRED_ALLOCATOR.value
     sequences: int = 0  # a language model's: sequences each worker generates at once (0: not one)
+    omp_wait_policy: str = ""  # an OmpWaitPolicy its workers get over the preset's; "": the preset's
 
     def to_dict(self) -> dict:
         return {
             "workers": [w.to_dict() for w in self.workers],
             "allocator": self.allocator,
             "sequences": self.sequences,
+            "omp_wait_policy": self.omp_wait_policy,
         }
 
 
@@ -206,6 +231,7 @@ class Layout:
                 tuple(WorkerPlan(tuple(w["cpus"]), w["threads"], w["numa_node"]) for w in model["workers"]),
                 model["allocator"],
                 model.get("sequences", 0),
+                model.get("omp_wait_policy", ""),
             )
             for name, model in raw["models"].items()
         }
@@ -240,15 +266,28 @@ class Layout:
         ]
         for name, model in self.models.items():
             threads = sorted({w.threads for w in model.workers})
-            nodes = sorted({w.numa_node for w in model.workers})
+            nodes = sorted({"interleaved" if w.numa_node == INTERLEAVED else str(w.numa_node) for w in model.workers})
             lines.append(
                 f"{name}: {len(model.workers)} worker(s) x {'/'.join(map(str, threads))} thread(s) on CPUs "
-                f"{format_cpus(c for w in model.workers for c in w.cpus)} (node {', '.join(map(str, nodes))}); "
+                f"{format_cpus(c for w in model.workers for c in w.cpus)} (node {', '.join(nodes)}); "
                 f"{model.allocator}"
                 + (f"; {model.sequences} sequence(s) at once per worker" if model.sequences else "")
             )
         lines.append(self.memory.summary() if self.memory else f"memory: not planned ({self.unplanned})")
         return lines
+
+
+GROUPINGS = {
+    Grouping.OBJECTIVE: lambda groups: groups,
+    Grouping.DOMAIN: lambda groups: [tuple(domain) for domain in l3_domains([c for group in groups for c in group])],
+    Grouping.ONE: lambda groups: [tuple(c for group in groups for c in group)],
+}
+
+
+def worker(cores: Sequence[Core]) -> WorkerPlan:
+    """A worker on `cores`, a thread each, its memory on their node (or interleaved over theirs)."""
+    nodes = {core.node for core in cores}
+    return WorkerPlan(tuple(core.cpu for core in cores), len(cores), nodes.pop() if len(nodes) == 1 else INTERLEAVED)
 
 
 def usable_cores(topology: Topology) -> list[Core]:
@@ -457,12 +496,11 @@ def place(topology: Topology, demands: Sequence[Demand], objective: Objective, t
         # Partition offsets; a model below the minimum spans further and overlaps the next.
         span = max(count, minimum)
         chosen = [slots[(offset + i) % len(slots)] for i in range(span)]
-        if demand.per_domain:
-            chosen = [tuple(domain) for domain in l3_domains([core for group in chosen for core in group])]
         models[demand.model] = ModelPlan(
-            tuple(WorkerPlan(tuple(core.cpu for core in group), len(group), group[0].node) for group in chosen),
+            tuple(worker(group) for group in GROUPINGS[demand.grouping](chosen)),
             demand.allocator,
             demand.sequences.most if demand.sequences else 0,
+            demand.omp_wait_policy.value if demand.omp_wait_policy else "",
         )
         offset += count
     return Layout(objective, models, frontend_cpus, len(serving), capacity)

@@ -29,9 +29,9 @@ from handlers.typed_config import SettingsError, parse_settings
 from kit.footprint import recorded
 from kit.itt import collector_environment
 from kit.kv_cache import served_sequences
-from kit.models import model_names, per_domain
+from kit.models import grouping, model_names, omp_wait_policy
 from kit.paths import CONFIG
-from kit.plan import PREFERRED_ALLOCATOR, Allocator, Demand, Layout, Objective, plan_layout
+from kit.plan import PREFERRED_ALLOCATOR, Allocator, Demand, Layout, Objective, OmpWaitPolicy, plan_layout
 from kit.ports import (
     GRPC_INFERENCE_PORT,
     GRPC_MANAGEMENT_PORT,
@@ -60,12 +60,6 @@ class Placement(enum.StrEnum):
     # cores i*threads.., read from the host's lscpu (not the CPU set).
     LAUNCHER = "launcher"
     NONE = "none"  # no pinning: TorchServe's defaults
-
-
-class OmpWaitPolicy(enum.StrEnum):
-    DEFAULT = "default"  # libgomp's own: spin a while, then sleep
-    PASSIVE = "passive"  # sleep at once: frees the core for the frontend and other workers
-    ACTIVE = "active"  # spin: lowest wake-up latency, burns the core
 
 
 LAUNCHER_ALLOCATOR_FLAG = {
@@ -272,8 +266,9 @@ class ServeConfig:
             model,
             allocator=self.allocator_of(model).value,
             footprint=footprint,
-            per_domain=per_domain(model),
+            grouping=grouping(model),
             sequences=sequences,
+            omp_wait_policy=omp_wait_policy(model),
         )
 
     def variant_of(self, model: str) -> Variant:

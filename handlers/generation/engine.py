@@ -1,8 +1,9 @@
 """Continuous batching: every sequence in flight advances one token per step; new ones join between steps.
 
     engine = Engine(model, decode=tokenizer.decode, eos={2}, slots=8, context=2048, dtype=torch.float32)
-    sequence = engine.submit(Generation(prompt_ids, max_new_tokens=64, sampling=Sampling()), sink)
+    sequence = engine.submit(Generation(prompt_ids, max_new_tokens=64, sampling=Sampling()), sink, key="r1")
     engine.run_forever()           # in a thread of its own (handlers/text_generation.py)
+    engine.cancel("r1")            # the client went away: its slot is free at the next step
 
 A step admits waiting sequences into free slots, computes prompts ("prefill": a forward per
 sequence, whose last position yields its first token), at most `prefill_chunk` prompt tokens a
@@ -108,6 +109,7 @@ class Running:
     prefilled: int = 0  # prompt tokens in its cache row
     cancelled: bool = False
     submitted: float = dataclasses.field(default_factory=time.perf_counter)
+    key: str = ""  # what Engine.cancel finds it by
 
     @property
     def prefilling(self) -> bool:
@@ -155,11 +157,12 @@ class Engine:
         self.mixes = attention.use(model)  # decode rows and a prompt's part in one forward
         self.active: dict[int, Running] = {}
         self.waiting: collections.deque[Running] = collections.deque()
+        self.keyed: dict[str, Running] = {}  # submitted with a key (a request id), until they end
         self.lock = threading.Condition()
         self.stopping = False
 
     # -- any thread --------------------------------------------------------------------------
-    def submit(self, generation: Generation, sink: Sink) -> Running:
+    def submit(self, generation: Generation, sink: Sink, key: str = "") -> Running:
         sequence = Running(generation, sink, TextStream(self.decode, generation.stop), generation.sampling.generator())
         with self.lock:
             if len(self.waiting) >= self.max_waiting:
@@ -167,8 +170,20 @@ class Engine:
                     f"all {self.slots} sequences are generating and {len(self.waiting)} requests wait; retry later"
                 )
             self.waiting.append(sequence)
+            if key:
+                sequence.key, self.keyed[key] = key, sequence
             self.lock.notify()
         return sequence
+
+    def cancel(self, key: str) -> bool:
+        """Ends the sequence submitted with `key` at the next step (its slot, or its place in the
+        queue, is free then); False when there is none (it has ended)."""
+        with self.lock:
+            sequence = self.keyed.get(key)
+        if sequence is None:
+            return False
+        sequence.cancel()
+        return True
 
     def stop(self) -> None:
         with self.lock:
@@ -211,7 +226,7 @@ class Engine:
                         break
                     sequence = self.waiting.popleft()
                 if sequence.cancelled:
-                    sequence.sink.finish(Finish.CANCELLED, len(sequence.generation.prompt), 0)
+                    self._end(sequence, Finish.CANCELLED)
                     continue
                 sequence.slot = min(set(range(self.slots)) - set(self.active))
                 self.active[sequence.slot] = sequence
@@ -349,7 +364,15 @@ class Engine:
             self._end(sequence, Finish.LENGTH)
 
     def _end(self, sequence: Running, reason: Finish) -> None:
-        self.active.pop(sequence.slot, None)
+        if sequence.slot >= 0:
+            self.active.pop(sequence.slot, None)
+        with self.lock:
+            self.keyed.pop(sequence.key, None)
+        if sequence.cancelled:
+            log.info(
+                "%s: request %s cancelled after %d token(s); %d of %d sequences generating",
+                self.name, sequence.key or "-", len(sequence.tokens), len(self.active), self.slots,
+            )  # fmt: skip
         if rest := sequence.stream.finish():
             sequence.sink.text(rest)
         sequence.sink.finish(reason, len(sequence.generation.prompt), len(sequence.tokens))

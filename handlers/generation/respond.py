@@ -1,57 +1,70 @@
-"""A sequence's text -> frames to the frontend, in its request's API's shapes (api.py, replies.py).
+"""A sequence's text -> pieces to the frontend, in its request's API's shapes (api.py, replies.py).
 
     responder = Responder(replies, request_id, answer, stream=True, grpc=False)
     engine.submit(generation, responder)          # the engine calls text() and finish()
+    responder.open()                              # the HTTP answer's status and headers, at once
 
-HTTP, streamed: the first frame opens the chunked answer (ts_stream_next true), each delta is a
-frame, the last one ends it (false). HTTP, whole: the body in one frame that opens a chunked
-answer and an empty one that ends it, because the frontend forgets a request only on a "false"
-frame and a "false" frame alone opens no HTTP answer (replies.py). gRPC: always one frame, whole:
-TorchServe's worker cannot tell Predictions from StreamPredictions, and a second frame to a
-Predictions call that has completed ends the frontend's connection to the worker (GRPCJob).
+HTTP: the answer is opened as soon as the request is queued (ts_stream_next true, status 200, its
+content type), so that under continuousBatching the frontend checks the client is still there
+with every piece it passes on, from the start (replies.py, StepReplies); streamed, each delta is
+a piece and the last one ends it (false); whole, the body comes in the piece that ends it. gRPC:
+always one piece, whole: TorchServe's worker cannot tell Predictions from StreamPredictions, and
+a second piece to a Predictions call that has completed ends the frontend's connection to the
+worker (GRPCJob). The engine's thread and the worker's reader (open) both write: one lock, so
+that the opening piece goes first.
 """
 
 from __future__ import annotations
 
+import threading
+
 from handlers.generation.api import JSON, Answer, Api, Usage, encode, error_body
 from handlers.generation.engine import Finish
-from handlers.replies import Replies
+from handlers.replies import Transport
 
 
 class Responder:
-    def __init__(self, replies: Replies, request_id: str, answer: Answer, stream: bool, grpc: bool):
+    def __init__(self, replies: Transport, request_id: str, answer: Answer, stream: bool, grpc: bool):
         self.replies, self.request_id, self.answer = replies, request_id, answer
         self.stream = stream and not grpc
         self.grpc = grpc
-        self.opened = False  # a streamed answer's first frame is out
+        self.opened = False  # the HTTP answer's first piece is out
         self.parts: list[str] = []
+        self.lock = threading.Lock()
+
+    @property
+    def content_type(self) -> str:
+        return self.answer.stream_type if self.stream else JSON
+
+    def open(self) -> None:
+        with self.lock:
+            self._open()
+
+    def _open(self) -> None:
+        if not self.opened and not self.grpc:
+            self.opened = True
+            first = self.answer.first() if self.stream else b""
+            self.replies.send(self.request_id, first, self.content_type, more=True)
 
     def text(self, delta: str) -> None:
         if not self.stream:
             self.parts.append(delta)
             return
-        body = self.answer.chunk(delta)
-        if not self.opened:
-            body, self.opened = self.answer.first() + body, True
-        self.replies.send(self.request_id, body, self.answer.stream_type, more=True)
+        with self.lock:
+            self._open()
+            self.replies.send(self.request_id, self.answer.chunk(delta), self.content_type, more=True)
 
     def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None:
         usage = Usage(prompt_tokens, completion_tokens)
         if self.stream:
-            end = self.answer.end(reason, usage)
-            if not self.opened:  # nothing was generated: the opening frame carries it all
-                self.replies.send(self.request_id, self.answer.first() + end, self.answer.stream_type, more=True)
-                end = b""
-            self.replies.send(self.request_id, end, self.answer.stream_type, more=False)
-            return
-        body = encode(self.answer.whole("".join(self.parts), reason, usage))
-        if self.grpc:
-            self.replies.send(self.request_id, body, JSON, more=False)
+            body = self.answer.end(reason, usage)
         else:
-            self.replies.send(self.request_id, body, JSON, more=True)
-            self.replies.send(self.request_id, b"", JSON, more=False)
+            body = encode(self.answer.whole("".join(self.parts), reason, usage))
+        with self.lock:
+            self._open()
+            self.replies.send(self.request_id, body, self.content_type, more=False)
 
 
-def refuse(replies: Replies, request_id: str, api: Api, message: str, code: int, grpc: bool) -> None:
+def refuse(replies: Transport, request_id: str, api: Api, message: str, code: int, grpc: bool) -> None:
     """A request that is not generated: its error, in its API's shape, and the request released."""
     replies.refuse(request_id, encode(error_body(api, message, code)), JSON, code, message, grpc)

@@ -3,7 +3,10 @@ real TorchServe, answers token for token equal to transformers' greedy `generate
 whole, many at once, through the kit's API, OpenAI's (with the official `openai` client) and gRPC.
 
 Two families, tiny and random (tests/hf_models.py): Qwen2 (Llama-style: RoPE, grouped KV heads,
-a ChatML chat template) and GPT-2 (learned positions, no chat template). The reference text is
+a ChatML chat template), served over TorchServe's continuousBatching, and GPT-2 (learned
+positions, no chat template) over asyncCommunication, so every test runs on both protocols
+(handlers/replies.py); a client that goes away is tested on continuousBatching, the protocol
+that tells the worker. The reference text is
 transformers' tokens decoded as the kit streams text (handlers/generation/stream.py, tested on
 its own against the tokenizer), so equal texts mean equal tokens.
 """
@@ -74,11 +77,15 @@ def sources(tmp_path_factory):
             assert "task: text-generation" in model_file(name).read_text()  # inferred from architectures
             assert (source / "config.json").is_file(), f"building the archive deleted {source}"
         # Qwen's prompts are computed CHUNK tokens a step (chunked prefill; the longest prompt here
-        # in 7 parts) while the other streams advance; GPT-2's whole (prefill_chunk 0).
-        for name, chunk in ((QWEN, CHUNK), (GPT2, 0)):
+        # in 7 parts) while the other streams advance, over continuousBatching; GPT-2's whole
+        # (prefill_chunk 0), over asyncCommunication.
+        for name, settings in (
+            (QWEN, {"prefill_chunk": CHUNK, "batching": "continuous"}),
+            (GPT2, {"prefill_chunk": 0, "batching": "async"}),
+        ):
             document = yaml.safe_load(model_file(name).read_text())
             model_file(name).write_text(
-                yaml.safe_dump({**document, "handler": {**(document.get("handler") or {}), "prefill_chunk": chunk}})
+                yaml.safe_dump({**document, "handler": {**(document.get("handler") or {}), **settings}})
             )
         build = [
             sys.executable,
@@ -273,6 +280,32 @@ def test_the_client_prints_the_answer_as_it_streams(server, transport):
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout == whole + "\n"
+
+
+def test_a_client_that_goes_away_ends_its_sequence(server):
+    """continuousBatching (Qwen's): the frontend leaves a request whose client closed its connection
+    out of its next batch, and the worker ends its sequence at the next step (its slot serves the
+    next request: tests/unit/handlers/generation/test_engine.py). When the frontend holds no other
+    request it sends no batch: the worker learns it with the next request's, and generates nothing
+    for the gone ones meanwhile."""
+    cancelled = re.compile(rf"{QWEN}: request (\S+) cancelled after (\d+) token\(s\)")
+    before = len(cancelled.findall(server.logs.model_log.read_text(errors="replace")))
+    bodies = [
+        ({"prompt": PROMPTS[0], "max_new_tokens": 2000, "ignore_eos": True, "stream": True}, ""),  # streamed
+        ({"prompt": PROMPTS[1], "max_new_tokens": 2000, "ignore_eos": True}, ""),  # whole: nothing comes before its end
+        ({"prompt": PROMPTS[1], "max_tokens": 2000, "ignore_eos": True, "stream": True}, "v1/completions"),
+    ]
+    for body, path in bodies:
+        response = generate(server, QWEN, body, path, stream=True)
+        assert response.status_code == 200  # the answer is open before its first token
+        if body.get("stream"):
+            next(response.iter_content(None))
+        response.close()
+    time.sleep(2)  # a step or more: the last of them may hold the engine until a batch comes
+    assert generate(server, QWEN, {"prompt": "still there?", "max_new_tokens": 2}).status_code == 200
+    found = cancelled.findall(server.logs.model_log.read_text(errors="replace"))[before:]
+    assert len(found) == len(bodies), f"cancelled: {found}; the worker did not learn that clients left"
+    assert all(int(tokens) < 2000 for _, tokens in found)  # ended where its client left, not at its end
 
 
 def test_no_request_waited_for_the_compiler(server):

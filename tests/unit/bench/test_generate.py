@@ -1,4 +1,5 @@
-"""bench/generate.py's report: each kit row against each peer's row at the same precision."""
+"""bench/generate.py's report: each kit row against each peer's row at the same precision, a
+column per peer the run had."""
 
 from __future__ import annotations
 
@@ -32,15 +33,18 @@ def test_a_kit_row_is_divided_by_the_peers_rows_at_its_own_precision(tmp_path):
             system("fastapi bfloat16", "fastapi", "bfloat16"),
             system("llama.cpp bf16", "llama.cpp", "bfloat16"),
             system("llama.cpp q8_0", "llama.cpp", "q8_0"),
+            system("openvino float32", "openvino", "float32"),
         )
     }
     rows = {"kit inductor": stats(10), "kit inductor-bf16": stats(30), "fastapi float32": stats(5),
-            "fastapi bfloat16": stats(10), "llama.cpp bf16": stats(20), "llama.cpp q8_0": stats(40)}  # fmt: skip
+            "fastapi bfloat16": stats(10), "llama.cpp bf16": stats(20), "llama.cpp q8_0": stats(40),
+            "openvino float32": stats(8)}  # fmt: skip
     text = report({16: rows}, systems, tmp_path, "# header")
+    assert "× FastAPI, by round (min–max) | × llama.cpp, by round (min–max) | × OpenVINO GenAI" in text
     lines = {line.split(" | ")[1]: line.split(" | ") for line in text.splitlines() if line.startswith("| 16 |")}
-    assert lines["kit inductor"][3:5] == ["2.00× (2.00–2.00)", ""]  # no llama.cpp row at float32
-    assert lines["kit inductor-bf16"][3:5] == ["3.00× (3.00–3.00)", "1.50× (1.50–1.50)"]
-    assert lines["llama.cpp bf16"][3:5] == lines["fastapi float32"][3:5] == ["", ""]  # peers are not divided
+    assert lines["kit inductor"][3:6] == ["2.00× (2.00–2.00)", "", "1.25× (1.25–1.25)"]  # no llama.cpp f32 row
+    assert lines["kit inductor-bf16"][3:6] == ["3.00× (3.00–3.00)", "1.50× (1.50–1.50)", ""]
+    assert lines["llama.cpp bf16"][3:6] == lines["fastapi float32"][3:6] == ["", "", ""]  # peers are not divided
     assert (tmp_path / "report.md").read_text() == text
 
 
@@ -52,4 +56,4 @@ def test_a_ratio_is_taken_round_by_round_not_between_medians(tmp_path):
     rows = {"kit inductor": stats(40, 30, 10), "llama.cpp f32": stats(10, 40, 20)}
     text = report({4: rows}, systems, tmp_path, "# header")
     (kit,) = [line.split(" | ") for line in text.splitlines() if line.startswith("| 4 | kit")]
-    assert kit[4] == "0.75× (0.50–4.00)"
+    assert kit[3] == "0.75× (0.50–4.00)"  # the one peer's column

@@ -74,6 +74,7 @@ def test_settings_are_frozen():
         ("prefill_chunk", -8, "prefill_chunk must be 0 or more, got -8"),
         ("max_waiting", -1, "max_waiting must be 0 or more, got -1"),
         ("backend", "openvino", "a generative model is served by backend eager or inductor, not 'openvino'"),
+        ("batching", "sync", "batching 'sync' is unknown; choose one of: async, continuous"),
     ],
 )
 def test_a_generative_models_settings_refuse_what_it_cannot_serve(key, value, message):

@@ -165,20 +165,36 @@ def test_the_loop_loads_answers_and_times_the_frame_stages():
 
 
 class AcceptingHandler:
-    """asyncCommunication's handler: answers each request later, from a thread of its own."""
+    """A language model's handler: answers each request later, from a thread of its own."""
 
-    def __init__(self):
+    def __init__(self, more: bool = False):
+        # An open answer ("true" piece), written before accept returns (so a test knows which
+        # answer holds it); else the whole answer ("false"), from a thread of the handler's own.
+        self.more = more
         self.accepted: list[tuple[str, dict]] = []
+        self.cancelled: list[str] = []
+        self.replies = None
 
     def handle(self, data, context):
-        raise AssertionError("an async handler is never called per batch")
+        raise AssertionError("a language model's handler is never called per batch")
 
-    def accept(self, request_id, request, headers, replies):
+    def connect(self, replies):
+        self.replies = replies
+
+    def accept(self, request_id, request, headers):
         self.accepted.append((request_id, headers))
         if headers.get("Content-Type") == "text/plain":
             raise RuntimeError("a handler bug")
         body = bytes(request["body"])
-        threading.Thread(target=replies.send, args=(request_id, body[:5], "text/plain"), kwargs={"more": False}).start()
+        if self.more:
+            self.replies.send(request_id, body[:5], "text/plain", more=True)
+            return
+        threading.Thread(
+            target=self.replies.send, args=(request_id, body[:5], "text/plain"), kwargs={"more": False}
+        ).start()
+
+    def cancel(self, request_id):
+        self.cancelled.append(request_id)
 
 
 def test_the_async_loop_hands_requests_over_as_they_come_and_a_failing_one_gets_a_503():
@@ -207,3 +223,52 @@ def test_the_async_loop_hands_requests_over_as_they_come_and_a_failing_one_gets_
     assert handler.accepted[0][1]["Content-Length"] == "70000"  # the request's own headers, as a dict
     assert b"id-1" in answers and bytes(range(5)) in answers  # answered by the handler's thread
     assert b"id-2" in answers and b"Prediction failed" in answers and b"ts_stream_next" in answers
+
+
+def answer_pieces(sock: socket.socket) -> list[tuple[str, dict]]:
+    """(id, headers) of each piece of the next answer message."""
+    from tests.unit.handlers.test_replies import Reader
+
+    _, pieces = Reader(read_answer(sock)).frame()
+    return [(p["id"], p["headers"]) for p in pieces]
+
+
+def cached_frame(request_ids: list[str]) -> bytes:
+    """A continuousBatching batch listing requests the worker has (ModelRequestEncoder: no parameters)."""
+    frame = bytearray(otf.PREDICT_MSG)
+    for request_id in request_ids:
+        frame += field(request_id.encode()) + struct.pack("!i", -1) + struct.pack("!i", -1)
+    return bytes(frame + struct.pack("!i", -1))
+
+
+def test_the_steps_loop_accepts_new_requests_once_answers_each_batch_and_cancels_the_gone():
+    handler = AcceptingHandler(more=True)
+
+    class LoadedWorker(KitWorker):
+        def load_model(self, request):
+            service = service_of(handler.handle)
+            service.context.model_yaml_config = {"continuousBatching": True}
+            return service, "loaded", 200
+
+    frontend, worker_end = socket.socketpair()
+    worker = LoadedWorker.__new__(LoadedWorker)
+    loop = threading.Thread(target=lambda: pytest.raises(SystemExit, worker.handle_connection, worker_end))
+    loop.start()
+    with frontend:
+        frontend.settimeout(30)
+        frontend.sendall(load_frame())
+        assert struct.unpack("!i", read_answer(frontend)[:4])[0] == 200
+        frontend.sendall(request_frame(REQUESTS))
+        # One answer: id-1's piece and id-2's 503 (the handler raised), whole: continuousBatching
+        # forgets a request with it, no release piece.
+        pieces = answer_pieces(frontend)
+        assert sorted(pieces) == [("id-1", {"ts_stream_next": "true"}), ("id-2", {})]
+        frontend.sendall(cached_frame(["id-1"]))  # the next batch lists id-1 again: not a new request
+        threading.Timer(0.2, handler.replies.send, ("id-1", b"x", "text/plain"), {"more": True}).start()
+        assert answer_pieces(frontend) == [("id-1", {"ts_stream_next": "true"})]
+        frontend.sendall(request_frame([("id-3", {}, b"hello", "application/json")]))  # id-1 left out: gone
+        assert answer_pieces(frontend) == [("id-3", {"ts_stream_next": "true"})]
+    loop.join(timeout=10)
+    worker_end.close()
+    assert [request_id for request_id, _ in handler.accepted] == ["id-1", "id-2", "id-3"]
+    assert handler.cancelled == ["id-1"]

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from kit.footprint import Footprint, footprint_file, measure, record, recorded
-from kit.plan import Demand, Layout, PlanError, Sequences, place, plan_layout
+from kit.plan import Demand, Grouping, Layout, OmpWaitPolicy, PlanError, Sequences, place, plan_layout
 from kit.serve_config import ConfigError, ServeConfig, jvm_args
 from kit.topology import Memory, TopologyError, kb_fields, meminfo_bytes
 from tests.machines import FIXTURES, MACHINES, machine
@@ -180,7 +180,8 @@ LM = Footprint(rss=3200 * MiB, pss=3100 * MiB, private=3072 * MiB, peak=3300 * M
 
 
 def lm_demands(footprint: Footprint = LM, sequences: Sequences = LM_KV) -> list[Demand]:
-    return [Demand("lm", footprint=footprint, per_domain=True, sequences=sequences)]
+    return [Demand("lm", footprint=footprint, grouping=Grouping.DOMAIN, sequences=sequences,
+                   omp_wait_policy=OmpWaitPolicy.DEFAULT)]  # fmt: skip
 
 
 def test_a_footprint_counts_a_language_models_kv_cache_per_sequence():
@@ -223,6 +224,7 @@ def test_a_language_models_sequences_reach_the_json_plan():
     raw = json.loads(json.dumps(layout.to_dict()))
     assert raw["models"]["lm"]["sequences"] == layout.models["lm"].sequences >= 1
     assert raw["models"]["bert"]["sequences"] == 0
+    assert (raw["models"]["lm"]["omp_wait_policy"], raw["models"]["bert"]["omp_wait_policy"]) == ("default", "")
     assert Layout.from_dict(raw) == layout
 
 

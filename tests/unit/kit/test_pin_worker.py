@@ -18,6 +18,8 @@ echo "allocator=$(grep -q libtcmalloc /proc/$$/maps && echo tcmalloc || echo def
 echo "cpus=$(grep Cpus_allowed_list /proc/$$/status | cut -f2)"
 echo "omp=$OMP_NUM_THREADS"
 echo "sequences=${KIT_MAX_SEQUENCES:-unset}"
+echo "policy=$(numactl --show | sed -n 's/^policy: //p')"
+echo "omp_wait=${OMP_WAIT_POLICY:-unset}"
 echo "args=$*"
 """
 
@@ -58,6 +60,35 @@ def test_each_model_gets_its_planned_cpus_and_allocator(tmp_path):
     assert resnet50["omp"] == "1" and resnet50["args"] == "--sock-type unix"  # the worker's own arguments passed on
     bert = start_worker(tmp_path / "b", "bert", layout)
     assert bert["allocator"] == "default" and bert["cpus"] == str(cpu)
+
+
+def test_a_worker_over_several_nodes_has_its_memory_interleaved_one_on_a_node_bound(tmp_path):
+    from kit.plan import INTERLEAVED
+
+    assert pin_worker.INTERLEAVED == INTERLEAVED  # spelled in both: this script imports nothing of the kit
+    cpu = max(os.sched_getaffinity(0))
+    for name, node, policy in (("one", 0, "bind"), ("spanning", INTERLEAVED, "interleave")):
+        layout = {
+            "models": {"lm": {"workers": [{"cpus": [cpu], "threads": 1, "numa_node": node}], "allocator": "default"}}
+        }
+        assert start_worker(tmp_path / name, "lm", layout)["policy"] == policy  # read by numactl in the worker
+
+
+def test_a_model_with_its_own_openmp_wait_policy_gets_it_over_the_servers(tmp_path, monkeypatch):
+    from kit.plan import OmpWaitPolicy
+
+    assert OmpWaitPolicy.DEFAULT.value == pin_worker.LIBGOMP_DEFAULT  # spelled in both
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the preset's, for every worker (kit/serve_config.py)
+    cpu = max(os.sched_getaffinity(0))
+    worker = {"cpus": [cpu], "threads": 1, "numa_node": 0}
+    layout = {"models": {
+        "lm": {"workers": [worker], "allocator": "default", "omp_wait_policy": "default"},  # libgomp's: unset
+        "spinner": {"workers": [worker], "allocator": "default", "omp_wait_policy": "active"},
+        "bert": {"workers": [worker], "allocator": "default", "omp_wait_policy": ""},
+    }}  # fmt: skip
+    assert start_worker(tmp_path / "a", "lm", layout)["omp_wait"] == "unset"
+    assert start_worker(tmp_path / "b", "spinner", layout)["omp_wait"] == "ACTIVE"
+    assert start_worker(tmp_path / "c", "bert", layout)["omp_wait"] == "PASSIVE"
 
 
 def test_glibc_malloc_is_spelled_as_the_allocator_enum_spells_it(tmp_path):

@@ -8,8 +8,10 @@ import pytest
 
 from kit.plan import (
     FRONTEND_FRACTION,
+    INTERLEAVED,
     MIN_CORES_TO_RESERVE,
     Demand,
+    Grouping,
     Objective,
     PlanError,
     plan_layout,
@@ -131,7 +133,7 @@ def test_tune_tries_cores_per_worker_up_to_an_l3_domain(name, counts):
 @pytest.mark.parametrize("objective", list(Objective))
 def test_a_model_that_batches_its_own_requests_gets_one_worker_per_l3_domain(objective):
     epyc = MACHINES["epyc-96c"]
-    layout = plan_layout(epyc, [Demand("lm", per_domain=True), Demand("bert")], objective)
+    layout = plan_layout(epyc, [Demand("lm", grouping=Grouping.DOMAIN), Demand("bert")], objective)
     cores = {core.cpu: core for core in epyc.cores}
     lm, bert = layout.models["lm"].workers, layout.models["bert"].workers
     domains = [{(cores[c].node, cores[c].l3) for c in w.cpus} for w in lm]
@@ -144,5 +146,20 @@ def test_a_model_that_batches_its_own_requests_gets_one_worker_per_l3_domain(obj
     if objective is Objective.THROUGHPUT:
         assert {w.threads for w in bert} == {1}
     # This VM: one worker on both cores, where a classifier gets two single-threaded ones.
-    alone = plan_layout(MACHINES["this-vm"], [Demand("lm", per_domain=True)], objective)
+    alone = plan_layout(MACHINES["this-vm"], [Demand("lm", grouping=Grouping.DOMAIN)], objective)
     assert [w.cpus for w in alone.models["lm"].workers] == [(0, 1)]
+
+
+@pytest.mark.parametrize("objective", list(Objective))
+def test_a_model_torchserve_must_give_one_worker_gets_one_over_all_its_cores(objective):
+    xeon = MACHINES["xeon-2s"]  # two sockets, a node each
+    layout = plan_layout(xeon, [Demand("lm", grouping=Grouping.ONE), Demand("bert")], objective)
+    plain = plan_layout(xeon, [Demand("lm"), Demand("bert")], objective)
+    ((lm,),) = [layout.models["lm"].workers]
+    assert sorted(lm.cpus) == sorted(c for w in plain.models["lm"].workers for c in w.cpus)  # the same cores
+    assert lm.threads == len(lm.cpus) and layout.models["bert"].workers == plain.models["bert"].workers
+    cores = {core.cpu: core for core in xeon.cores}
+    spans = len({cores[c].node for c in lm.cpus}) > 1
+    assert lm.numa_node == (INTERLEAVED if spans else cores[lm.cpus[0]].node)
+    alone = plan_layout(xeon, [Demand("lm", grouping=Grouping.ONE)], objective).models["lm"].workers
+    assert len(alone) == 1 and alone[0].numa_node == INTERLEAVED  # every core of both sockets

@@ -12,6 +12,7 @@ from handlers.settings import ImageSettings, TextSettings
 from handlers.typed_config import SettingsError, parse_settings
 from kit import models
 from kit.models import Medium, Model, SourceKind, Task, model_names, parse_model
+from kit.plan import Grouping, OmpWaitPolicy
 from model_store import huggingface
 from model_store.huggingface import SourceError, derive, guess_task
 from model_store.model_file import write_model_file
@@ -283,8 +284,21 @@ def test_a_language_models_task_and_context_come_from_its_directory(registry, tm
     assert derive(qwen, Task.TEXT_GENERATION).settings["context_length"] == 512  # the window ends a causal mask
     path = write_model_file("lm", gpt2, task=None)
     assert yaml.safe_load(path.read_text())["task"] == "text-generation"
-    model = Model.load("lm")
-    assert model.serving["asyncCommunication"] is True  # the task's handler answers from its own thread
+    # continuousBatching by default: a round trip per step, the frontend's batch holding every
+    # sequence and every waiting request; one worker in all. The settings' keys win over the file's.
+    serving = Model.load("lm").serving
+    assert serving["continuousBatching"] is True and serving["asyncCommunication"] is False
+    assert serving["maxBatchDelay"] == 1 and serving["batchSize"] > 8 + 64  # all it has: the engine refuses
+    assert models.grouping("lm") is Grouping.ONE
+    assert models.omp_wait_policy("lm") is OmpWaitPolicy.DEFAULT  # not the presets' passive: a step is many regions
+    document = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**document, "continuousBatching": True, "handler": {"batching": "async"}}))
+    models._load.cache_clear()
+    serving = Model.load("lm").serving
+    assert serving["asyncCommunication"] is True and serving["continuousBatching"] is False
+    assert models.grouping("lm") is Grouping.DOMAIN  # its engine batches every stream of a domain
+    path.write_text(yaml.safe_dump(document))
+    models._load.cache_clear()
     path.write_text(yaml.safe_dump({**yaml.safe_load(path.read_text()), "handler": {"context_length": 4096}}))
     models._load.cache_clear()
     from model_store.sources import write_source

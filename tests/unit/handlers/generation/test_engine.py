@@ -106,18 +106,34 @@ def test_a_cancelled_sequence_frees_its_slot_for_a_waiting_one(lm):
     ids = tuple(tokenizer(PROMPTS[0])["input_ids"])
     eng = engine(model, tokenizer, slots=1)
     first, second = Recorder(), Recorder()
-    running = eng.submit(Generation(ids, 1000), first)
+    running = eng.submit(Generation(ids, 1000), first, key="r1")
     eng.step()
-    waiting = eng.submit(Generation(ids, 5), second)
+    waiting = eng.submit(Generation(ids, 5), second, key="r2")
     eng.step()
     assert waiting.slot == -1  # no slot while the first generates
-    running.cancel()
+    assert eng.cancel("r1") and not eng.cancel("r3")  # by the request's id; one it never had: False
     eng.step()
     assert first.reason is Finish.CANCELLED and len(running.tokens) < 10
-    assert waiting.slot == 0
+    assert waiting.slot == 0 and not eng.cancel("r1")  # ended: nothing left to cancel
     while eng.busy:
         eng.step()
     assert second.reason is Finish.LENGTH and waiting.tokens == reference(eng.model, list(ids), 5)
+    assert eng.keyed == {}  # an ended sequence is forgotten
+
+
+def test_a_sequence_cancelled_while_waiting_ends_without_a_slot(lm):
+    model, tokenizer = lm
+    ids = tuple(tokenizer(PROMPTS[0])["input_ids"])
+    eng = engine(model, tokenizer, slots=1)
+    first, second = Recorder(), Recorder()
+    eng.submit(Generation(ids, 3), first, key="r1")
+    waiting = eng.submit(Generation(ids, 5), second, key="r2")
+    eng.step()
+    assert eng.cancel("r2")
+    while eng.busy:
+        eng.step()
+    assert second.reason is Finish.CANCELLED and waiting.slot == -1 and not waiting.tokens
+    assert first.reason is Finish.LENGTH and eng.keyed == {}
 
 
 def test_a_full_queue_refuses_with_the_numbers(lm):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from handlers.generation.api import Api, KitAnswer, Limits, Usage, parse
+from handlers.generation.api import Api, ChatAnswer, KitAnswer, Limits, Usage, parse
 from handlers.generation.engine import Finish
 from handlers.generation.respond import Responder
 from handlers.generation.sampling import Sampling
@@ -28,24 +28,46 @@ def request(stream: bool):
     return parse(Api.KIT, body, Limits(32, 8, Sampling()), lambda text: [ord(c) for c in text], None)
 
 
-def respond(answer_class, stream: bool, grpc: bool, deltas: list[str]) -> list[tuple[bytes, str, bool | None]]:
+def respond(
+    answer_class, stream: bool, grpc: bool, deltas: list[str], opened: bool = True
+) -> list[tuple[bytes, str, bool | None]]:
+    """The frames of an answer: opened when queued (as the handler does), or first by the engine."""
     replies = Recorded()
     responder = Responder(replies, "r1", answer_class("r1", "lm", request(stream)), stream, grpc)
+    if opened:
+        responder.open()
     for delta in deltas:
         responder.text(delta)
     responder.finish(Finish.LENGTH, 2, len(deltas))
+    if opened:
+        responder.open()  # late, from the reader thread: nothing more
     return replies.frames
 
 
-def test_http_streamed_is_a_frame_per_delta_then_the_end():
-    frames = respond(KitAnswer, True, False, ["Hel", "lo"])
-    assert [(body, more) for body, _, more in frames] == [(b"Hel", True), (b"lo", True), (b"", False)]
+@pytest.mark.parametrize("opened", [True, False], ids=["opened-when-queued", "opened-by-the-engine"])
+def test_http_streamed_opens_then_a_frame_per_delta_then_the_end(opened):
+    frames = respond(KitAnswer, True, False, ["Hel", "lo"], opened)
+    assert [(body, more) for body, _, more in frames] == [(b"", True), (b"Hel", True), (b"lo", True), (b"", False)]
+    assert {content_type for _, content_type, _ in frames} == {"text/plain; charset=utf-8"}
 
 
 @pytest.mark.parametrize("grpc", [False, True], ids=["http", "grpc"])
 def test_whole_is_one_body_and_over_grpc_one_message(grpc):
     frames = respond(KitAnswer, False, grpc, ["Hel", "lo"])
-    assert json.loads(frames[0][0]) == {"text": "Hello", "finish_reason": "length", "usage": Usage(2, 2).as_dict()}
-    # HTTP: an empty "false" frame releases the request after the answer; gRPC: a second
-    # message to a Predictions call would end the frontend's connection to the worker.
+    # HTTP: opened (empty) when queued, so that the frontend can tell the worker a client went
+    # away; the body in the frame that ends it. gRPC: one message, since a second to a Predictions
+    # call would end the frontend's connection to the worker.
     assert [more for _, _, more in frames] == ([False] if grpc else [True, False])
+    assert json.loads(frames[-1][0]) == {"text": "Hello", "finish_reason": "length", "usage": Usage(2, 2).as_dict()}
+    assert grpc or frames[0][0] == b"" and {t for _, t, _ in frames} == {"application/json"}
+
+
+def test_a_streamed_chat_opens_with_its_role_chunk_before_any_token():
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    chat = parse(Api.CHAT, body, Limits(32, 8, Sampling()), lambda text: [ord(c) for c in text], lambda m: [1, 2])
+    replies = Recorded()
+    responder = Responder(replies, "r1", ChatAnswer("r1", "lm", chat), True, False)
+    responder.open()
+    assert len(replies.frames) == 1 and replies.frames[0][1] == "text/event-stream"
+    opening = json.loads(replies.frames[0][0].removeprefix(b"data: "))
+    assert opening["choices"][0]["delta"] == {"role": "assistant", "content": ""}
