@@ -100,6 +100,10 @@ class Transport(abc.ABC):
     def settle(self) -> None:
         """Called by the engine after each step."""
 
+    @abc.abstractmethod
+    def close(self) -> None:
+        """The frontend has gone: nothing more to wait for."""
+
 
 class Replies(Transport):
     """asyncCommunication: each piece is a message of its own, written at once. Several threads
@@ -128,6 +132,9 @@ class Replies(Transport):
 
     def settle(self) -> None:
         """Nothing to wait for: the frontend hands each request over as it arrives."""
+
+    def close(self) -> None:
+        """Nothing waits on the frontend."""
 
 
 class StepReplies(Transport):
@@ -158,6 +165,7 @@ class StepReplies(Transport):
         self.gone: set[str] = set()  # the frontend forgot them: their pieces are dropped
         self.batches = self.answers = 0  # batch n is answered by answer n
         self.steps = self.steps_answered = 0  # engine steps ended; the last one an answer followed
+        self.closed = False  # the frontend has gone
 
     # -- the worker's reader thread ---------------------------------------------------------------
     def new(self, request_id: str) -> bool:
@@ -237,5 +245,10 @@ class StepReplies(Transport):
             target = self.answers + 1  # the worker has not answered this step yet: it waits for this call
             self.steps += 1
             self.cond.notify_all()
-            while self.batches < target and (left := deadline - time.monotonic()) > 0:
+            while self.batches < target and not self.closed and (left := deadline - time.monotonic()) > 0:
                 self.cond.wait(left)
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()

@@ -3,10 +3,11 @@
 torch-model-archiver --handler handlers/text_generation.py ...   (see model_store/build.py)
 
 Served over TorchServe's asyncCommunication or continuousBatching (the `batching` setting): the
-kit's worker (handlers/worker.py) hands each request to `accept` as it reaches the worker, and
-the engine's thread answers it, token by token or whole, while other requests keep arriving;
-under continuousBatching the worker also learns of clients that went away (`cancel`), and the
-engine waits after each step for the frontend's next batch (`after_step`). `initialize` loads the
+kit's worker (handlers/worker.py) reads the frontend in a thread, handing each request to
+`accept` as it reaches the worker, while the engine (`serve`, on the worker's main thread)
+answers it, token by token or whole; under continuousBatching the worker also learns of clients
+that went away (`cancel`), and the engine waits after each step for the frontend's batch that
+followed the step before (`after_step`). `initialize` loads the
 model in its served dtype (a reduced one judged against float32 first: the accuracy guard,
 handlers/generation/agreement.py), allocates the KV cache for `max_sequences` x
 `context_length`, and generates once through every path before the first request.
@@ -17,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -119,10 +119,6 @@ class TextGenerationHandler:
         )
         load_seconds = time.perf_counter() - start
         warm_seconds = self.warm_up()
-        self.thread = threading.Thread(
-            target=self.engine.run_forever, args=(self.after_step,), name="generation", daemon=True
-        )
-        self.thread.start()
         log.info(
             "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB eos=%s load=%.1fs warmup=%.1fs",
             self.model_name, settings.backend.value, settings.dtype.value, settings.max_sequences,
@@ -188,6 +184,14 @@ class TextGenerationHandler:
             self.engine.submit(generation, Discard())
         while self.engine.busy:
             self.engine.step()
+
+    def serve(self) -> None:
+        """The engine's loop on the calling thread, the one that warmed it up (handlers/worker.py),
+        until stop()."""
+        self.engine.run_forever(self.after_step)
+
+    def stop(self) -> None:
+        self.engine.stop()
 
     def after_step(self) -> None:
         self.check_no_recompile()

@@ -29,6 +29,8 @@ import logging
 import os
 import socket
 import sys
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from ts.arg_parser import ArgParser
@@ -154,46 +156,71 @@ class KitWorker(TorchModelServiceWorker):
                 raise ValueError(f"received unknown command: {command!r}")
 
     def handle_connection_async(self, cl_socket: socket.socket) -> None:
-        """Requests go to the handler's accept() as they arrive; its own threads answer them."""
+        """asyncCommunication: the model is loaded, then served (serve_generation), each request
+        going to the handler's accept() as it arrives."""
         connection = BufferedConnection(cl_socket)
-        service, replies = None, Replies(cl_socket)
-        while True:
-            command = otf._retrieve_buffer(connection, 1)
-            if command == otf.PREDICT_MSG:
-                if service is None:
-                    raise RuntimeError("received an inference request before the model was loaded")
+        replies = Replies(cl_socket)
+        if otf._retrieve_buffer(connection, 1) != otf.LOAD_MSG:
+            raise RuntimeError("received an inference request before the model was loaded")
+        service, result, code = self.load_model(otf._retrieve_load_msg(connection))
+        if code == 200 and not hasattr(handler_of(service), "accept"):
+            result, code = "asyncCommunication needs a handler with accept() (the kit's text generation)", 500
+        cl_socket.sendall(otf.create_load_model_response(code, result))
+        if code != 200:
+            raise RuntimeError(f"{code} - {result}")
+
+        def read() -> None:
+            while True:
+                command = otf._retrieve_buffer(connection, 1)
+                if command != otf.PREDICT_MSG:
+                    raise ValueError(f"received {command!r} where an inference request was expected")
                 accept_all(service, otf._retrieve_inference_msg(connection), replies)
-            elif command == otf.LOAD_MSG:
-                service, result, code = self.load_model(otf._retrieve_load_msg(connection))
-                if code == 200 and not hasattr(handler_of(service), "accept"):
-                    service, result, code = (
-                        None,
-                        "asyncCommunication needs a handler with accept() (the kit's text generation)",
-                        500,
-                    )
-                if service is not None:
-                    handler_of(service).connect(replies)
-                with replies.lock:
-                    cl_socket.sendall(otf.create_load_model_response(code, result))
-                if code != 200:
-                    raise RuntimeError(f"{code} - {result}")
-            else:
-                raise ValueError(f"received unknown command: {command!r}")
+
+        serve_generation(handler_of(service), replies, read)
 
     def serve_steps(self, connection: BufferedConnection, cl_socket: socket.socket, service: Service) -> None:
-        """continuousBatching, once the model is loaded: a batch in, one answer out, until the
-        frontend goes away."""
+        """continuousBatching, once the model is loaded (serve_generation): a batch in, one answer
+        out, until the frontend goes away."""
         replies, handler = StepReplies(), handler_of(service)
-        handler.connect(replies)
-        while True:
-            command = otf._retrieve_buffer(connection, 1)
-            if command != otf.PREDICT_MSG:
-                raise ValueError(f"received {command!r} where an inference batch was expected")
-            request_ids = accept_all(service, otf._retrieve_inference_msg(connection), replies)
-            for request_id in replies.batch(request_ids):
-                handler.cancel(request_id)
-            replies.handled()
-            cl_socket.sendall(replies.answer())
+
+        def read() -> None:
+            while True:
+                command = otf._retrieve_buffer(connection, 1)
+                if command != otf.PREDICT_MSG:
+                    raise ValueError(f"received {command!r} where an inference batch was expected")
+                request_ids = accept_all(service, otf._retrieve_inference_msg(connection), replies)
+                for request_id in replies.batch(request_ids):
+                    handler.cancel(request_id)
+                replies.handled()
+                cl_socket.sendall(replies.answer())
+
+        serve_generation(handler, replies, read)
+
+
+def serve_generation(handler: Any, replies: Transport, read: Callable[[], None]) -> None:
+    """A language model served: `read` (the frontend's messages) in a thread of its own, and the
+    handler's engine on this thread, the one that loaded and warmed it up, until the frontend
+    goes away. Its OpenMP threads are this thread's: a step computed from another thread would
+    start a second pool of them, and on a machine with no core to spare the two pools' threads
+    waited for each other (a decode step took half as long again, in-process on 2 cores)."""
+    ended: list[BaseException] = []
+
+    def frontend() -> None:
+        try:
+            read()
+        except BaseException as error:  # noqa: BLE001 - SystemExit when the frontend closes: the worker ends with it
+            ended.append(error)
+        finally:
+            replies.close()
+            handler.stop()
+
+    handler.connect(replies)
+    threading.Thread(target=frontend, name="frontend", daemon=True).start()
+    try:
+        handler.serve()
+    except OSError:  # the frontend went away while the engine answered: nothing to answer to
+        log.info("the frontend closed the connection while answers were being sent")
+    raise ended[0] if ended else SystemExit(1)
 
 
 def main() -> None:

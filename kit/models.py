@@ -101,8 +101,8 @@ TASKS = {
     # settings (`batching`). GPT-2's class is GPT2LMHeadModel, the older name of the same head.
     # Its threads spin a while between OpenMP regions (libgomp's default) rather than sleep at
     # once as the presets' passive policy has them: a decode step is hundreds of regions (a linear
-    # layer each), and waking sleeping threads for each made a one-sequence bf16 step of
-    # Qwen2.5-0.5B's shape 1.6x as long on a 2-core EPYC (in-process, docs/generation.md).
+    # layer each, a few tens of microseconds for one sequence), and each would wait for its
+    # threads to wake (docs/generation.md, "Workers").
     Task.TEXT_GENERATION: TaskTraits(
         "text_generation.py",
         Medium.TEXT,

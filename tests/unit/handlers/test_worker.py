@@ -174,6 +174,8 @@ class AcceptingHandler:
         self.accepted: list[tuple[str, dict]] = []
         self.cancelled: list[str] = []
         self.replies = None
+        self.serving: threading.Thread | None = None
+        self.stopped = threading.Event()
 
     def handle(self, data, context):
         raise AssertionError("a language model's handler is never called per batch")
@@ -195,6 +197,14 @@ class AcceptingHandler:
 
     def cancel(self, request_id):
         self.cancelled.append(request_id)
+
+    def serve(self):
+        """The engine's loop, on the worker's main thread, until stop()."""
+        self.serving = threading.current_thread()
+        self.stopped.wait(timeout=30)
+
+    def stop(self):
+        self.stopped.set()
 
 
 def test_the_async_loop_hands_requests_over_as_they_come_and_a_failing_one_gets_a_503():
@@ -219,6 +229,8 @@ def test_the_async_loop_hands_requests_over_as_they_come_and_a_failing_one_gets_
             answers += frontend.recv(65536)
     loop.join(timeout=10)
     worker_end.close()
+    assert not loop.is_alive() and handler.stopped.is_set()  # the frontend went away: the engine stopped
+    assert handler.serving is loop  # the engine on the thread that loaded the model, the frontend read apart
     assert [request_id for request_id, _ in handler.accepted] == ["id-1", "id-2"]
     assert handler.accepted[0][1]["Content-Length"] == "70000"  # the request's own headers, as a dict
     assert b"id-1" in answers and bytes(range(5)) in answers  # answered by the handler's thread
@@ -270,5 +282,6 @@ def test_the_steps_loop_accepts_new_requests_once_answers_each_batch_and_cancels
         assert answer_pieces(frontend) == [("id-3", {"ts_stream_next": "true"})]
     loop.join(timeout=10)
     worker_end.close()
+    assert not loop.is_alive() and handler.serving is loop
     assert [request_id for request_id, _ in handler.accepted] == ["id-1", "id-2", "id-3"]
     assert handler.cancelled == ["id-1"]
