@@ -129,11 +129,12 @@ require-model:
 SOAK_SECONDS ?= 300
 # Compare serving configurations with ab on the real server: bench/results/<time>/ (+ latest).
 # The bench builds the archives of the variants its plan names.
-# PLAN=generate: a language model of yours (MODELS=lm) streamed against FastAPI + generate and
-# llama.cpp's server (bench/generate.py; llama.cpp is built into .cache/peers/ on first use).
+# PLAN=generate: a language model of yours (MODELS=lm) streamed against FastAPI + generate,
+# llama.cpp's server and OpenVINO GenAI (bench/generate.py; llama.cpp is built, and OpenVINO
+# GenAI's environment made, in .cache/peers/ on first use).
 bench: install
 ifeq ($(PLAN),generate)
-	@test -n "$(MODELS)" || { echo "usage: make bench PLAN=generate MODELS=lm[,lm-other] [ROUNDS=3] [SECONDS=60] [PEERS=fastapi,llama.cpp] [CONCURRENCY=1,4,16]"; exit 2; }
+	@test -n "$(MODELS)" || { echo "usage: make bench PLAN=generate MODELS=lm[,lm-other] [ROUNDS=3] [SECONDS=60] [PEERS=fastapi,llama.cpp,openvino|none] [CONCURRENCY=1,4,16]"; exit 2; }
 	@$(PY) -m bench.generate --model $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(SECONDS),--seconds $(SECONDS)) $(if $(PEERS),--peers $(PEERS)) $(if $(CONCURRENCY),--concurrency $(CONCURRENCY))
 else
 	@$(PY) -m bench --plan $(PLAN) $(if $(MODELS),--models $(MODELS))

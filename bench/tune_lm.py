@@ -31,7 +31,8 @@ from pathlib import Path
 
 import yaml
 
-from bench.generate import VARIANTS, WARMUP_S, completions_url, workload
+from bench.generate import WARMUP_S, workload
+from bench.generate_systems import VARIANTS, completions_url
 from bench.streams import StreamStats, measure_streams
 from bench.tune import save_preset
 from handlers.backends import cpu_refusal

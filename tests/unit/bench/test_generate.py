@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import statistics
 
-from bench.generate import KIT, System, report
+from bench.generate import report
+from bench.generate_systems import KIT, System
 
 
 def stats(*by_round: float) -> dict:

@@ -1,0 +1,23 @@
+"""bench/generate_systems.py: a server that ends while starting is reported with its log, not
+waited on for PEER_READY_S."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from bench import generate_systems
+from bench.generate_systems import ExitedAtStart, started
+
+
+def test_a_server_that_exits_while_starting_is_reported_with_its_exit_code_and_log(tmp_path, monkeypatch):
+    monkeypatch.setattr(generate_systems, "PEER_READY_S", 60)
+    log_path = tmp_path / "peer.log"
+    command = [sys.executable, "-c", "import sys; print('no model here'); sys.exit(3)"]
+    began = time.monotonic()
+    with pytest.raises(ExitedAtStart, match=r"exited \(3\) while starting: .*peer\.log"):
+        started("a peer", command, log_path, port=9)  # port 9 (discard): nothing answers there
+    assert time.monotonic() - began < 30
+    assert "no model here" in log_path.read_text()
