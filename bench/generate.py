@@ -2,16 +2,18 @@
 run instead, streamed, at several concurrencies, in interleaved rounds.
 
     .venv/bin/python -m bench.generate --model lm[,lm-other] [--rounds 3] [--seconds 60] [--concurrency 1,4,16]
-        [--peers fastapi,llama.cpp,openvino]
+        [--peers fastapi,llama.cpp,openvino] [--precisions float32,bfloat16,int8]
 
-Rows, on the model file's own directory: the kit (TorchServe, `inductor` and, where the CPU
-computes bf16, `inductor-bf16`); the FastAPI + transformers `generate` peer (bench/generate_peer.py)
-at the same precisions; llama.cpp's server (bench/llama_cpp.py: built from PyPI's llama-cpp-python
-source, the GGUF converted from the same directory) at the same precisions and at Q8_0, with as
-many parallel slots and as much context per slot as the kit serves; OpenVINO GenAI's
+Rows, on the model file's own directory, at each precision (bench/generate_systems.py): the kit
+(TorchServe: `inductor`; where the CPU computes bf16, `inductor-bf16` and, on int8 weights,
+`inductor-bf16-woq`); the FastAPI + transformers `generate` peer
+(bench/generate_peer.py) at the float precisions; llama.cpp's server (bench/llama_cpp.py: built
+from PyPI's llama-cpp-python source, the GGUF converted from the same directory; int8 is Q8_0),
+with as many parallel slots and as much context per slot as the kit serves; OpenVINO GenAI's
 continuous-batching pipeline (bench/openvino_genai.py: exported from the same directory, in an
-environment of its own) at the same precisions and on int8 weights, with as many sequences and
-as much KV cache. PEERS=none leaves the kit's rows alone. Several model files (the same
+environment of its own; int8 weights compressed at export), with as many sequences and as much
+KV cache. A kit precision whose worker does not start (its accuracy guard refused the model) is
+left out, said why. PEERS=none leaves the kit's rows alone. Several model files (the same
 directory with other handler settings, e.g. `prefill_chunk`) are each a kit row of their own, in
 the same rounds; the peers serve the first one's directory. Every server runs at once;
 each round measures every row at every concurrency, in a rotated order, with the same workload
@@ -30,12 +32,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench.generate_systems import KIT, PEERS, VARIANTS, System, kit_system, log
+from bench.generate_systems import FLOAT32, KIT, KIT_VARIANTS, PEERS, System, kit_system, kit_variants, log
 from bench.streams import Ask, StreamStats, measure_streams
-from handlers.backends import DType, cpu_refusal
 from handlers.calibration import SENTENCES
 from kit.models import Model, Task
 from kit.paths import ROOT
+from kit.server import ServerError
 from kit.topology import read_topology
 
 RESULTS = ROOT / "bench" / "results"
@@ -117,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument(
+        "--precisions", default="", help=f"rows of {', '.join(KIT_VARIANTS)} (default: each this CPU serves)"
+    )
     parser.add_argument("--peers", default=",".join(PEERS), help=f"of {', '.join(PEERS)}; none: the kit's rows alone")
     args = parser.parse_args(argv)
     models = [Model.load(name) for name in args.model.split(",") if name]
@@ -128,9 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := sorted(set(peers) - set(PEERS)):
         log(f"ERROR: no peer {unknown}; PEERS= takes {', '.join(PEERS)}")
         return 2
-    dtypes = [DType.FLOAT32] + ([] if cpu_refusal(DType.BFLOAT16) else [DType.BFLOAT16])
+    served = kit_variants()
+    precisions = [p for p in args.precisions.split(",") if p] if args.precisions else list(served)
+    if unserved := [p for p in precisions if p not in served]:
+        log(f"ERROR: no kit variant serves {unserved} on this CPU; it serves {', '.join(served)}")
+        return 2
     build = [sys.executable, "-m", "model_store.build", "--models", ",".join(m.name for m in models),
-             "--variants", ",".join(VARIANTS[d] for d in dtypes)]  # fmt: skip
+             "--variants", ",".join([served[FLOAT32]] + [served[p] for p in precisions if p != FLOAT32])]  # fmt: skip
     if subprocess.run(build, cwd=ROOT).returncode != 0:
         return 1
     out = RESULTS / f"generate-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -140,13 +149,18 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[int, dict[str, list[StreamStats]]] = {c: {} for c in concurrencies}
     asks = workload()
     try:
-        for served in models:
-            for dtype in dtypes:
+        for kit_model in models:
+            for precision in precisions:
                 started_at = time.monotonic()
-                systems.append(kit_system(served, dtype, out, named=len(models) > 1))
+                try:
+                    systems.append(kit_system(kit_model, precision, out, named=len(models) > 1))
+                except ServerError as error:
+                    # The accuracy guard refused the precision on this model: no row, said why.
+                    log(f"kit {served[precision]} for {kit_model.name} did not start, left out: {error}")
+                    continue
                 log(f"{systems[-1].name}: its worker started in {time.monotonic() - started_at:.0f} s")
         for peer in peers:
-            for precision in [d.value for d in dtypes] + list(PEERS[peer].extra):
+            for precision in [p for p in precisions if p in PEERS[peer].precisions]:
                 log(f"starting {peer} at {precision}")
                 systems.append(PEERS[peer].start(model, precision, out))
         for system in systems:

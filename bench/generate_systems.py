@@ -40,32 +40,49 @@ def log(message: str) -> None:
 class System:
     name: str
     server: str  # KIT, or a key of PEERS
-    precision: str  # of its weights: a DType's value, or a quantization ("q8_0")
+    precision: str  # FLOAT32, BFLOAT16 or INT8: rows of one precision are compared
     url: str  # its OpenAI completions endpoint
     stop: Callable[[], None]
     model: str  # the name its requests give
 
 
 KIT = "kit"
-# The kit's variant per precision.
-VARIANTS = {DType.FLOAT32: "inductor", DType.BFLOAT16: "inductor-bf16"}
-LLAMA_QUANTIZED = "q8_0"  # llama.cpp's int8 weights: what its users serve; the kit has none yet
+FLOAT32, BFLOAT16 = DType.FLOAT32.value, DType.BFLOAT16.value
+INT8 = "int8"  # int8 weights: the kit's weight-only variants, llama.cpp's Q8_0, OpenVINO's compressed IR
+# The kit's variants per precision, best first: the first this CPU serves is the row. int8
+# weights are computed in bfloat16: in float32, torch's int8 product is far slower than float32's
+# own (docs/generation.md), so a CPU without bf16 has no int8 row.
+KIT_VARIANTS = {
+    FLOAT32: ("inductor",),
+    BFLOAT16: ("inductor-bf16",),
+    INT8: ("inductor-bf16-woq",),
+}
+
+
+def kit_variants() -> dict[str, str]:
+    """The kit's variant per precision this CPU serves."""
+    served = {}
+    for precision, names in KIT_VARIANTS.items():
+        if name := next((name for name in names if not Variant.load(name).refusal()), None):
+            served[precision] = name
+    return served
 
 
 def served_settings(model: Model) -> GenerationSettings:
     """What the kit's fp32 archive (always built) serves: its sequences and context size a peer's."""
-    return archive_settings(Variant.load(VARIANTS[DType.FLOAT32]).archive(model.name))
+    (variant,) = KIT_VARIANTS[FLOAT32]
+    return archive_settings(Variant.load(variant).archive(model.name))
 
 
-def kit_system(model: Model, dtype: DType, run_dir: Path, named: bool = False) -> System:
+def kit_system(model: Model, precision: str, run_dir: Path, named: bool = False) -> System:
     # The optimized preset as `make serve` starts it: the plan gives a language model one worker
     # (or one per L3 domain, batching: async), its cores as threads (kit/plan.py), every stream in
     # one engine's batch.
-    variant = VARIANTS[dtype]
+    variant = kit_variants()[precision]
     config = ServeConfig.from_preset("optimized", variant=variant, models=[model.name])
     row = f"{KIT} {model.name} {variant}" if named else f"{KIT} {variant}"  # named: several kit models
     server: Server = start_ready(config, run_dir / row.replace(" ", "-"), progress=log)
-    return System(row, KIT, dtype.value, completions_url(server, model.name), server.stop, model.name)
+    return System(row, KIT, precision, completions_url(server, model.name), server.stop, model.name)
 
 
 def completions_url(server: Server, model: str) -> str:
@@ -140,7 +157,7 @@ def llama_system(model: Model, precision: str, run_dir: Path) -> System:
 def openvino_system(model: Model, precision: str, run_dir: Path) -> System:
     """OpenVINO GenAI at the kit's precision (fp32 weights, computed in it), or on int8 weights at
     the CPU plugin's own precision."""
-    int8 = precision == openvino_genai.INT8
+    int8 = precision == INT8
     ir = openvino_genai.export(model.source.path, openvino_genai.INT8 if int8 else "fp32")
     settings = served_settings(model)
     config = json.loads((model.source.path / "config.json").read_text())
@@ -156,12 +173,13 @@ def openvino_system(model: Model, precision: str, run_dir: Path) -> System:
 class Peer:
     title: str  # its name in the report
     start: Callable[[Model, str, Path], System]
-    extra: tuple[str, ...] = ()  # precisions it serves besides the kit's
+    precisions: frozenset[str]  # those it serves: it has a row at each the kit has
 
 
 # A peer's rows start after the kit's, in this order.
 PEERS = {
-    "fastapi": Peer("FastAPI", fastapi_system),
-    "llama.cpp": Peer("llama.cpp", llama_system, (LLAMA_QUANTIZED,)),
-    "openvino": Peer("OpenVINO GenAI", openvino_system, (openvino_genai.INT8,)),
+    # What a user writes: transformers' generate at the model's float precisions.
+    "fastapi": Peer("FastAPI", fastapi_system, frozenset({FLOAT32, BFLOAT16})),
+    "llama.cpp": Peer("llama.cpp", llama_system, frozenset({FLOAT32, BFLOAT16, INT8})),
+    "openvino": Peer("OpenVINO GenAI", openvino_system, frozenset({FLOAT32, BFLOAT16, INT8})),
 }

@@ -30,8 +30,8 @@ VERSION = "0.3.36"  # llama-cpp-python
 SDIST = f"llama_cpp_python-{VERSION}"
 SERVER = "llama-server"
 NO_REPACK = "--no-repack"  # weights as stored: no AMX or other repacked kernels
-# The converter's output types a row can serve, by the kit's dtype names where one matches.
-GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "q8_0": "q8_0"}
+# The converter's output type per precision of a row (bench/generate_systems.py): int8 weights are Q8_0.
+GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0"}
 # The web UI would be fetched from the network; TLS and the model downloader are not used here.
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",

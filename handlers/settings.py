@@ -86,14 +86,28 @@ class LinearKernel(enum.StrEnum):
     ONEDNN = "onednn"  # oneDNN's linear, as AOTInductor and bfloat16 use
 
 
+class Weights(enum.StrEnum):
+    """How a model's linear weights are stored while it computes in its dtype."""
+
+    DTYPE = "dtype"  # in the served dtype
+    # Weight-only int8 (torchao, one scale per output channel), computed in the served dtype: half
+    # of bfloat16's bytes, a quarter of float32's, read by every decode step.
+    INT8 = "int8"
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimizationSettings:
     # Not a setting: tells int8 quantizers which presets fit (attention blocks need their own).
     transformer: typing.ClassVar[bool] = False
+    # Not a setting: the `weights` a task's handler serves (a variant's overlay may name any).
+    weight_formats: typing.ClassVar[frozenset[Weights]] = frozenset(Weights)
 
     backend: Backend = Backend.INDUCTOR
     mode: CompileMode = CompileMode.DEFAULT
     dtype: DType = DType.FLOAT32
+    # A language model's linear weights: `int8` stores them in 8 bits, computed in `dtype`
+    # (handlers/generation/quantized.py), judged by the accuracy guard like a reduced dtype.
+    weights: Weights = Weights.DTYPE
     # backend inductor: MKL's GEMM picks its code path by CPU vendor, not by ISA; on an AMD EPYC
     # with AVX-512 oneDNN's is faster (docs/backends.md).
     linear_kernel: LinearKernel = LinearKernel.AUTO
@@ -130,6 +144,11 @@ class OptimizationSettings:
             raise SettingsError(f"accuracy_tolerance must be > 0 or null, got {self.accuracy_tolerance}")
         if not self.aoti_batch_sizes or any(size < 1 for size in self.aoti_batch_sizes):
             raise SettingsError(f"aoti_batch_sizes must be a non-empty list of sizes >= 1, got {self.aoti_batch_sizes}")
+        if self.weights not in self.weight_formats:
+            raise SettingsError(
+                f"weights {self.weights.value!r} (weight-only quantization) serves a language model "
+                f"(task text-generation), not this task; for int8 here choose dtype int8 (aoti-int8, openvino-int8)"
+            )
         served = BACKENDS[self.backend].dtypes
         if self.dtype not in served:
             raise SettingsError(
@@ -153,6 +172,8 @@ class OptimizationSettings:
 
 @dataclasses.dataclass(frozen=True)
 class ImageSettings(OptimizationSettings):
+    weight_formats: typing.ClassVar[frozenset[Weights]] = frozenset({Weights.DTYPE})
+
     architecture: Architecture = Architecture.RESNET50
     channels_last: bool = True
     top_k: int = 5
@@ -196,6 +217,7 @@ LONGEST_TEXT = 512
 @dataclasses.dataclass(frozen=True)
 class TextSettings(OptimizationSettings):
     transformer: typing.ClassVar[bool] = True
+    weight_formats: typing.ClassVar[frozenset[Weights]] = frozenset({Weights.DTYPE})
 
     architecture: Architecture = Architecture.BERT_CLASSIFIER
     # The longest text served (in tokens); longer ones get `over_length`.
@@ -253,6 +275,8 @@ class TensorType(enum.StrEnum):
 class TensorSettings(OptimizationSettings):
     """A torch.export program served as JSON numbers in, numbers out (handlers/tensor.py)."""
 
+    weight_formats: typing.ClassVar[frozenset[Weights]] = frozenset({Weights.DTYPE})
+
     architecture: Architecture = Architecture.EXPORTED_PROGRAM
     # One entry per forward argument, in order: its shape without the batch dimension and its
     # element type. `make model` reads both from the program (model_store/exported.py).
@@ -270,11 +294,12 @@ class TensorSettings(OptimizationSettings):
             raise SettingsError(f"input_shapes need sizes >= 1, got {self.input_shapes}")
 
 
-# What a generative model's workers run: eager or Inductor-compiled PyTorch, float32 or bfloat16.
+# What a generative model's workers run: eager or Inductor-compiled PyTorch, float32 or bfloat16,
+# on weights in that dtype or in int8 (`weights`).
 # The other backends compile one graph per request shape; a decode step's cache is state they do
 # not carry (not yet).
 GENERATION_BACKENDS = frozenset({"eager", "inductor"})
-GENERATION_DTYPES = frozenset({"float32", "bfloat16"})  # weight-only int8 (torchao) is to come
+GENERATION_DTYPES = frozenset({"float32", "bfloat16"})
 
 
 class Batching(enum.StrEnum):
@@ -357,6 +382,13 @@ class GenerationSettings(OptimizationSettings):
     @property
     def single_worker(self) -> bool:
         return self.batching is Batching.CONTINUOUS
+
+    @property
+    def precision(self) -> str:
+        """What it computes in, and on what weights when they differ: "bfloat16", "bfloat16 on int8 weights"."""
+        if self.weights is Weights.DTYPE:
+            return self.dtype.value
+        return f"{self.dtype.value} on {self.weights.value} weights"
 
     def torchserve_keys(self) -> dict[str, typing.Any]:
         if self.batching is Batching.ASYNC:

@@ -31,6 +31,7 @@ from handlers.generation import agreement, api
 from handlers.generation.cache import TORCH_DTYPES
 from handlers.generation.engine import SPAN_STEP, Discard, Engine, Generation, QueueFull
 from handlers.generation.packed_linear import can_pack, pack_linears
+from handlers.generation.quantized import int8_weights
 from handlers.generation.respond import Responder, refuse
 from handlers.generation.sampling import Sampling
 from handlers.loaders import load_model
@@ -38,7 +39,7 @@ from handlers.optimize import graphs_compiled
 from handlers.payload import HTTP_BAD_REQUEST, URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
 from handlers.replies import Transport
 from handlers.samples import UserSamples
-from handlers.settings import GenerationSettings
+from handlers.settings import GenerationSettings, Weights
 from handlers.switches import planned_sequences
 from handlers.typed_config import parse_settings
 
@@ -88,15 +89,17 @@ class TextGenerationHandler:
         guard = agreement.limits(settings)
         reference = None if guard is None else self.reference(model, model_dir)
         model = model.to(TORCH_DTYPES[settings.dtype])
-        if can_pack():
+        if settings.weights is Weights.INT8:
+            log.info("%s: %d linear layers on int8 weights", self.model_name, int8_weights(model))
+        elif can_pack():
             # Also in float32: a packed weight sums its products in another order than F.linear's,
             # as compiled code does; the greedy answers the tests compare stay transformers'.
             log.info("%s: %d linear layers on prepacked weights", self.model_name, pack_linears(model))
         if reference is not None:
-            # Judged as it will serve (packed), before the compiler: it computes the same.
+            # Judged as it will serve (packed or quantized), before the compiler: it computes the same.
             agreed = agreement.measure(model, reference)
-            log.info("%s accuracy against float32: %s", self.model_name, agreed.summary())
-            agreement.require(agreed, guard, settings.dtype.value)
+            log.info("%s accuracy against float32: %s (served in %s)", self.model_name, agreed.summary(), settings.precision)
+            agreement.require(agreed, guard, settings.precision)
         if settings.backend is Backend.INDUCTOR:
             # Sizes that happen to be equal when first traced share a symbol ("duck" shapes), and
             # a later call where they differ compiles again: a prompt padded to 64 positions
@@ -120,9 +123,9 @@ class TextGenerationHandler:
         load_seconds = time.perf_counter() - start
         warm_seconds = self.warm_up()
         log.info(
-            "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB eos=%s load=%.1fs warmup=%.1fs",
+            "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB weights=%s eos=%s load=%.1fs warmup=%.1fs",
             self.model_name, settings.backend.value, settings.dtype.value, settings.max_sequences,
-            settings.context_length, self.engine.cache.bytes / 1e6, sorted(eos), load_seconds, warm_seconds,
+            settings.context_length, self.engine.cache.bytes / 1e6, settings.weights.value, sorted(eos), load_seconds, warm_seconds,
         )  # fmt: skip
         self.initialized = True
 

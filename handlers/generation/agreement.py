@@ -5,7 +5,7 @@ the float model's, on held-out prompts, before the first request.
     reference = Reference.of(model, prompts, tokens=32)    # the float32 model, before conversion
     agreement = measure(model, reference)                   # the converted one, as it serves
     agreement.summary()    # "greedy tokens 96.9% equal (248 of 256 positions, 8 prompts), next-token distance ..."
-    require(agreement, guard, "bfloat16")                   # AccuracyError naming the numbers
+    require(agreement, guard, settings.precision)           # AccuracyError naming the numbers
 
 Each prompt is continued by the float model (greedy, `tokens` tokens; end-of-sequence tokens do
 not stop it, so every prompt counts as many positions). Both models then read the same text,
@@ -26,7 +26,7 @@ from torch import nn
 
 from handlers.accuracy import AccuracyError
 from handlers.backends import DType
-from handlers.settings import GenerationSettings
+from handlers.settings import GenerationSettings, Weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,24 +126,31 @@ class AgreementLimits:
         return failures
 
 
-# The limits per served precision; a model file's accuracy_min_match_rate and accuracy_tolerance
-# replace them. float32 is not judged: compiled or not it computes what transformers does, up to
-# summation order (the e2e tests compare its greedy answers token for token). bfloat16's are loose
-# enough for its rounding on the tests' small models, whose peaked outputs make it show, and
-# tight enough to refuse one of them with one layer's weights off by half their spread
-# (tests/unit/handlers/generation/test_agreement.py).
-LIMITS = {DType.BFLOAT16: AgreementLimits(min_match_rate=0.85, max_distance_mean=0.1)}
+# The limits per reduction of the served model; a model file's accuracy_min_match_rate and
+# accuracy_tolerance replace them. float32 on float32 weights is not judged: compiled or not it
+# computes what transformers does, up to summation order (the e2e tests compare its greedy
+# answers token for token). bfloat16's are loose enough for its rounding on the tests' small
+# models, whose peaked outputs make it show, and tight enough to refuse one of them with one
+# layer's weights off by half their spread (tests/unit/handlers/generation/test_agreement.py).
+# int8 weights round each weight to 1/254 of its channel's largest, coarser than bfloat16's
+# 8 bits of mantissa: their limits are looser, pass the tests' small models on int8 weights and
+# still refuse the one with a broken layer (the same tests).
+LIMITS: dict[DType | Weights, AgreementLimits] = {
+    DType.BFLOAT16: AgreementLimits(min_match_rate=0.85, max_distance_mean=0.1),
+    Weights.INT8: AgreementLimits(min_match_rate=0.8, max_distance_mean=0.15),
+}
 
 
 def limits(settings: GenerationSettings) -> AgreementLimits | None:
-    """What the served precision must meet, or None when it is not judged."""
-    default = LIMITS.get(settings.dtype)
-    if default is None:
+    """What the served model must meet, or None when it is not judged. A model reduced twice
+    (bfloat16 on int8 weights) meets the looser of the two: its error is mostly the coarser one's."""
+    reductions = [LIMITS[reduced] for reduced in (settings.dtype, settings.weights) if reduced in LIMITS]
+    if not reductions:
         return None
     rate, distance = settings.accuracy_min_match_rate, settings.accuracy_tolerance
     return AgreementLimits(
-        default.min_match_rate if rate is None else rate,
-        default.max_distance_mean if distance is None else distance,
+        min(r.min_match_rate for r in reductions) if rate is None else rate,
+        max(r.max_distance_mean for r in reductions) if distance is None else distance,
     )
 
 
@@ -152,6 +159,6 @@ def require(agreement: Agreement, limits: AgreementLimits, served: str) -> None:
     if failures := limits.failures(agreement):
         raise AccuracyError(
             f"{served} answers too far from the float model on held-out prompts: {'; '.join(failures)} "
-            f"({agreement.summary()}); serve it in float32, or give your own prompts (make model ... SAMPLES=) "
+            f"({agreement.summary()}); serve it in float32 on float weights (variant inductor), or give your own prompts (make model ... SAMPLES=) "
             "and limits (accuracy_min_match_rate, accuracy_tolerance in the model file's handler settings)"
         )

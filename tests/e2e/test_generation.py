@@ -352,22 +352,33 @@ def test_a_memory_budget_short_of_the_kv_caches_serves_fewer_sequences(sources, 
         server.stop()
 
 
-@pytest.mark.skipif(bool(cpu_refusal(DType.BFLOAT16)), reason="this CPU does not compute bf16")
-def test_bf16_is_judged_against_float32_and_refused_by_name_when_too_far(sources, tmp_path):
-    """A worker serving bf16 first measures its greedy tokens and next-token distributions against
-    the float model on held-out prompts (handlers/generation/agreement.py): within the limits it
-    serves and logs the agreement; with a model file's stricter limit it does not start, and the
-    reason the user sees names what failed. Eager: the guard judges the model before any compiler.
-    The first is judged on the user's prompts (its SAMPLES: 5), the second on 4 of the kit's."""
+# A reduced precision per case: its handler settings, how it is named, its variant's CPU refusal.
+REDUCED = {
+    "bf16": ({"dtype": "bfloat16"}, "bfloat16", cpu_refusal(DType.BFLOAT16)),
+    "int8-weights": ({"weights": "int8"}, "float32 on int8 weights", ""),
+}
+
+
+@pytest.mark.parametrize("reduced", sorted(REDUCED))
+def test_a_reduced_precision_is_judged_against_float32_and_refused_by_name_when_too_far(sources, tmp_path, reduced):
+    """A worker serving bf16 or int8 weights first measures its greedy tokens and next-token
+    distributions against the float model on held-out prompts (handlers/generation/agreement.py):
+    within the limits it serves and logs the agreement; with a model file's stricter limit it does
+    not start, and the reason the user sees names what failed. Eager: the guard judges the model
+    before any compiler. The first is judged on the user's prompts (its SAMPLES: 5), the second on
+    4 of the kit's."""
+    settings, precision, refusal = REDUCED[reduced]
+    if refusal:
+        pytest.skip(refusal)
     document = yaml.safe_load(model_file(QWEN).read_text())
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("".join(f"{PROMPTS[i % 2]}, part {i}\n" for i in range(5)))
     made = {
-        "test-yours-lm-bf16": {"handler": {}, "samples": str(prompts)},
-        "test-yours-lm-bf16-strict": {"handler": {"accuracy_tolerance": 1e-4, "accuracy_prompts": 4}},
+        f"test-yours-lm-{reduced}": {"handler": {}, "samples": str(prompts)},
+        f"test-yours-lm-{reduced}-strict": {"handler": {"accuracy_tolerance": 1e-4, "accuracy_prompts": 4}},
     }
     for name, extra in made.items():
-        handler = {**document.get("handler", {}), "dtype": "bfloat16", **extra.pop("handler")}
+        handler = {**document.get("handler", {}), **settings, **extra.pop("handler")}
         model_file(name).write_text(yaml.safe_dump({**document, **extra, "handler": handler}))
     try:
         build = [sys.executable, "-m", "model_store.build", "--models", ",".join(made), "--variants", "eager"]
@@ -379,10 +390,12 @@ def test_bf16_is_judged_against_float32_and_refused_by_name_when_too_far(sources
         try:
             log = server.logs.model_log.read_text(errors="replace")
             assert re.search(
-                rf"{good} accuracy against float32: greedy tokens [\d.]+% equal \(\d+ of \d+ positions, 5 prompts\)",
+                rf"{good} accuracy against float32: greedy tokens [\d.]+% equal \(\d+ of \d+ positions, 5 prompts\)"
+                rf".* \(served in {precision}\)",
                 log,
             )
-            assert f"{good} ready: backend=eager dtype=bfloat16" in log
+            ready = f"dtype={settings.get('dtype', 'float32')} .* weights={settings.get('weights', 'dtype')} "
+            assert re.search(rf"{good} ready: backend=eager {ready}", log)
             answer = generate(server, good, {"prompt": PROMPTS[0], "max_new_tokens": 8})
             assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1
         finally:
@@ -390,12 +403,53 @@ def test_bf16_is_judged_against_float32_and_refused_by_name_when_too_far(sources
         config = dataclasses.replace(config, models=[strict])
         with pytest.raises(ServerError, match="model load failed") as refused:
             start_ready(config, tmp_path / "strict", deadline_s=300, progress=lambda message: None)
-        assert "bfloat16 answers too far from the float model on held-out prompts: next-token distance mean" in str(
+        assert f"{precision} answers too far from the float model on held-out prompts: next-token distance mean" in str(
             refused.value
         )
     finally:
         for name in made:
             remove_model(name)
+
+
+def test_int8_weights_compiled_serve_many_streams_without_recompiling(sources, tmp_path):
+    """Inductor on int8 weights (the model file's `weights: int8`; computed in float32 here so that
+    every CPU runs it, `inductor-bf16-woq` computes in bf16): the model's linear weights in int8
+    (torchao), judged against float32, then compiled with them and warmed up: prompts of every
+    length (chunked prefill), streams together and a chat all answered, with no request waiting
+    for the compiler."""
+    name = "test-yours-lm-int8-weights"
+    document = yaml.safe_load(model_file(QWEN).read_text())
+    model_file(name).write_text(yaml.safe_dump({**document, "handler": {**document["handler"], "weights": "int8"}}))
+    try:
+        build = [sys.executable, "-m", "model_store.build", "--models", name, "--variants", "inductor"]
+        done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        config = ServeConfig.from_preset("optimized", variant="inductor", models=[name], cpus=one_cpu())
+        server = start_server(tmp_path / "int8", config)
+        try:
+            answers: dict[int, requests.Response] = {}
+
+            def ask(index: int, prompt: str) -> None:
+                answers[index] = generate(server, name, {"prompt": prompt, "max_new_tokens": 24})
+
+            threads = [threading.Thread(target=ask, args=(i, p)) for i, p in enumerate(PROMPTS * 2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=300)
+            assert [answers[i].status_code for i in range(len(threads))] == [200] * len(threads)
+            assert all(answers[i].json()["usage"]["completion_tokens"] >= 1 for i in range(len(threads)))
+            chat = generate(server, name, {"messages": CHAT, "max_tokens": 8}, "v1/chat/completions")
+            assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
+            log = server.logs.model_log.read_text(errors="replace")
+            assert re.search(rf"{name}: \d+ linear layers on int8 weights", log)
+            assert re.search(rf"{name} accuracy against float32: .* \(served in float32 on int8 weights\)", log)
+            assert f"{name} ready: backend=inductor dtype=float32 " in log
+            assert "recompiled while serving" not in log, "a request waited for the compiler"
+        finally:
+            server.stop()
+    finally:
+        remove_model(name)
 
 
 def test_make_tune_measures_each_number_of_sequences_and_its_preset_serves_the_choice(sources, references, tmp_path):

@@ -30,14 +30,15 @@ def test_a_kit_row_is_divided_by_the_peers_rows_at_its_own_precision(tmp_path):
         for s in (
             system("kit inductor", KIT, "float32"),
             system("kit inductor-bf16", KIT, "bfloat16"),
+            system("kit inductor-bf16-woq", KIT, "int8"),
             system("fastapi float32", "fastapi", "float32"),
             system("fastapi bfloat16", "fastapi", "bfloat16"),
             system("llama.cpp bf16", "llama.cpp", "bfloat16"),
-            system("llama.cpp q8_0", "llama.cpp", "q8_0"),
+            system("llama.cpp q8_0", "llama.cpp", "int8"),
             system("openvino float32", "openvino", "float32"),
         )
     }
-    rows = {"kit inductor": stats(10), "kit inductor-bf16": stats(30), "fastapi float32": stats(5),
+    rows = {"kit inductor": stats(10), "kit inductor-bf16": stats(30), "kit inductor-bf16-woq": stats(20), "fastapi float32": stats(5),
             "fastapi bfloat16": stats(10), "llama.cpp bf16": stats(20), "llama.cpp q8_0": stats(40),
             "openvino float32": stats(8)}  # fmt: skip
     text = report({16: rows}, systems, tmp_path, "# header")
@@ -45,6 +46,7 @@ def test_a_kit_row_is_divided_by_the_peers_rows_at_its_own_precision(tmp_path):
     lines = {line.split(" | ")[1]: line.split(" | ") for line in text.splitlines() if line.startswith("| 16 |")}
     assert lines["kit inductor"][3:6] == ["2.00× (2.00–2.00)", "", "1.25× (1.25–1.25)"]  # no llama.cpp f32 row
     assert lines["kit inductor-bf16"][3:6] == ["3.00× (3.00–3.00)", "1.50× (1.50–1.50)", ""]
+    assert lines["kit inductor-bf16-woq"][3:6] == ["", "0.50× (0.50–0.50)", ""]  # int8 weights: llama.cpp's Q8_0
     assert lines["llama.cpp bf16"][3:6] == lines["fastapi float32"][3:6] == ["", "", ""]  # peers are not divided
     assert (tmp_path / "report.md").read_text() == text
 

@@ -21,3 +21,23 @@ def test_a_server_that_exits_while_starting_is_reported_with_its_exit_code_and_l
         started("a peer", command, log_path, port=9)  # port 9 (discard): nothing answers there
     assert time.monotonic() - began < 30
     assert "no model here" in log_path.read_text()
+
+
+@pytest.mark.parametrize(
+    ("bf16", "expected"),
+    [
+        (True, {"float32": "inductor", "bfloat16": "inductor-bf16", "int8": "inductor-bf16-woq"}),
+        (False, {"float32": "inductor"}),
+    ],
+)
+def test_the_kit_has_a_row_per_precision_its_cpu_computes_int8_weights_in_bf16(monkeypatch, bf16, expected):
+    from handlers.backends import DType
+    from kit import variant
+
+    refusal = "" if bf16 else "no AVX512_BF16 or AMX"
+    monkeypatch.setattr(variant, "cpu_refusal", lambda dtype: refusal if dtype is DType.BFLOAT16 else "")
+    served = generate_systems.kit_variants()
+    assert served == expected
+    for precision, name in served.items():
+        weights = variant.Variant.load(name).settings.weights.value
+        assert (weights == "int8") == (precision == generate_systems.INT8)

@@ -3,7 +3,15 @@ import re
 import pytest
 
 from handlers.backends import Backend, DType
-from handlers.settings import Architecture, CompileMode, GenerationSettings, ImageSettings, TextSettings
+from handlers.settings import (
+    Architecture,
+    CompileMode,
+    GenerationSettings,
+    ImageSettings,
+    TensorSettings,
+    TextSettings,
+    Weights,
+)
 from handlers.typed_config import SettingsError, parse_settings
 
 
@@ -80,3 +88,18 @@ def test_settings_are_frozen():
 def test_a_generative_models_settings_refuse_what_it_cannot_serve(key, value, message):
     with pytest.raises(SettingsError, match=re.escape(message)):
         parse_settings(GenerationSettings, {key: value})
+
+
+@pytest.mark.parametrize("settings_class", [ImageSettings, TextSettings, TensorSettings])
+def test_int8_weights_are_a_language_models_and_another_task_is_told_its_int8(settings_class):
+    with pytest.raises(SettingsError, match=re.escape("choose dtype int8 (aoti-int8, openvino-int8)")):
+        parse_settings(settings_class, {"weights": "int8"})
+
+
+def test_a_language_model_on_int8_weights_names_both_precisions():
+    settings = parse_settings(GenerationSettings, {"dtype": "bfloat16", "weights": "int8"})
+    assert (settings.dtype, settings.weights) == (DType.BFLOAT16, Weights.INT8)
+    assert settings.precision == "bfloat16 on int8 weights"
+    assert parse_settings(GenerationSettings, {}).precision == "float32"
+    with pytest.raises(SettingsError, match="weights 'int4' is unknown; choose one of: dtype, int8"):
+        parse_settings(GenerationSettings, {"weights": "int4"})

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from handlers.typed_config import parse_settings
+from handlers.typed_config import SettingsError, parse_settings
 
 
 def test_model_files_parse_into_settings():
@@ -19,11 +19,20 @@ def test_model_files_parse_into_settings():
     for model in map(Model.load, model_names()):
         if model.source.kind is SourceKind.RECIPE:
             assert model.source.location in RECIPES, f"{model.file}: no recipe {model.source.location!r}"
+        settings_class = handler_class(model.task.handler).settings_class
         for name in variant_names():
             variant = Variant.load(name)
             merged = merged_config(model.serving, variant.overlay)
-            settings = parse_settings(handler_class(model.task.handler).settings_class, merged["handler"])  # raises
-            assert (settings.backend, settings.dtype) == (variant.backend, variant.dtype)
+            if variant.settings.weights not in settings_class.weight_formats:  # a language model's variant
+                with pytest.raises(SettingsError, match="weight-only quantization.*serves a language model"):
+                    parse_settings(settings_class, merged["handler"])
+                continue
+            settings = parse_settings(settings_class, merged["handler"])  # raises
+            assert (settings.backend, settings.dtype, settings.weights) == (
+                variant.backend,
+                variant.dtype,
+                variant.settings.weights,
+            )
 
 
 def test_archive_build_stops_early_when_the_disk_is_nearly_full(tmp_path, monkeypatch):

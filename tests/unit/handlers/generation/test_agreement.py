@@ -15,7 +15,8 @@ from handlers.calibration import SENTENCES
 from handlers.generation import agreement
 from handlers.generation.agreement import Agreement, AgreementLimits, Reference, measure, require
 from handlers.generation.packed_linear import can_pack, pack_linears
-from handlers.settings import GenerationSettings
+from handlers.generation.quantized import int8_weights
+from handlers.settings import GenerationSettings, Weights
 from tests.hf_models import gpt2_lm, qwen2_lm
 
 MAKERS = {"qwen2": qwen2_lm, "gpt2": gpt2_lm}
@@ -61,7 +62,17 @@ def test_bf16_as_served_passes_the_default_limits_and_differs_somewhere(family):
     assert agreed.distance_max > 0  # it was judged, not the float model again
 
 
-def test_a_layer_off_by_half_its_spread_is_refused_by_name(family):
+def test_int8_weights_as_served_pass_their_default_limits_and_differ_somewhere(family):
+    model, reference = family
+    served = copy.deepcopy(model)
+    assert int8_weights(served) > 0
+    agreed = measure(served, reference)
+    require(agreed, agreement.limits(GenerationSettings(weights=Weights.INT8)), "float32 on int8 weights")
+    assert agreed.distance_max > 0
+
+
+@pytest.mark.parametrize("reduced", [DType.BFLOAT16, Weights.INT8])
+def test_a_layer_off_by_half_its_spread_is_refused_by_name(family, reduced):
     model, reference = family
     broken = copy.deepcopy(model)
     linears = [
@@ -74,8 +85,8 @@ def test_a_layer_off_by_half_its_spread_is_refused_by_name(family):
         weight = linears[0].weight
         weight.add_(torch.randn_like(weight) * weight.std() * 0.5)
     with pytest.raises(AccuracyError, match="too far from the float model on held-out prompts") as refused:
-        require(measure(broken, reference), agreement.LIMITS[DType.BFLOAT16], "bfloat16")
-    assert "bfloat16 answers" in str(refused.value) and "greedy tokens" in str(refused.value)
+        require(measure(broken, reference), agreement.LIMITS[reduced], reduced.value)
+    assert f"{reduced.value} answers" in str(refused.value) and "greedy tokens" in str(refused.value)
 
 
 def test_each_limit_fails_on_its_own_and_nan_fails():
@@ -91,6 +102,15 @@ def test_float32_is_not_judged_and_a_model_files_limits_replace_the_dtypes():
     assert agreement.limits(GenerationSettings(dtype=DType.BFLOAT16)) == agreement.LIMITS[DType.BFLOAT16]
     settings = GenerationSettings(dtype=DType.BFLOAT16, accuracy_min_match_rate=0.99, accuracy_tolerance=0.01)
     assert agreement.limits(settings) == AgreementLimits(0.99, 0.01)
+    assert agreement.limits(GenerationSettings(weights=Weights.INT8)) == agreement.LIMITS[Weights.INT8]
+
+
+def test_bf16_on_int8_weights_meets_the_looser_of_the_two():
+    bf16, int8 = agreement.LIMITS[DType.BFLOAT16], agreement.LIMITS[Weights.INT8]
+    both = agreement.limits(GenerationSettings(dtype=DType.BFLOAT16, weights=Weights.INT8))
+    assert both == AgreementLimits(
+        min(bf16.min_match_rate, int8.min_match_rate), max(bf16.max_distance_mean, int8.max_distance_mean)
+    )
 
 
 def test_a_checkpoint_saved_in_bf16_is_judged_against_float32(tmp_path):
