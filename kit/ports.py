@@ -30,7 +30,9 @@ GRPC_INFERENCE_PORT, GRPC_MANAGEMENT_PORT = 7070, 7071
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_PORT = 10000  # below: ports that services and users pick by hand (8080, 9000, 5432, ...)
-HIGHEST_PORT = 65535
+# TorchServe refuses 65535 itself ("Invalid configuration: Invalid port number: http://127.0.0.1:65535":
+# its frontend takes ports below 65535), and a server the kit started there never came up.
+HIGHEST_PORT = 65534
 # Fewer ports than this outside the ephemeral range (a machine that widened it): take any port.
 MIN_CANDIDATES = 1000
 TRIES_PER_PORT = 200  # random draws before giving up: each draw is checked free, so a busy machine needs a few

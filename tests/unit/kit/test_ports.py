@@ -60,7 +60,7 @@ def test_no_free_port_is_an_error_naming_the_fix(monkeypatch):
 
 def test_a_machine_whose_ephemeral_range_covers_everything_takes_any_port():
     assert PortPool(ephemeral=range(1024, 65536)).candidates() == [range(LOWEST_PORT, HIGHEST_PORT + 1)]
-    assert PortPool(ephemeral=LINUX_DEFAULT).candidates() == [range(LOWEST_PORT, 32768), range(61000, 65536)]
+    assert PortPool(ephemeral=LINUX_DEFAULT).candidates() == [range(LOWEST_PORT, 32768), range(61000, HIGHEST_PORT + 1)]
 
 
 def test_the_ephemeral_range_is_read_from_proc(tmp_path):
@@ -146,3 +146,10 @@ def test_any_other_failure_is_not_retried_and_the_server_is_stopped(tmp_path):
         start_on_fresh_ports(new, FakeServer.ready, keep=tmp_path / "run", progress=lambda message: None)
     assert len(made) == 1 and made[0].events == ["start", "stop"]
     assert (tmp_path / "run").is_dir()  # nothing moved: the failure is the run's own
+
+
+def test_the_last_port_torchserve_refuses_is_never_handed_out():
+    """TorchServe's frontend refuses port 65535 ("Invalid port number"): the pool's candidates
+    above the ephemeral range end below it."""
+    pool = PortPool(ephemeral=LINUX_DEFAULT)
+    assert max(r.stop - 1 for r in pool.candidates()) == HIGHEST_PORT == 65534
