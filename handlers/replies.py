@@ -140,7 +140,8 @@ class Replies(Transport):
 class StepReplies(Transport):
     """continuousBatching: the frontend sends the worker a batch (every request it holds for it,
     new ones whole, the others by id) and waits for one answer message, then sends the next batch.
-    The pieces the engine writes between two batches go out together in that answer.
+    The pieces the engine writes between two batches go out together in that answer, one per
+    request (a request's next piece waits for the next answer).
 
     The worker answers once per engine step (and at once when the reader has written something, a
     refusal or a new request's opening piece): the frontend hands over new requests only with its
@@ -203,7 +204,14 @@ class StepReplies(Transport):
             while not self.pending and self.steps == self.steps_answered:
                 self.cond.wait()
             self.steps_answered = self.steps
-            entries, self.pending = self.pending, []
+            # One piece per request an answer: the frontend forgets a request whose client it
+            # finds gone while passing a piece on, and a second piece of it in the same answer
+            # would then be unknown to it: "Unexpected job in sendResponse()", and it stops the
+            # worker. The later pieces go in the next answers, or are dropped with the request.
+            entries, later = [], []
+            for entry in self.pending:
+                (later if any(entry[0] == e[0] for e in entries) else entries).append(entry)
+            self.pending = later
             answered = {entry[0] for entry in entries}
             keep_open = [
                 prediction(request_id, b"", content_type, more=True)

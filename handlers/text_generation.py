@@ -98,7 +98,9 @@ class TextGenerationHandler:
         if reference is not None:
             # Judged as it will serve (packed or quantized), before the compiler: it computes the same.
             agreed = agreement.measure(model, reference)
-            log.info("%s accuracy against float32: %s (served in %s)", self.model_name, agreed.summary(), settings.precision)
+            log.info(
+                "%s accuracy against float32: %s (served in %s)", self.model_name, agreed.summary(), settings.precision
+            )
             agreement.require(agreed, guard, settings.precision)
         if settings.backend is Backend.INDUCTOR:
             # Sizes that happen to be equal when first traced share a symbol ("duck" shapes), and
