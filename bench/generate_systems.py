@@ -49,29 +49,19 @@ class System:
 KIT = "kit"
 FLOAT32, BFLOAT16 = DType.FLOAT32.value, DType.BFLOAT16.value
 INT8 = "int8"  # int8 weights: the kit's weight-only variants, llama.cpp's Q8_0, OpenVINO's compressed IR
-# The kit's variants per precision, best first: the first this CPU serves is the row. int8
-# weights are computed in bfloat16: in float32, torch's int8 product is far slower than float32's
-# own (docs/generation.md), so a CPU without bf16 has no int8 row.
-KIT_VARIANTS = {
-    FLOAT32: ("inductor",),
-    BFLOAT16: ("inductor-bf16",),
-    INT8: ("inductor-bf16-woq",),
-}
+# The kit's variant per precision. int8 weights are computed in bfloat16: in float32, torch's int8
+# product is far slower than float32's own (docs/generation.md), so a CPU without bf16 has no int8 row.
+KIT_VARIANTS = {FLOAT32: "inductor", BFLOAT16: "inductor-bf16", INT8: "inductor-bf16-woq"}
 
 
 def kit_variants() -> dict[str, str]:
     """The kit's variant per precision this CPU serves."""
-    served = {}
-    for precision, names in KIT_VARIANTS.items():
-        if name := next((name for name in names if not Variant.load(name).refusal()), None):
-            served[precision] = name
-    return served
+    return {precision: name for precision, name in KIT_VARIANTS.items() if not Variant.load(name).refusal()}
 
 
 def served_settings(model: Model) -> GenerationSettings:
     """What the kit's fp32 archive (always built) serves: its sequences and context size a peer's."""
-    (variant,) = KIT_VARIANTS[FLOAT32]
-    return archive_settings(Variant.load(variant).archive(model.name))
+    return archive_settings(Variant.load(KIT_VARIANTS[FLOAT32]).archive(model.name))
 
 
 def kit_system(model: Model, precision: str, run_dir: Path, named: bool = False) -> System:

@@ -208,11 +208,11 @@ class StepReplies(Transport):
             # finds gone while passing a piece on, and a second piece of it in the same answer
             # would then be unknown to it: "Unexpected job in sendResponse()", and it stops the
             # worker. The later pieces go in the next answers, or are dropped with the request.
-            entries, later = [], []
+            entries, later, answered = [], [], set()
             for entry in self.pending:
-                (later if any(entry[0] == e[0] for e in entries) else entries).append(entry)
+                (later if entry[0] in answered else entries).append(entry)
+                answered.add(entry[0])
             self.pending = later
-            answered = {entry[0] for entry in entries}
             keep_open = [
                 prediction(request_id, b"", content_type, more=True)
                 for request_id, content_type in self.opened.items()
