@@ -1,24 +1,114 @@
-"""A language model's linear weights in int8 (torchao's weight-only quantization), computed in the
-model's dtype.
+"""A language model's linear weights in int8, computed in the model's dtype.
 
     count = int8_weights(model)    # after model.to(dtype), before torch.compile
 
-Each weight keeps one scale per output channel (symmetric, round to nearest): a decode step reads
-half of bfloat16's bytes, a quarter of float32's, and its answers move by the rounding, which
-the accuracy guard measures before serving (handlers/generation/agreement.py). Inductor compiles
-the dequantize into the matrix product (torch's `_weight_int8pack_mm`). A head tied to the
-embedding gets its own int8 copy; the embedding keeps its float table (a lookup reads one row).
+torchao quantizes each weight (`Int8WeightOnlyConfig`: symmetric, a scale per output channel,
+round to nearest): a layer stores half of bfloat16's bytes, a quarter of float32's, and its
+answers move by the rounding, which the accuracy guard measures before serving
+(handlers/generation/agreement.py). A head tied to the embedding gets its own int8 copy; the
+embedding keeps its float table (a lookup reads one row).
+
+How a layer multiplies is chosen at each call by the rows it is given (linears.py):
+- a few rows (a decode step): `_weight_int8pack_mm` reads each int8 weight once per row and
+  scales the sums. Its time is the weights' bytes, but it grows with every row.
+- more rows (a prompt): the int8 weight converted to the model's dtype, then one matrix product
+  over all the rows, which costs little more per row but pays for the conversion.
+Where one overtakes the other depends on the CPU's matrix units and the layer's shape: measured
+for each shape when the model is quantized, in the worker, on its threads.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+import torch
 from torch import nn
+
+from handlers.generation.linears import replace_linears
+
+log = logging.getLogger(__name__)
+
+# The crossover is searched up to this many rows; past it a layer converts (a prompt's chunk).
+MOST_ROWS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Int8:
+    weight: torch.Tensor  # int8, (out_features, in_features)
+    scale: torch.Tensor  # one per output channel, in the model's dtype
+    bias: torch.Tensor | None
+    out_features: int
+    few_rows: int = 0  # up to this many rows, `_weight_int8pack_mm`; past it, converted
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> Int8:
+        quantized = linear.weight  # torchao's Int8Tensor
+        scale = quantized.scale.reshape(-1).to(quantized.dtype)
+        bias = None if linear.bias is None else linear.bias.detach()
+        return cls(quantized.qdata.contiguous(), scale, bias, linear.out_features)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        out = self.per_row(rows) if rows.shape[0] <= self.few_rows else self.converted(rows)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def per_row(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scale)
+
+    def converted(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.mm(rows, self.weight.t().to(rows.dtype)) * self.scale
+
+    def seconds(self, rows: int) -> tuple[float, float]:
+        """Each way's best time of a few calls on `rows` rows: (per row, converted)."""
+        x = torch.randn(rows, self.weight.shape[1], dtype=self.scale.dtype)
+        return best_seconds(lambda: self.per_row(x)), best_seconds(lambda: self.converted(x))
+
+
+def best_seconds(call: Callable[[], object], repeats: int = 3) -> float:
+    call()  # the first call allocates and warms the caches
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times)  # the least disturbed
+
+
+def few_rows(seconds: Callable[[int], tuple[float, float]], most: int = MOST_ROWS) -> int:
+    """The most rows (a power of two, up to `most`; 0 for none) for which the per-row way is no
+    slower, doubling from one row until converting wins."""
+    rows, few = 1, 0
+    while rows <= most:
+        per_row, converted = seconds(rows)
+        if per_row > converted:
+            break
+        few, rows = rows, rows * 2
+    return few
 
 
 def int8_weights(model: nn.Module) -> int:
     """Every nn.Linear's weight in int8; how many there were."""
     from torchao.quantization import Int8WeightOnlyConfig, quantize_  # torchao's import costs seconds
 
-    count = sum(1 for module in model.modules() if type(module) is nn.Linear)
     quantize_(model, Int8WeightOnlyConfig(), filter_fn=lambda module, _: type(module) is nn.Linear)
+    measured: dict[tuple[int, ...], int] = {}
+
+    def kernel(linear: nn.Linear) -> Int8:
+        int8 = Int8.of(linear)
+        shape = tuple(int8.weight.shape)
+        if shape not in measured:
+            measured[shape] = few_rows(int8.seconds)
+        return dataclasses.replace(int8, few_rows=measured[shape])
+
+    with torch.inference_mode():
+        count = replace_linears(model, kernel)
+    log.info(
+        "int8 weights: `_weight_int8pack_mm` up to this many rows, the weight converted past them (measured): %s",
+        ", ".join(f"{out}x{inp} {few}" for (out, inp), few in measured.items()),
+    )
     return count

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from handlers.generation.packed_linear import PackedLinear, can_pack, pack_linears
+from handlers.generation.linears import OpaqueLinear
+from handlers.generation.packed_linear import Packed, can_pack, pack_linears
 from tests.hf_models import gpt2_lm, qwen2_lm
 
 pytestmark = pytest.mark.skipif(not can_pack(), reason="this torch has no oneDNN")
@@ -37,7 +38,7 @@ def test_a_packed_model_gives_the_plain_models_logits_eager_and_compiled(family,
     packed = copy.deepcopy(plain)
     assert pack_linears(packed) == linears > 0  # GPT-2's projections are Conv1D: only its head is a Linear
     assert not any(type(m) is nn.Linear for m in packed.modules())
-    assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == linears
+    assert sum(isinstance(m, OpaqueLinear) and isinstance(m.kernel, Packed) for m in packed.modules()) == linears
     ids = torch.randint(0, plain.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         exact = copy.deepcopy(plain).float()(input_ids=ids).logits

@@ -1,0 +1,62 @@
+"""A language model's linear layers as kernels the compiler calls but does not look into.
+
+    count = replace_linears(model, Packed.of)    # before torch.compile; each nn.Linear swapped
+
+A language model compiles several graphs (prefill, decode of one and of many rows). A weight the
+compiler sees becomes a constant of each graph it freezes, or a tensor subclass it traces into
+every graph; a weight behind an operator it does not look into is stored once, for every graph,
+in the layout its kernel wants, and the kernel can choose at each call by the rows it is given.
+The graphs name a kernel by its key (an int): an opaque tensor cannot be a graph input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+from torch import nn
+
+
+class Kernel(Protocol):
+    out_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+KERNELS: dict[int, Kernel] = {}
+
+
+@torch.library.custom_op("kit::linear", mutates_args=())
+def opaque_linear(x: torch.Tensor, key: int) -> torch.Tensor:
+    return KERNELS[key](x)
+
+
+@opaque_linear.register_fake
+def _(x: torch.Tensor, key: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], KERNELS[key].out_features))
+
+
+class OpaqueLinear(nn.Module):
+    def __init__(self, kernel: Kernel):
+        super().__init__()
+        self.key = len(KERNELS)
+        KERNELS[self.key] = kernel
+
+    @property
+    def kernel(self) -> Kernel:
+        return KERNELS[self.key]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return opaque_linear(x, self.key)
+
+
+def replace_linears(model: nn.Module, kernel_of: Callable[[nn.Linear], Kernel]) -> int:
+    """Every nn.Linear of the model replaced by its kernel, its plain weight dropped (a head tied
+    to the embedding keeps the embedding); how many there were."""
+    linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+               if type(child) is nn.Linear]  # fmt: skip
+    for parent, name, linear in linears:
+        with torch.no_grad():
+            setattr(parent, name, OpaqueLinear(kernel_of(linear)))
+    return len(linears)

@@ -1,0 +1,44 @@
+"""handlers/generation/linears.py: a model's linear layers behind an operator the compiler does not
+look into, each calling its kernel with the rows of that call."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from handlers.generation.linears import KERNELS, OpaqueLinear, replace_linears
+
+
+@dataclasses.dataclass(frozen=True)
+class RowCounter:
+    """A kernel that computes the plain product and notes how many rows each call had."""
+
+    linear: nn.Linear
+    rows: list[int]
+
+    @property
+    def out_features(self) -> int:
+        return self.linear.out_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.rows.append(x.reshape(-1, x.shape[-1]).shape[0])
+        return self.linear(x)
+
+
+def test_a_compiled_model_calls_each_kernel_with_each_calls_rows():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 4)))
+    plain = [m for m in model.modules() if type(m) is nn.Linear]
+    counters = []
+    assert replace_linears(model, lambda linear: counters.append(RowCounter(linear, [])) or counters[-1]) == 2
+    assert [type(m) for m in (model[0], model[2][0])] == [OpaqueLinear, OpaqueLinear]
+    assert [KERNELS[m.key] for m in (model[0], model[2][0])] == counters
+    compiled = torch.compile(model, dynamic=True)
+    with torch.inference_mode():
+        for rows in (3, 1, 6):
+            x = torch.randn(rows, 8)
+            assert torch.equal(compiled(x), plain[1](torch.relu(plain[0](x))))
+    # Compiled once for every row count, each call reaching the kernel with its own rows.
+    assert [c.rows[-3:] for c in counters] == [[3, 1, 6], [3, 1, 6]]
