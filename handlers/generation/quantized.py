@@ -102,11 +102,11 @@ def int8_weights(model: nn.Module) -> int:
         int8 = Int8.of(linear)
         shape = tuple(int8.weight.shape)
         if shape not in measured:
-            measured[shape] = few_rows(int8.seconds)
+            with torch.inference_mode():  # the timed calls only: the kernel's tensors stay ordinary
+                measured[shape] = few_rows(int8.seconds)
         return dataclasses.replace(int8, few_rows=measured[shape])
 
-    with torch.inference_mode():
-        count = replace_linears(model, kernel)
+    count = replace_linears(model, kernel)
     log.info(
         "int8 weights: `_weight_int8pack_mm` up to this many rows, the weight converted past them (measured): %s",
         ", ".join(f"{out}x{inp} {few}" for (out, inp), few in measured.items()),
