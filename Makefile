@@ -134,8 +134,8 @@ SOAK_SECONDS ?= 300
 # GenAI's environment made, in .cache/peers/ on first use).
 bench: install
 ifeq ($(PLAN),generate)
-	@test -n "$(MODELS)" || { echo "usage: make bench PLAN=generate MODELS=lm[,lm-other] [ROUNDS=3] [SECONDS=60] [PEERS=fastapi,llama.cpp,openvino|none] [CONCURRENCY=1,4,16] [PRECISIONS=float32,bfloat16,int8]"; exit 2; }
-	@$(PY) -m bench.generate --model $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(SECONDS),--seconds $(SECONDS)) $(if $(PEERS),--peers $(PEERS)) $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) $(if $(PRECISIONS),--precisions $(PRECISIONS))
+	@test -n "$(MODELS)" || { echo "usage: make bench PLAN=generate MODELS=lm[,lm-other] [ROUNDS=3] [SECONDS=60] [PEERS=fastapi,llama.cpp,openvino|none] [CONCURRENCY=1,4,16] [PRECISIONS=float32,bfloat16,int8] [BACKENDS=inductor,openvino]"; exit 2; }
+	@$(PY) -m bench.generate --model $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(SECONDS),--seconds $(SECONDS)) $(if $(PEERS),--peers $(PEERS)) $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) $(if $(PRECISIONS),--precisions $(PRECISIONS)) $(if $(BACKENDS),--backends $(BACKENDS))
 else
 	@$(PY) -m bench --plan $(PLAN) $(if $(MODELS),--models $(MODELS))
 endif

@@ -2,11 +2,12 @@
 run instead, streamed, at several concurrencies, in interleaved rounds.
 
     .venv/bin/python -m bench.generate --model lm[,lm-other] [--rounds 3] [--seconds 60] [--concurrency 1,4,16]
-        [--peers fastapi,llama.cpp,openvino] [--precisions float32,bfloat16,int8]
+        [--peers fastapi,llama.cpp,openvino] [--precisions float32,bfloat16,int8] [--backends inductor,openvino]
 
 Rows, on the model file's own directory, at each precision (bench/generate_systems.py): the kit
 (TorchServe: `inductor`; where the CPU computes bf16, `inductor-bf16` and, on int8 weights,
-`inductor-bf16-woq`); the FastAPI + transformers `generate` peer
+`inductor-bf16-woq`; with --backends openvino also on OpenVINO GenAI's pipeline in the kit's
+worker, `openvino`, `openvino-bf16`, `openvino-bf16-woq`); the FastAPI + transformers `generate` peer
 (bench/generate_peer.py) at the float precisions; llama.cpp's server (bench/llama_cpp.py: built
 from PyPI's llama-cpp-python source, the GGUF converted from the same directory; int8 is Q8_0),
 with as many parallel slots and as much context per slot as the kit serves; OpenVINO GenAI's
@@ -32,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.generate_systems import FLOAT32, KIT, KIT_VARIANTS, PEERS, System, kit_system, kit_variants, log
+from bench.generate_systems import FLOAT32, INDUCTOR, KIT, KIT_VARIANTS, PEERS, System, kit_system, kit_variants, log
 from bench.streams import Ask, StreamStats, measure_streams
 from handlers.calibration import SENTENCES
 from kit.models import Model, Task
@@ -120,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument(
-        "--precisions", default="", help=f"rows of {', '.join(KIT_VARIANTS)} (default: each this CPU serves)"
+        "--precisions", default="", help=f"rows of {', '.join(KIT_VARIANTS[INDUCTOR])} (default: each this CPU serves)"
+    )
+    parser.add_argument(
+        "--backends", default=INDUCTOR, help=f"the kit's rows on {', '.join(KIT_VARIANTS)} (each at every precision)"
     )
     parser.add_argument("--peers", default=",".join(PEERS), help=f"of {', '.join(PEERS)}; none: the kit's rows alone")
     args = parser.parse_args(argv)
@@ -133,13 +137,20 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := sorted(set(peers) - set(PEERS)):
         log(f"ERROR: no peer {unknown}; PEERS= takes {', '.join(PEERS)}")
         return 2
+    backends = [b for b in args.backends.split(",") if b]
+    if unknown := sorted(set(backends) - set(KIT_VARIANTS)):
+        log(f"ERROR: no kit backend {unknown}; BACKENDS= takes {', '.join(KIT_VARIANTS)}")
+        return 2
     served = kit_variants()
     precisions = [p for p in args.precisions.split(",") if p] if args.precisions else list(served)
     if unserved := [p for p in precisions if p not in served]:
         log(f"ERROR: no kit variant serves {unserved} on this CPU; it serves {', '.join(served)}")
         return 2
+    rows = [(kit_variants(backend)[p], p) for backend in backends for p in precisions]
+    # The inductor float32 archive is built whatever is measured: the peers take its settings.
+    variants = dict.fromkeys([KIT_VARIANTS[INDUCTOR][FLOAT32]] + [variant for variant, _ in rows])
     build = [sys.executable, "-m", "model_store.build", "--models", ",".join(m.name for m in models),
-             "--variants", ",".join([served[FLOAT32]] + [served[p] for p in precisions if p != FLOAT32])]  # fmt: skip
+             "--variants", ",".join(variants)]  # fmt: skip
     if subprocess.run(build, cwd=ROOT).returncode != 0:
         return 1
     out = RESULTS / f"generate-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -150,13 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     asks = workload()
     try:
         for kit_model in models:
-            for precision in precisions:
+            for variant, precision in rows:
                 started_at = time.monotonic()
                 try:
-                    systems.append(kit_system(kit_model, precision, out, named=len(models) > 1))
+                    systems.append(kit_system(kit_model, variant, precision, out, named=len(models) > 1))
                 except ServerError as error:
                     # The accuracy guard refused the precision on this model: no row, said why.
-                    log(f"kit {served[precision]} for {kit_model.name} did not start, left out: {error}")
+                    log(f"kit {variant} for {kit_model.name} did not start, left out: {error}")
                     continue
                 log(f"{systems[-1].name}: its worker started in {time.monotonic() - started_at:.0f} s")
         for peer in peers:

@@ -49,26 +49,30 @@ class System:
 KIT = "kit"
 FLOAT32, BFLOAT16 = DType.FLOAT32.value, DType.BFLOAT16.value
 INT8 = "int8"  # int8 weights: the kit's weight-only variants, llama.cpp's Q8_0, OpenVINO's compressed IR
-# The kit's variant per precision. int8 weights are computed in bfloat16: in float32, torch's int8
-# product is far slower than float32's own (docs/generation.md), so a CPU without bf16 has no int8 row.
-KIT_VARIANTS = {FLOAT32: "inductor", BFLOAT16: "inductor-bf16", INT8: "inductor-bf16-woq"}
+INDUCTOR, OPENVINO = "inductor", "openvino"  # the kit's backends for a language model (BACKENDS=)
+# The kit's variant per backend and precision. int8 weights are computed in bfloat16: in float32,
+# torch's int8 product is far slower than float32's own (docs/generation.md), so a CPU without
+# bf16 has no int8 row; OpenVINO's rows follow the same precisions.
+KIT_VARIANTS = {
+    INDUCTOR: {FLOAT32: "inductor", BFLOAT16: "inductor-bf16", INT8: "inductor-bf16-woq"},
+    OPENVINO: {FLOAT32: "openvino", BFLOAT16: "openvino-bf16", INT8: "openvino-bf16-woq"},
+}
 
 
-def kit_variants() -> dict[str, str]:
-    """The kit's variant per precision this CPU serves."""
-    return {precision: name for precision, name in KIT_VARIANTS.items() if not Variant.load(name).refusal()}
+def kit_variants(backend: str = INDUCTOR) -> dict[str, str]:
+    """The kit's variant per precision this CPU serves, on `backend`."""
+    return {precision: name for precision, name in KIT_VARIANTS[backend].items() if not Variant.load(name).refusal()}
 
 
 def served_settings(model: Model) -> GenerationSettings:
     """What the kit's fp32 archive (always built) serves: its sequences and context size a peer's."""
-    return archive_settings(Variant.load(KIT_VARIANTS[FLOAT32]).archive(model.name))
+    return archive_settings(Variant.load(KIT_VARIANTS[INDUCTOR][FLOAT32]).archive(model.name))
 
 
-def kit_system(model: Model, precision: str, run_dir: Path, named: bool = False) -> System:
+def kit_system(model: Model, variant: str, precision: str, run_dir: Path, named: bool = False) -> System:
     # The optimized preset as `make serve` starts it: the plan gives a language model one worker
     # (or one per L3 domain, batching: async), its cores as threads (kit/plan.py), every stream in
     # one engine's batch.
-    variant = kit_variants()[precision]
     config = ServeConfig.from_preset("optimized", variant=variant, models=[model.name])
     row = f"{KIT} {model.name} {variant}" if named else f"{KIT} {variant}"  # named: several kit models
     server: Server = start_ready(config, run_dir / row.replace(" ", "-"), progress=log)

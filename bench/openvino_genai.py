@@ -4,8 +4,7 @@
     .venv/bin/python -m bench.openvino_genai export DIR [--int8]    # -> .cache/peers/openvino-genai/ir/...
 
 The pipeline, the exporter (optimum-intel) and the tokenizer converter (openvino-tokenizers) run in
-an environment of their own, .cache/peers/openvino-genai/venv (requirements/peer-openvino-genai.txt):
-optimum-intel needs an older transformers than the kit's. The bench makes it on first use, exports
+the OpenVINO GenAI environment (model_store/openvino_lm.py), made on first use. The bench exports
 the model's own directory (fp32 weights, and int8 ones as its users compress them) and serves it
 with bench/openvino_genai_peer.py: the kit's number of sequences, a KV cache for each at the kit's
 context, at the kit's precisions (the CPU plugin's inference precision) and int8.
@@ -14,23 +13,16 @@ context, at the kit's precisions (the CPU plugin's inference precision) and int8
 from __future__ import annotations
 
 import argparse
-import hashlib
 import math
 import sys
 from pathlib import Path
 
 from bench import peer_setup
 from bench.peer_setup import PEERS
-from kit.paths import ROOT
+from model_store import openvino_lm
+from model_store.openvino_lm import python
 
 PEER = PEERS / "openvino-genai"
-VENV = PEER / "venv"
-PYTHON = VENV / "bin" / "python"
-REQUIREMENTS = ROOT / "requirements" / "peer-openvino-genai.txt"
-STAMP = VENV / ".installed"
-# PyPI's torchvision arrives with optimum-intel and fails to import beside the local torch 2.13
-# wheel ("operator torchvision::nms does not exist"), which breaks transformers' imports: removed.
-UNUSABLE = ("torchvision",)
 INT8 = "int8"  # the weights its users serve: compressed to int8 at export
 
 
@@ -38,30 +30,8 @@ def log(message: str) -> None:
     print(f"[openvino-genai] {message}", flush=True)
 
 
-def python() -> Path:
-    """The peer environment's python, making the environment first if its requirements changed."""
-    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
-    if STAMP.is_file() and STAMP.read_text() == digest:
-        return PYTHON
-    PEER.mkdir(parents=True, exist_ok=True)
-    if not PYTHON.is_file():
-        # From the kit's python: venv bases the new environment on the interpreter beneath it.
-        peer_setup.run([sys.executable, "-m", "venv", str(VENV)], f"creating {VENV}", PEER / "venv.log", log)
-    pip = [str(PYTHON), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)]
-    peer_setup.run(pip, "installing OpenVINO GenAI, optimum-intel and torch (2.13.0, the local wheel)",
-               PEER / "pip.log", log)  # fmt: skip
-    peer_setup.run(
-        [str(PYTHON), "-m", "pip", "uninstall", "-y", *UNUSABLE],
-        "removing torchvision",
-        PEER / "pip-uninstall.log",
-        log,
-    )
-    STAMP.write_text(digest)
-    return PYTHON
-
-
 def ir_dir(model_dir: Path, weights: str) -> Path:
-    return PEER / "ir" / f"{peer_setup.derived(model_dir, REQUIREMENTS.read_text())}-{weights}"
+    return PEER / "ir" / f"{peer_setup.derived(model_dir, openvino_lm.REQUIREMENTS.read_text())}-{weights}"
 
 
 def export(model_dir: Path, weights: str) -> Path:
@@ -69,13 +39,7 @@ def export(model_dir: Path, weights: str) -> Path:
     out = ir_dir(model_dir, weights)
     if (out / "openvino_detokenizer.xml").is_file():
         return out
-    command = [str(python()), "-m", "bench.openvino_genai_peer", "export", str(model_dir), str(out)]
-    command += ["--int8"] if weights == INT8 else []
-    out.parent.mkdir(parents=True, exist_ok=True)
-    peer_setup.run(
-        command, f"exporting {model_dir} to OpenVINO ({weights} weights)", out.with_suffix(".log"), log, cwd=ROOT
-    )
-    return out
+    return openvino_lm.export(model_dir, out, weights == INT8, log)
 
 
 def cache_gb(config: dict, sequences: int, context: int) -> int:

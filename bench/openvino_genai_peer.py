@@ -1,14 +1,11 @@
 """The OpenVINO GenAI peer: its continuous-batching pipeline (what OpenVINO Model Server runs)
-behind OpenAI's completions API, and the export of a Hugging Face directory to what it loads.
+behind OpenAI's completions API.
 
-    PEER_PY -m bench.openvino_genai_peer export MODEL_DIR OUT_DIR [--int8]
-    PEER_PY -m bench.openvino_genai_peer serve IR_DIR --port 8700 --precision bf16 --sequences 8 --cache-gb 1
+    OV_PY -m bench.openvino_genai_peer serve IR_DIR --port 8700 --precision bf16 --sequences 8 --cache-gb 1
 
-PEER_PY is the peer's own environment (bench/openvino_genai.py makes it): this module imports no
-kit module but bench/completions.py. The export is optimum-intel's (the model with its KV cache
-as state, as `optimum-cli export openvino` writes it) and openvino-tokenizers' (the tokenizer and
-detokenizer as OpenVINO models, which the pipeline tokenizes with); --int8 compresses the weights
-to int8, what its users serve. Serving: one ContinuousBatchingPipeline on the CPU with the kit's
+OV_PY is the OpenVINO GenAI environment (model_store/openvino_lm.py makes it): this module
+imports no kit module but bench/completions.py. IR_DIR is model_store/openvino_lm_export.py's
+(the pipeline tokenizes with its tokenizer's model). Serving: one ContinuousBatchingPipeline on the CPU with the kit's
 number of sequences, `step()` in a thread of its own while requests run (add_request is
 thread-safe); each request's new tokens decoded as they come. Everything else is OpenVINO
 GenAI's default: its scheduler's chunked prefill, its KV cache precision.
@@ -20,26 +17,12 @@ import argparse
 import itertools
 import queue
 import threading
-from pathlib import Path
 
 from bench.completions import HOST
 
 # --precision: the CPU plugin's inference precision (weights converted to it when compiled).
 PRECISIONS = {"float32": "f32", "bfloat16": "bf16"}
 END = None  # a request's queue: lists of new token ids, then END
-
-
-def export(model_dir: Path, out: Path, int8: bool) -> None:
-    import openvino as ov
-    from openvino_tokenizers import convert_tokenizer
-    from optimum.intel import OVModelForCausalLM, OVWeightQuantizationConfig
-    from transformers import AutoTokenizer
-
-    options = {"quantization_config": OVWeightQuantizationConfig(bits=8)} if int8 else {"load_in_8bit": False}
-    OVModelForCausalLM.from_pretrained(model_dir, export=True, compile=False, **options).save_pretrained(out)
-    tokenizer, detokenizer = convert_tokenizer(AutoTokenizer.from_pretrained(model_dir), with_detokenizer=True)
-    ov.save_model(tokenizer, out / "openvino_tokenizer.xml")
-    ov.save_model(detokenizer, out / "openvino_detokenizer.xml")
 
 
 class Engine:
@@ -125,10 +108,6 @@ def build_app(ir_dir: str, precision: str | None, sequences: int, cache_gb: int)
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    to_ir = commands.add_parser("export")
-    to_ir.add_argument("model_dir", type=Path)
-    to_ir.add_argument("out", type=Path)
-    to_ir.add_argument("--int8", action="store_true")
     serve = commands.add_parser("serve")
     serve.add_argument("ir_dir")
     serve.add_argument("--port", type=int, required=True)
@@ -136,9 +115,6 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--sequences", type=int, required=True)
     serve.add_argument("--cache-gb", type=int, required=True)
     args = parser.parse_args(argv)
-    if args.command == "export":
-        export(args.model_dir, args.out, args.int8)
-        return
     import uvicorn
 
     app = build_app(args.ir_dir, args.precision, args.sequences, args.cache_gb)

@@ -1,7 +1,7 @@
 """What the bench's peers make from a model before serving it (a build, an environment, a GGUF
 file, an OpenVINO export): long steps run with their output in a log file, their time printed and
-the log's end shown when one fails, and what they make kept under .cache/peers/, named after the
-model directory's files so that a re-saved model is converted again.
+the log's end shown when one fails (kit/long_step.py), and what they make kept under
+.cache/peers/, named after the model directory's files so that a re-saved model is converted again.
 
     run(["cmake", ...], "building llama-server", build / "build.log", say=log)
     derived(model_dir, version) + "-bf16.gguf"
@@ -10,25 +10,12 @@ model directory's files so that a re-saved model is converted again.
 from __future__ import annotations
 
 import hashlib
-import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
 
+from kit.long_step import run as run  # the peers' long steps
 from kit.paths import ROOT
 
 PEERS = ROOT / ".cache" / "peers"
-
-
-def run(command: list[str], what: str, log_file: Path, say: Callable[[str], None], **options) -> None:
-    started = time.monotonic()
-    say(f"{what} (log: {log_file})")
-    with open(log_file, "w") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, **options)
-    if done.returncode != 0:
-        tail = "".join(log_file.read_text().splitlines(keepends=True)[-15:])
-        raise RuntimeError(f"{what} failed (exit {done.returncode}); the end of {log_file}:\n{tail}")
-    say(f"{what}: done in {time.monotonic() - started:.0f} s")
 
 
 def derived(model_dir: Path, version: str) -> str:

@@ -7,10 +7,12 @@ kit's worker (handlers/worker.py) reads the frontend in a thread, handing each r
 `accept` as it reaches the worker, while the engine (`serve`, on the worker's main thread)
 answers it, token by token or whole; under continuousBatching the worker also learns of clients
 that went away (`cancel`), and the engine waits after each step for the frontend's batch that
-followed the step before (`after_step`). `initialize` loads the
-model in its served dtype (a reduced one judged against float32 first: the accuracy guard,
-handlers/generation/agreement.py), allocates the KV cache for `max_sequences` x
-`context_length`, and generates once through every path before the first request.
+followed the step before (`after_step`). `initialize` makes the engine of the settings' backend
+(ENGINES): for eager and inductor, the model in its served dtype (a reduced one judged against
+float32 first: the accuracy guard, handlers/generation/agreement.py) on the kit's engine; for
+openvino, the IR `make archive` exported and judged, on OpenVINO GenAI's pipeline. Either
+allocates the KV cache for `max_sequences` x `context_length`, and generates once through every
+path before the first request.
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ import torch
 from ts.utils.util import PredictionException
 
 from handlers.backends import Backend
-from handlers.calibration import SENTENCES
-from handlers.generation import agreement, api
+from handlers.generation import agreement, api, openvino_engine
 from handlers.generation.cache import TORCH_DTYPES
-from handlers.generation.engine import SPAN_STEP, Discard, Engine, Generation, QueueFull
+from handlers.generation.engine import SPAN_STEP, Discard, Engine, Generation, QueueFull, prompt_chunk
+from handlers.generation.openvino_engine import OpenVinoEngine, Pipeline
 from handlers.generation.packed_linear import can_pack, pack_linears
 from handlers.generation.quantized import int8_weights
 from handlers.generation.respond import Responder, refuse
@@ -38,7 +40,6 @@ from handlers.loaders import load_model
 from handlers.optimize import graphs_compiled
 from handlers.payload import HTTP_BAD_REQUEST, URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
 from handlers.replies import Transport
-from handlers.samples import UserSamples
 from handlers.settings import GenerationSettings, Weights
 from handlers.switches import planned_sequences
 from handlers.typed_config import parse_settings
@@ -74,7 +75,7 @@ class TextGenerationHandler:
     replies: Transport | None = None  # the worker's, once it has loaded the model
 
     def initialize(self, context) -> None:
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         start = time.perf_counter()
         self.model_name = context.model_name
@@ -85,6 +86,22 @@ class TextGenerationHandler:
             settings = dataclasses.replace(settings, max_sequences=planned)
         self.settings = settings
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        eos, sampling = model_defaults(model_dir, AutoConfig.from_pretrained(str(model_dir), local_files_only=True))
+        self.limits = api.Limits(settings.context_length, settings.max_new_tokens, sampling)
+        self.engine = ENGINES[settings.backend](self, model_dir, eos)
+        load_seconds = time.perf_counter() - start
+        warm_seconds = self.warm_up()
+        log.info(
+            "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB weights=%s eos=%s load=%.1fs warmup=%.1fs",
+            self.model_name, settings.backend.value, settings.dtype.value, settings.max_sequences,
+            settings.context_length, self.engine.cache_bytes / 1e6, settings.weights.value, sorted(eos), load_seconds, warm_seconds,
+        )  # fmt: skip
+        self.initialized = True
+
+    def torch_engine(self, model_dir: Path, eos: set[int]) -> Engine:
+        """The model in its served dtype (a reduced one judged against float32 first), eager or
+        compiled, on the kit's engine."""
+        settings = self.settings
         model = load_model(settings, model_dir)  # float32, whatever the checkpoint's dtype
         guard = agreement.limits(settings)
         reference = None if guard is None else self.reference(model, model_dir)
@@ -108,11 +125,9 @@ class TextGenerationHandler:
             # would be tied to a head size of 64. A worker compiles one model: set process-wide.
             torch.fx.experimental._config.use_duck_shape = False
             model.forward = torch.compile(model.forward, dynamic=True)
-        eos, sampling = model_defaults(model_dir, model.config)
-        self.limits = api.Limits(settings.context_length, settings.max_new_tokens, sampling)
-        self.engine = Engine(
+        return Engine(
             model,
-            lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            self.decode,
             eos,
             settings.max_sequences,
             settings.context_length,
@@ -122,29 +137,34 @@ class TextGenerationHandler:
             settings.itt,
             settings.prefill_chunk,
         )
-        load_seconds = time.perf_counter() - start
-        warm_seconds = self.warm_up()
-        log.info(
-            "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB weights=%s eos=%s load=%.1fs warmup=%.1fs",
-            self.model_name, settings.backend.value, settings.dtype.value, settings.max_sequences,
-            settings.context_length, self.engine.cache.bytes / 1e6, settings.weights.value, sorted(eos), load_seconds, warm_seconds,
+
+    def openvino_engine(self, model_dir: Path, eos: set[int]) -> OpenVinoEngine:
+        """The archive's IR (exported and judged by `make archive`) on OpenVINO GenAI's pipeline."""
+        settings = self.settings
+        pipeline = Pipeline.load(
+            model_dir / openvino_engine.DIRECTORY,
+            settings.dtype,
+            settings.max_sequences,
+            settings.context_length,
+            prompt_chunk(settings.prefill_chunk),
+            torch.get_num_threads(),  # the launcher's
+        )
+        return OpenVinoEngine(
+            pipeline, self.decode, eos, settings.max_sequences, settings.context_length, settings.max_waiting,
+            self.model_name,
         )  # fmt: skip
-        self.initialized = True
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def reference(self, model, model_dir: Path) -> agreement.Reference:
-        """The float model's answers on held-out prompts: yours (make model ... SAMPLES=; none
-        calibrates anything here), else the kit's sentences, each cut to leave room for its
-        continuation in the context."""
-        start, settings = time.perf_counter(), self.settings
-        user = UserSamples.load(model_dir)
-        texts = [body.decode() for body in user.calibration + user.held_out] if user else list(SENTENCES)
-        tokens = max(1, min(settings.accuracy_tokens, settings.context_length - 2))
-        room = settings.context_length - tokens
-        prompts = [ids[-room:] for ids in map(self.tokenize, texts[: settings.accuracy_prompts]) if ids]
-        reference = agreement.Reference.of(model, prompts, tokens)
+        """The float model's answers on the held-out prompts (agreement.held_out_prompts)."""
+        start = time.perf_counter()
+        prompts = agreement.held_out_prompts(model_dir, self.settings, self.tokenize)
+        reference = agreement.Reference.of(model, prompts, agreement.judged_tokens(self.settings))
         log.info(
             "%s: the float model answered %d held-out prompts (%d tokens each) in %.1fs",
-            self.model_name, len(prompts), tokens, time.perf_counter() - start,
+            self.model_name, len(prompts), agreement.judged_tokens(self.settings), time.perf_counter() - start,
         )  # fmt: skip
         return reference
 
@@ -270,3 +290,11 @@ class TextGenerationHandler:
             raise InvalidInput(f"the model's chat template refused the messages: {error}") from None
         # The template writes the special tokens (BOS) it wants.
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+# Which engine computes the steps, by the settings' backend (GENERATION_BACKENDS).
+ENGINES = {
+    Backend.EAGER: TextGenerationHandler.torch_engine,
+    Backend.INDUCTOR: TextGenerationHandler.torch_engine,
+    Backend.OPENVINO: TextGenerationHandler.openvino_engine,
+}

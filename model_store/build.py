@@ -81,7 +81,9 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     from handlers.base import OptimizedHandler
 
     if not issubclass(handler_class(handler_file), OptimizedHandler):
-        return  # a generative model: nothing is compiled or judged at build (yet); its worker compiles
+        # A generative model: its torch variants compile and judge in the worker.
+        export_language_model(handler_config, staging, label)
+        return
     handler = bare_handler(handler_file, handler_config, staging)
     if judged_in_worker(handler.settings):
         count = ship_evidence(handler, load_model(handler.settings, staging), staging)
@@ -110,6 +112,51 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
         log(f"{label}: WARNING only {check.held_out} held-out input(s) judged this build (a quarter of your samples is "
             f"held out): give at least {math.ceil(HELD_OUT_WANTED / HELD_OUT_SHARE)} samples with make model ... SAMPLES= for "
             f"{HELD_OUT_WANTED} or more")  # fmt: skip
+
+
+# A Hugging Face directory's weights, which an openvino variant's archive does not need: the IR
+# holds them (the tokenizer, config.json and generation_config.json stay; the worker reads them).
+HF_WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
+
+
+def export_language_model(handler_config: dict, staging: Path, label: str) -> None:
+    """A language model's openvino variant: the IR exported (int8 weights: compressed) into the
+    archive, judged against the float32 model as its worker will compute it (the guard's
+    precisions), then the source's weights left out."""
+    from handlers.accuracy import AccuracyError
+    from handlers.backends import Backend, cpu_refusal
+    from handlers.generation import agreement, openvino_engine
+    from handlers.loaders import load_model
+    from handlers.settings import GenerationSettings, Weights
+    from handlers.typed_config import parse_settings
+    from model_store import openvino_lm
+
+    settings = parse_settings(GenerationSettings, handler_config)
+    if settings.backend is not Backend.OPENVINO:
+        return
+    if refusal := cpu_refusal(settings.dtype):
+        raise VariantRefused(f"{label} is not built: {refusal}")
+    say = lambda message: log(f"{label}: {message}")  # noqa: E731 - one line, passed on
+    int8 = settings.weights is Weights.INT8
+    ir = openvino_lm.export(staging, staging / openvino_engine.DIRECTORY, int8, say, label.replace("/", "-"))
+    if (guard := agreement.limits(settings)) is not None:
+        from transformers import AutoTokenizer
+
+        start = time.perf_counter()
+        tokenizer = AutoTokenizer.from_pretrained(str(staging), local_files_only=True)
+        prompts = agreement.held_out_prompts(staging, settings, lambda text: list(tokenizer(text)["input_ids"]))
+        reference = agreement.Reference.of(load_model(settings, staging), prompts, agreement.judged_tokens(settings))
+        agreed = agreement.measure(openvino_engine.Forward.load(ir, settings.dtype), reference)
+        say(
+            f"accuracy against float32 ({settings.precision}, judged in {time.perf_counter() - start:.0f}s): {agreed.summary()}"
+        )
+        try:
+            agreement.require(agreed, guard, settings.precision)
+        except AccuracyError as error:
+            raise VariantRefused(f"{label} is not installed: {error}") from None
+    for pattern in HF_WEIGHTS:
+        for path in staging.glob(pattern):
+            path.unlink()
 
 
 def require_free_space(paths: list[Path], what: str) -> None:

@@ -19,14 +19,33 @@ differ: each position is judged on the same context.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from handlers.accuracy import AccuracyError
 from handlers.backends import DType
+from handlers.calibration import SENTENCES
+from handlers.samples import UserSamples
 from handlers.settings import GenerationSettings, Weights
+
+
+def judged_tokens(settings: GenerationSettings) -> int:
+    """Tokens each held-out prompt is continued by: the settings', within the context."""
+    return max(1, min(settings.accuracy_tokens, settings.context_length - 2))
+
+
+def held_out_prompts(
+    model_dir: Path, settings: GenerationSettings, tokenize: Callable[[str], list[int]]
+) -> list[list[int]]:
+    """The prompts the guard judges on: yours (make model ... SAMPLES=; none calibrates anything
+    here), else the kit's sentences, each cut to leave room for its continuation in the context."""
+    user = UserSamples.load(model_dir)
+    texts = [body.decode() for body in user.calibration + user.held_out] if user else list(SENTENCES)
+    room = settings.context_length - judged_tokens(settings)
+    return [ids[-room:] for ids in map(tokenize, texts[: settings.accuracy_prompts]) if ids]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -135,26 +135,23 @@ def prompt_chunk(asked: int) -> int:
     return max(PROMPT_STEP, asked // PROMPT_STEP * PROMPT_STEP) if asked else 0
 
 
-class Engine:
+class Scheduler:
+    """What every engine shares: the queue of submitted sequences, admission into `slots`, the
+    choice made for each new token (end of sequence, stop string, length), cancel and stop. An
+    engine computes the steps (`step`, with `_admit` and `_accept`): Engine below with a torch
+    model, openvino_engine.py with OpenVINO GenAI's pipeline."""
+
     def __init__(
         self,
-        model: nn.Module,
         decode: Callable[[Sequence[int]], str],
         eos: set[int],
         slots: int,
         context: int,
-        dtype: torch.dtype,
         max_waiting: int = 64,
         name: str = "",
-        itt: bool = False,
-        prefill_chunk: int = 0,
     ):
-        self.model, self.decode, self.eos = model, decode, frozenset(eos)
-        self.name, self.itt = name, itt  # one ITT range per forward (prefill, decode or mixed step), for VTune
-        self.slots, self.context, self.max_waiting = slots, context, max_waiting
-        self.prefill_chunk = prompt_chunk(prefill_chunk)
-        self.cache = SlotCache(slots, context, dtype)
-        self.mixes = attention.use(model)  # decode rows and a prompt's part in one forward
+        self.decode, self.eos = decode, frozenset(eos)
+        self.name, self.slots, self.context, self.max_waiting = name, slots, context, max_waiting
         self.active: dict[int, Running] = {}
         self.waiting: collections.deque[Running] = collections.deque()
         self.keyed: dict[str, Running] = {}  # submitted with a key (a request id), until they end
@@ -194,6 +191,11 @@ class Engine:
     def busy(self) -> bool:
         return bool(self.active or self.waiting)
 
+    @property
+    def cache_bytes(self) -> int:
+        """The KV cache's size (allocated once, for `slots` sequences of `context` tokens)."""
+        raise NotImplementedError
+
     # -- the engine's thread -----------------------------------------------------------------
     def run_forever(self, after_step: Callable[[], None] = lambda: None) -> None:
         while True:
@@ -213,23 +215,90 @@ class Engine:
             self._end(sequence, Finish.CANCELLED)
 
     def step(self) -> None:
+        raise NotImplementedError
+
+    def _admit(self) -> list[Running]:
+        """Ends the cancelled sequences, then moves waiting ones into free slots: those admitted."""
+        for sequence in list(self.active.values()):
+            if sequence.cancelled:
+                self._end(sequence, Finish.CANCELLED)
+        admitted = []
+        while len(self.active) < self.slots:
+            with self.lock:
+                if not self.waiting:
+                    break
+                sequence = self.waiting.popleft()
+            if sequence.cancelled:
+                self._end(sequence, Finish.CANCELLED)
+                continue
+            sequence.slot = min(set(range(self.slots)) - set(self.active))
+            self.active[sequence.slot] = sequence
+            admitted.append(sequence)
+        return admitted
+
+    def _accept(self, sequence: Running, token: int) -> None:
+        """The sequence's next token: its text sent, or the sequence ended."""
+        generation = sequence.generation
+        if token in self.eos and not generation.ignore_eos:
+            self._end(sequence, Finish.STOP)
+            return
+        sequence.tokens.append(token)
+        delta = sequence.stream.push(token)
+        if delta:
+            sequence.sink.text(delta)
+        if sequence.stream.stopped:
+            self._end(sequence, Finish.STOP)
+        elif len(sequence.tokens) >= generation.max_new_tokens or sequence.position >= self.context:
+            self._end(sequence, Finish.LENGTH)
+
+    def _end(self, sequence: Running, reason: Finish) -> None:
+        if sequence.slot >= 0:
+            self.active.pop(sequence.slot, None)
+        with self.lock:
+            self.keyed.pop(sequence.key, None)
+        if sequence.cancelled:
+            log.info(
+                "%s: request %s cancelled after %d token(s); %d of %d sequences generating",
+                self.name, sequence.key or "-", len(sequence.tokens), len(self.active), self.slots,
+            )  # fmt: skip
+        if rest := sequence.stream.finish():
+            sequence.sink.text(rest)
+        sequence.sink.finish(reason, len(sequence.generation.prompt), len(sequence.tokens))
+
+
+class Engine(Scheduler):
+    """The steps computed by a torch model (eager or compiled) on the kit's own KV cache."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        decode: Callable[[Sequence[int]], str],
+        eos: set[int],
+        slots: int,
+        context: int,
+        dtype: torch.dtype,
+        max_waiting: int = 64,
+        name: str = "",
+        itt: bool = False,
+        prefill_chunk: int = 0,
+    ):
+        super().__init__(decode, eos, slots, context, max_waiting, name)
+        self.model = model
+        self.itt = itt  # one ITT range per forward (prefill, decode or mixed step), for VTune
+        self.prefill_chunk = prompt_chunk(prefill_chunk)
+        self.cache = SlotCache(slots, context, dtype)
+        self.mixes = attention.use(model)  # decode rows and a prompt's part in one forward
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.cache.bytes
+
+    def step(self) -> None:
         """Admit what fits, compute prompts (a chunk's worth), and advance every sequence whose
         prompt is done by one token: in one forward with the first prompt's part where the model
         allows it (attention.py), else in a decode after the prompts."""
         with torch.inference_mode():
-            for sequence in list(self.active.values()):
-                if sequence.cancelled:
-                    self._end(sequence, Finish.CANCELLED)
-            while len(self.active) < self.slots:
-                with self.lock:
-                    if not self.waiting:
-                        break
-                    sequence = self.waiting.popleft()
-                if sequence.cancelled:
-                    self._end(sequence, Finish.CANCELLED)
-                    continue
-                sequence.slot = min(set(range(self.slots)) - set(self.active))
-                self.active[sequence.slot] = sequence
+            self._admit()
             parts = self._prompt_parts()
             mixed = bool(parts) and self.mixes and self._decoding()
             if mixed:
@@ -348,31 +417,5 @@ class Engine:
                 self._advance(running, logits[slot])
 
     def _advance(self, sequence: Running, logits: torch.Tensor) -> None:
-        """Choose the sequence's next token from its logits; send its text, or end it."""
-        generation = sequence.generation
-        token = generation.sampling.choose(logits, sequence.generator)
-        if token in self.eos and not generation.ignore_eos:
-            self._end(sequence, Finish.STOP)
-            return
-        sequence.tokens.append(token)
-        delta = sequence.stream.push(token)
-        if delta:
-            sequence.sink.text(delta)
-        if sequence.stream.stopped:
-            self._end(sequence, Finish.STOP)
-        elif len(sequence.tokens) >= generation.max_new_tokens or sequence.position >= self.context:
-            self._end(sequence, Finish.LENGTH)
-
-    def _end(self, sequence: Running, reason: Finish) -> None:
-        if sequence.slot >= 0:
-            self.active.pop(sequence.slot, None)
-        with self.lock:
-            self.keyed.pop(sequence.key, None)
-        if sequence.cancelled:
-            log.info(
-                "%s: request %s cancelled after %d token(s); %d of %d sequences generating",
-                self.name, sequence.key or "-", len(sequence.tokens), len(self.active), self.slots,
-            )  # fmt: skip
-        if rest := sequence.stream.finish():
-            sequence.sink.text(rest)
-        sequence.sink.finish(reason, len(sequence.generation.prompt), len(sequence.tokens))
+        """Choose the sequence's next token from its logits."""
+        self._accept(sequence, sequence.generation.sampling.choose(logits, sequence.generator))

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ from kit.plan import PlanError
 from kit.serve_config import PRESETS, ServeConfig
 from kit.server import Server, ServerError, start_ready
 from kit.topology import read_topology
+from kit.variant import Variant
 from tests.e2e.conftest import one_cpu, start_server
 from tests.e2e.test_your_model import remove_model
 from tests.hf_models import gpt2_lm, qwen2_lm
@@ -45,7 +47,7 @@ pytestmark = pytest.mark.e2e
 
 QWEN, GPT2 = "test-yours-qwen2-lm", "test-yours-gpt2-lm"
 MAKERS = {QWEN: qwen2_lm, GPT2: gpt2_lm}
-VARIANTS = ("eager", "inductor")
+VARIANTS = ("eager", "inductor", "openvino")
 CHUNK = 32
 PROMPTS = [
     "The committee postponed the expansion",
@@ -406,6 +408,57 @@ def test_a_reduced_precision_is_judged_against_float32_and_refused_by_name_when_
         assert f"{precision} answers too far from the float model on held-out prompts: next-token distance mean" in str(
             refused.value
         )
+    finally:
+        for name in made:
+            remove_model(name)
+
+
+def test_an_openvino_variant_is_judged_when_built_and_not_installed_when_too_far(sources, tmp_path):
+    """An openvino variant's IR is exported by `make archive` (model_store/openvino_lm.py) and, on
+    int8 weights (compressed at export; computed in float32 here so that every CPU runs it),
+    judged there against the float model on held-out prompts: within the limits it is installed
+    without the source's weights (the IR holds them) and serves; with a model file's stricter
+    limit the build names what failed and installs nothing."""
+    document = yaml.safe_load(model_file(QWEN).read_text())
+    made = {
+        "test-yours-lm-ov-int8": {"weights": "int8"},
+        "test-yours-lm-ov-int8-strict": {"weights": "int8", "accuracy_tolerance": 1e-4, "accuracy_prompts": 4},
+    }
+    for name, settings in made.items():
+        model_file(name).write_text(
+            yaml.safe_dump({**document, "handler": {**document.get("handler", {}), **settings}})
+        )
+    try:
+        good, strict = made
+        build = [sys.executable, "-m", "model_store.build", "--models", good, "--variants", "openvino"]
+        done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert re.search(
+            rf"openvino/{good}: accuracy against float32 \(float32 on int8 weights, judged in \d+s\): "
+            r"greedy tokens [\d.]+% equal \(\d+ of \d+ positions, 8 prompts\)",
+            done.stdout,
+        ), done.stdout[-3000:]
+        archive = Variant.load("openvino").archive(good)
+        with zipfile.ZipFile(archive) as files:
+            names = files.namelist()
+        assert "openvino/openvino_model.xml" in names and not [n for n in names if n.endswith(".safetensors")]
+        config = ServeConfig.from_preset("optimized", variant="openvino", models=[good], cpus=one_cpu())
+        server = start_server(tmp_path / "good", config)
+        try:
+            log = server.logs.model_log.read_text(errors="replace")
+            assert re.search(rf"{good} ready: backend=openvino dtype=float32 .* weights=int8 ", log)
+            answer = generate(server, good, {"prompt": PROMPTS[0], "max_new_tokens": 8, "ignore_eos": True})
+            assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 8
+        finally:
+            server.stop()
+        build[build.index(good)] = strict
+        done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        assert done.returncode != 0
+        assert (
+            f"openvino/{strict} is not installed: float32 on int8 weights answers too far from the float model "
+            "on held-out prompts: next-token distance mean"
+        ) in done.stdout + done.stderr
+        assert not Variant.load("openvino").archive(strict).exists()
     finally:
         for name in made:
             remove_model(name)

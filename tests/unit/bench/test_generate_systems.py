@@ -24,20 +24,23 @@ def test_a_server_that_exits_while_starting_is_reported_with_its_exit_code_and_l
 
 
 @pytest.mark.parametrize(
-    ("bf16", "expected"),
+    ("backend", "bf16", "expected"),
     [
-        (True, {"float32": "inductor", "bfloat16": "inductor-bf16", "int8": "inductor-bf16-woq"}),
-        (False, {"float32": "inductor"}),
+        ("inductor", True, {"float32": "inductor", "bfloat16": "inductor-bf16", "int8": "inductor-bf16-woq"}),
+        ("inductor", False, {"float32": "inductor"}),
+        ("openvino", True, {"float32": "openvino", "bfloat16": "openvino-bf16", "int8": "openvino-bf16-woq"}),
+        ("openvino", False, {"float32": "openvino"}),
     ],
 )
-def test_the_kit_has_a_row_per_precision_its_cpu_computes_int8_weights_in_bf16(monkeypatch, bf16, expected):
+def test_the_kit_has_a_row_per_precision_its_cpu_computes_int8_weights_in_bf16(monkeypatch, backend, bf16, expected):
     from handlers.backends import DType
     from kit import variant
 
     refusal = "" if bf16 else "no AVX512_BF16 or AMX"
     monkeypatch.setattr(variant, "cpu_refusal", lambda dtype: refusal if dtype is DType.BFLOAT16 else "")
-    served = generate_systems.kit_variants()
+    served = generate_systems.kit_variants(backend)
     assert served == expected
     for precision, name in served.items():
-        weights = variant.Variant.load(name).settings.weights.value
-        assert (weights == "int8") == (precision == generate_systems.INT8)
+        settings = variant.Variant.load(name).settings
+        assert settings.backend.value == backend
+        assert (settings.weights.value == "int8") == (precision == generate_systems.INT8)

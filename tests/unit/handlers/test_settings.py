@@ -81,7 +81,7 @@ def test_settings_are_frozen():
         ("accuracy_prompts", 0, "accuracy_prompts must be 1 or more, got 0"),
         ("prefill_chunk", -8, "prefill_chunk must be 0 or more, got -8"),
         ("max_waiting", -1, "max_waiting must be 0 or more, got -1"),
-        ("backend", "openvino", "a generative model is served by backend eager or inductor, not 'openvino'"),
+        ("backend", "aoti", "a generative model is served by backend eager or inductor or openvino, not 'aoti'"),
         ("batching", "sync", "batching 'sync' is unknown; choose one of: async, continuous"),
     ],
 )

@@ -312,7 +312,10 @@ def test_a_language_model_is_served_by_the_backends_and_dtypes_that_serve_it():
     from handlers.settings import GenerationSettings
 
     assert parse_settings(GenerationSettings, {"backend": "inductor", "dtype": "bfloat16"}).max_sequences == 8
-    with pytest.raises(SettingsError, match="served by backend eager or inductor, not 'openvino'"):
-        parse_settings(GenerationSettings, {"backend": "openvino"})
+    assert parse_settings(GenerationSettings, {"backend": "openvino", "weights": "int8"}).precision == (
+        "float32 on int8 weights"
+    )
+    with pytest.raises(SettingsError, match="served by backend eager or inductor or openvino, not 'ipex'"):
+        parse_settings(GenerationSettings, {"backend": "ipex"})
     with pytest.raises(SettingsError, match="max_sequences must be 1 or more"):
         parse_settings(GenerationSettings, {"max_sequences": 0})

@@ -1,0 +1,181 @@
+"""Continuous batching by OpenVINO GenAI's pipeline: a language model's openvino variants.
+
+    engine = OpenVinoEngine(Pipeline.load(ir_dir, dtype, slots, context, chunk), decode, eos, slots, context)
+    engine.submit(Generation(prompt_ids, 64), sink, key="r1")     # as engine.Engine
+    engine.run_forever()
+
+The IR is the archive's (model_store/openvino_lm.py exports it at `make archive`). The pipeline
+(ContinuousBatchingPipeline, what OpenVINO Model Server runs) computes each step over every
+sequence it holds, with paged attention over a KV cache allocated once and its own chunked
+prefill; the kit keeps everything a request sees the same as on its own engine (Scheduler):
+the prompt is the kit's tokens, admission and the queue's limit, end-of-sequence, stop strings,
+lengths and cancel are the kit's, each token as it comes. The pipeline samples (its greedy is an
+argmax, as the kit's; its draws are its own, seeded by the request's seed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import random
+import types
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from handlers.backends import DType
+from handlers.generation.engine import Finish, Running, Scheduler
+from handlers.generation.sampling import Sampling
+
+log = logging.getLogger(__name__)
+# The CPU plugin's inference precision, and the KV cache's: the served dtype. Its default cache
+# precision on CPU is u8, a reduction the accuracy guard would not see in the served dtype's name.
+PRECISIONS = {DType.FLOAT32: "f32", DType.BFLOAT16: "bf16"}
+# Positions per block of the CPU plugin's paged KV cache (measured: 10 blocks hold 320 tokens);
+# the cache is sized in blocks. Were it other, the log's cache size (read back) says so.
+BLOCK = 32
+SEED_BITS = 63  # an unseeded request's draw: a seed of its own
+MODEL = "openvino_model.xml"  # in the IR directory, beside the tokenizer's models
+DIRECTORY = "openvino"  # the IR's directory in an archive's model directory
+
+
+@dataclasses.dataclass
+class Pipeline:
+    """The pipeline, and what a request needs from it."""
+
+    pipeline: object  # openvino_genai.ContinuousBatchingPipeline
+
+    @classmethod
+    def load(cls, ir_dir: Path, dtype: DType, slots: int, context: int, chunk: int, threads: int) -> Pipeline:
+        """`slots` sequences of `context` tokens at most; `chunk` prompt tokens a step at most
+        (0: each prompt whole as it is admitted)."""
+        import openvino_genai
+
+        scheduler = openvino_genai.SchedulerConfig()
+        scheduler.max_num_seqs = slots
+        scheduler.num_kv_blocks = slots * math.ceil(context / BLOCK)
+        scheduler.dynamic_split_fuse = bool(chunk)
+        # A step's tokens: a chunk, and a decode row per sequence; whole, a prompt the context holds.
+        scheduler.max_num_batched_tokens = (chunk + slots) if chunk else context * slots
+        precision = PRECISIONS[dtype]
+        properties = {"INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": precision}
+        properties["INFERENCE_NUM_THREADS"] = threads  # the launcher's, as torch's
+        return cls(openvino_genai.ContinuousBatchingPipeline(str(ir_dir), scheduler, "CPU", properties))
+
+    def add(self, request_id: int, prompt: Sequence[int], max_new_tokens: int, sampling: Sampling):
+        import numpy as np
+        import openvino as ov
+        import openvino_genai
+
+        config = openvino_genai.GenerationConfig()
+        config.max_new_tokens = max_new_tokens
+        config.ignore_eos = True  # the kit's end-of-sequence ids end a sequence (Scheduler._accept)
+        config.do_sample = not sampling.greedy
+        if not sampling.greedy:
+            config.temperature, config.top_p = sampling.temperature, sampling.top_p
+            if sampling.top_k:
+                config.top_k = sampling.top_k
+            config.rng_seed = sampling.seed if sampling.seed is not None else random.getrandbits(SEED_BITS)
+        ids = ov.Tensor(np.array([list(prompt)], dtype=np.int64))
+        return self.pipeline.add_request(request_id, ids, config)
+
+    def step(self) -> None:
+        self.pipeline.step()
+
+    @property
+    def cache_bytes(self) -> int:
+        return int(self.pipeline.get_metrics().kv_cache_size_in_bytes)
+
+
+@dataclasses.dataclass
+class Forward:
+    """The exported model itself (its KV cache as state), for the accuracy guard: transformers'
+    call shape, logits at every position of one sequence, in the served precision."""
+
+    request: object  # an openvino InferRequest
+
+    @classmethod
+    def load(cls, ir_dir: Path, dtype: DType) -> Forward:
+        import openvino as ov
+
+        precision = PRECISIONS[dtype]
+        properties = {"INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": precision}
+        compiled = ov.Core().compile_model(str(ir_dir / MODEL), "CPU", properties)
+        return cls(compiled.create_infer_request())
+
+    def __call__(self, input_ids, attention_mask=None, **_):
+        import numpy as np
+        import torch
+
+        ids = input_ids.numpy()
+        self.request.reset_state()  # a sequence of its own, from its first position
+        inputs = {
+            "input_ids": ids,
+            "attention_mask": np.ones_like(ids),
+            "position_ids": np.arange(ids.shape[1])[None].repeat(ids.shape[0], 0),
+            "beam_idx": np.arange(ids.shape[0], dtype=np.int32),
+        }
+        logits = self.request.infer(inputs)["logits"]
+        return types.SimpleNamespace(logits=torch.from_numpy(np.array(logits)))
+
+
+class OpenVinoEngine(Scheduler):
+    """Steps computed by OpenVINO GenAI's pipeline; a request's tokens read from its handle after each."""
+
+    prefill_chunk = 0  # the pipeline chunks prompts itself
+    mixes = False  # (the warm-up's mixed steps are the kit's engine's)
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        decode: Callable[[Sequence[int]], str],
+        eos: set[int],
+        slots: int,
+        context: int,
+        max_waiting: int = 64,
+        name: str = "",
+    ):
+        super().__init__(decode, eos, slots, context, max_waiting, name)
+        self.pipeline = pipeline
+        self.handles: dict[int, object] = {}  # by slot: the pipeline's handle of its sequence
+        self.requests = 0
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.pipeline.cache_bytes
+
+    def step(self) -> None:
+        import openvino_genai
+
+        for sequence in self._admit():
+            generation = sequence.generation
+            # The kit's engine ends a sequence at the token whose position is the context's
+            # (it is never fed): room for one more than the positions left.
+            room = self.context - len(generation.prompt) + 1
+            self.handles[sequence.slot] = self.pipeline.add(
+                self.requests, generation.prompt, min(generation.max_new_tokens, room), generation.sampling
+            )
+            self.requests += 1
+        if not self.active:
+            return
+        self.pipeline.step()
+        for slot, sequence in list(self.active.items()):
+            handle = self.handles[slot]
+            if handle.can_read():
+                for output in handle.read().values():
+                    for token in output.generated_ids:
+                        if sequence.slot < 0:
+                            break  # ended by an earlier token of this read
+                        self._accept(sequence, int(token))
+            status = handle.get_status()
+            if sequence.slot >= 0 and status != openvino_genai.GenerationStatus.RUNNING:
+                # At its last token the kit has ended it (_accept); else the pipeline dropped it.
+                log.warning("%s: the pipeline ended a sequence before the kit did (%s)", self.name, status)
+                self._end(sequence, Finish.CANCELLED)
+
+    def _end(self, sequence: Running, reason: Finish) -> None:
+        handle = self.handles.pop(sequence.slot, None)
+        if handle is not None:
+            handle.cancel()  # its blocks free for the next step
+        super()._end(sequence, reason)
+        sequence.slot = -1

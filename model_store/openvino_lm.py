@@ -1,0 +1,67 @@
+"""A language model for OpenVINO GenAI: the environment that exports it, and the export.
+
+    python()                                     # .cache/openvino-genai/venv/bin/python, made first if needed
+    export(model_dir, out, int8=False, say=log)  # out/openvino_model.xml and the tokenizer's models
+
+The exporter (optimum-intel) needs an older transformers than the kit's, so it runs in an
+environment of its own, .cache/openvino-genai/venv (requirements/openvino-genai.txt), made on
+first use in a minute or two: `make archive` of a language model's openvino variant, and the
+bench's OpenVINO GenAI peer, which also serves from it. The kit's worker needs only the pipeline
+(openvino-genai, in .venv): the export is the archive's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from kit.long_step import run
+from kit.paths import ROOT
+
+HOME = ROOT / ".cache" / "openvino-genai"
+VENV = HOME / "venv"
+PYTHON = VENV / "bin" / "python"
+REQUIREMENTS = ROOT / "requirements" / "openvino-genai.txt"
+STAMP = VENV / ".installed"
+# PyPI's torchvision arrives with optimum-intel and fails to import beside the local torch 2.13
+# wheel ("operator torchvision::nms does not exist"), which breaks transformers' imports: removed.
+UNUSABLE = ("torchvision",)
+
+
+def log(message: str) -> None:
+    print(f"[openvino-genai] {message}", flush=True)
+
+
+def python(say: Callable[[str], None] = log) -> Path:
+    """The environment's python, making the environment first if its requirements changed."""
+    digest = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()
+    if STAMP.is_file() and STAMP.read_text() == digest:
+        return PYTHON
+    HOME.mkdir(parents=True, exist_ok=True)
+    if not PYTHON.is_file():
+        # From the kit's python: venv bases the new environment on the interpreter beneath it.
+        run([sys.executable, "-m", "venv", str(VENV)], f"creating {VENV}", HOME / "venv.log", say)
+    pip = [str(PYTHON), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)]
+    run(pip, "installing OpenVINO GenAI, optimum-intel and torch (2.13.0, the local wheel)", HOME / "pip.log", say)
+    run(
+        [str(PYTHON), "-m", "pip", "uninstall", "-y", *UNUSABLE],
+        "removing torchvision",
+        HOME / "pip-uninstall.log",
+        say,
+    )
+    STAMP.write_text(digest)
+    return PYTHON
+
+
+def export(model_dir: Path, out: Path, int8: bool = False, say: Callable[[str], None] = log, name: str = "") -> Path:
+    """`model_dir` exported into `out` (float32 weights, or int8 ones); `out`. Its log is named
+    after `name` (the model directory's, by default)."""
+    command = [str(python(say)), "-m", "model_store.openvino_lm_export", str(model_dir), str(out)]
+    command += ["--int8"] if int8 else []
+    out.mkdir(parents=True, exist_ok=True)
+    weights = "int8" if int8 else "float32"
+    log_file = HOME / f"export-{name or model_dir.name}-{weights}.log"
+    run(command, f"exporting {model_dir} to OpenVINO ({weights} weights)", log_file, say, cwd=ROOT)
+    return out
