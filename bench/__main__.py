@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     lm.add_argument("--lm-rounds", type=int, default=Tuning.rounds)
     lm.add_argument("--lm-seconds", type=float, default=Tuning.seconds, help="per candidate and round")
     lm.add_argument(
-        "--lm-variants", default="", help="comma list (default: inductor, and inductor-bf16 where computed)"
+        "--lm-variants",
+        default="",
+        help="comma list (default: inductor and openvino, and their bf16 and int8-weights variants where computed)",
     )
     args = parser.parse_args(argv)
     command = "python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))

@@ -3,8 +3,9 @@
     tune_models(["lm"], Tuning(streams=16, rounds=2, seconds=30, itl_ms=0), None, "tuned", None, run_dir)
     # -> config/presets/tuned.yaml; by parts: measure_candidates, choose, write_lm_preset
 
-The candidates: each kit variant of `make bench PLAN=generate` this CPU computes (`inductor`;
-where it computes bf16, `inductor-bf16` and `inductor-bf16-woq`, on int8 weights) times the sequences each worker generates at
+The candidates: each kit variant of `make bench PLAN=generate` this CPU computes, on both of its
+backends (`inductor` and `openvino`; where it computes bf16, `inductor-bf16`, `openvino-bf16`,
+and on int8 weights `inductor-bf16-woq`, `openvino-bf16-woq`) times the sequences each worker generates at
 once, from a quarter of the streams offered up to all of them in powers of two (4, 8, 16 at 16
 streams). More sequences than streams never fill; far fewer leave streams waiting. Each candidate
 is a server of its own (the KV cache is allocated once, for its sequences), started, warmed,
@@ -32,7 +33,7 @@ from pathlib import Path
 import yaml
 
 from bench.generate import WARMUP_S, workload
-from bench.generate_systems import completions_url, kit_variants
+from bench.generate_systems import KIT_VARIANTS, completions_url, kit_variants
 from bench.streams import StreamStats, measure_streams
 from bench.tune import save_preset
 from kit.models import Model
@@ -121,8 +122,8 @@ def sequence_choices(streams: int) -> list[int]:
 
 
 def served_variants() -> list[str]:
-    """The generate bench's kit variants this CPU computes, one per precision."""
-    return list(kit_variants().values())
+    """The generate bench's kit variants this CPU computes, one per backend and precision."""
+    return [variant for backend in KIT_VARIANTS for variant in kit_variants(backend).values()]
 
 
 def candidates(variants: list[str], streams: int) -> list[Candidate]:

@@ -201,6 +201,26 @@ def test_requests_generated_together_each_get_their_solo_answer(server, referenc
     assert [answers.get(i) for i in range(len(jobs))] == [references[m].prompt(p)[0] for m, p in jobs]
 
 
+def test_a_seeded_request_draws_the_same_tokens_alone_and_beside_others(server):
+    """Sampling on every engine (the kit's own; OpenVINO GenAI's pipeline samples itself): the
+    same seed, the same answer, whatever else is generating; another seed, another answer."""
+    body = {"prompt": PROMPTS[1], "max_new_tokens": 16, "temperature": 1.0, "seed": 7, "ignore_eos": True}
+    alone = generate(server, QWEN, body).json()["text"]
+    answers: dict[int, str] = {}
+
+    def ask(index: int, request: dict) -> None:
+        answers[index] = generate(server, QWEN, request).json()["text"]
+
+    others = [{**body, "prompt": prompt, "seed": 100 + i} for i, prompt in enumerate(PROMPTS)]
+    threads = [threading.Thread(target=ask, args=(i, request)) for i, request in enumerate([body, *others])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert answers[0] == alone
+    assert generate(server, QWEN, {**body, "seed": 8}).json()["text"] != alone
+
+
 def test_a_request_arriving_mid_generation_gets_its_first_token_before_the_first_ends(server):
     # ignore_eos: all 1000 tokens, whatever end-of-sequence token a random model meets.
     long = generate(server, QWEN, {"prompt": PROMPTS[0], "max_tokens": 1000, "stream": True, "ignore_eos": True,

@@ -12,6 +12,7 @@ import pytest
 from handlers.generation.engine import Finish, Generation, QueueFull
 from handlers.generation.openvino_engine import SEED_BITS, OpenVinoEngine, Pipeline
 from handlers.generation.sampling import Sampling
+from tests.unit.handlers.generation.test_engine import Recorder
 
 RUNNING, FINISHED, IGNORED = (
     openvino_genai.GenerationStatus.RUNNING,
@@ -83,19 +84,6 @@ class Scripted:
     cache_bytes = 4096
 
 
-class Recorder:
-    def __init__(self):
-        self.text_parts: list[str] = []
-        self.reason: Finish | None = None
-        self.usage: tuple[int, int] | None = None
-
-    def text(self, delta: str) -> None:
-        self.text_parts.append(delta)
-
-    def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None:
-        self.reason, self.usage = reason, (prompt_tokens, completion_tokens)
-
-
 def decode(ids) -> str:
     return "".join(f"<{i}>" for i in ids)
 
@@ -118,7 +106,7 @@ def test_each_token_the_pipeline_gives_is_streamed_and_its_end_of_sequence_ends_
     e = engine(pipeline)
     e.submit(Generation((1, 2, 3), 10), recorder)
     finish(e)
-    assert "".join(recorder.text_parts) == "<5><6><9>"
+    assert "".join(recorder.parts) == "<5><6><9>"
     assert recorder.reason is Finish.STOP and recorder.usage == (3, 3)  # the end-of-sequence token is not counted
     assert pipeline.handles[0].cancelled  # its blocks are the next request's
     assert pipeline.asked[0][1:3] == ((1, 2, 3), 10)
@@ -139,7 +127,7 @@ def test_a_stop_string_ends_the_sequence_within_one_read_of_several_tokens():
     e = engine(pipeline)
     e.submit(Generation((1,), 10, stop=("<6>",)), recorder)
     finish(e)
-    assert "".join(recorder.text_parts) == "<5>" and recorder.reason is Finish.STOP
+    assert "".join(recorder.parts) == "<5>" and recorder.reason is Finish.STOP
     assert recorder.usage == (1, 2)  # the tokens after the stop string in the same read are not taken
 
 
