@@ -151,7 +151,7 @@ class TextGenerationHandler:
         )
         return OpenVinoEngine(
             pipeline, self.decode, eos, settings.max_sequences, settings.context_length, settings.max_waiting,
-            self.model_name,
+            self.model_name, settings.itt,
         )  # fmt: skip
 
     def decode(self, ids) -> str:

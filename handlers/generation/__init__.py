@@ -2,6 +2,7 @@
 
 cache.py      the KV cache: one row per sequence slot, allocated once
 engine.py     the scheduler thread: admit, prefill, decode every active slot per step
+openvino_engine.py  the same scheduling, the steps computed by OpenVINO GenAI's pipeline
 sampling.py   a request's sampling parameters, checked, and the next-token choice
 stream.py     token ids -> text deltas, stop strings held back until they cannot match
 api.py        request bodies (the kit's, OpenAI's completions and chat) -> a Generation,

@@ -1,6 +1,6 @@
 """Continuous batching by OpenVINO GenAI's pipeline: a language model's openvino variants.
 
-    engine = OpenVinoEngine(Pipeline.load(ir_dir, dtype, slots, context, chunk), decode, eos, slots, context)
+    engine = OpenVinoEngine(Pipeline.load(ir_dir, dtype, slots, context, chunk, threads), decode, eos, slots, context)
     engine.submit(Generation(prompt_ids, 64), sink, key="r1")     # as engine.Engine
     engine.run_forever()
 
@@ -26,6 +26,7 @@ from pathlib import Path
 from handlers.backends import DType
 from handlers.generation.engine import Finish, Running, Scheduler
 from handlers.generation.sampling import Sampling
+from handlers.itt import inference_range
 
 log = logging.getLogger(__name__)
 # The CPU plugin's inference precision, and the KV cache's: the served dtype. Its default cache
@@ -134,9 +135,11 @@ class OpenVinoEngine(Scheduler):
         context: int,
         max_waiting: int = 64,
         name: str = "",
+        itt: bool = False,
     ):
         super().__init__(decode, eos, slots, context, max_waiting, name)
         self.pipeline = pipeline
+        self.itt = itt  # one ITT range per step (the pipeline's forward), as the kit's engine has per forward
         self.handles: dict[int, object] = {}  # by slot: the pipeline's handle of its sequence
         self.requests = 0
 
@@ -158,7 +161,8 @@ class OpenVinoEngine(Scheduler):
             self.requests += 1
         if not self.active:
             return
-        self.pipeline.step()
+        with inference_range(self.name, len(self.active), self.itt):
+            self.pipeline.step()
         for slot, sequence in list(self.active.items()):
             handle = self.handles[slot]
             if handle.can_read():

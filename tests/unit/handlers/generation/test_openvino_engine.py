@@ -216,3 +216,17 @@ def test_unseeded_requests_draw_seeds_of_their_own():
     for _ in range(4):
         Pipeline(recording).add(0, [1], 4, Sampling(temperature=1.0))
     assert len({config.rng_seed for _, config in recording.configs}) == 4
+
+
+def test_with_itt_each_pipeline_step_is_one_range_named_by_the_sequences_it_advances(monkeypatch):
+    from tests.unit.handlers.test_handlers import RangeRecorder
+
+    recorder = RangeRecorder()
+    recorder.install(monkeypatch)
+    pipeline = Scripted()
+    e = OpenVinoEngine(pipeline, decode, {EOS}, 2, 64, 4, "lm", itt=True)
+    e.submit(Generation((1,), 2, ignore_eos=True), Recorder())
+    e.submit(Generation((2,), 1, ignore_eos=True), Recorder())
+    finish(e)
+    assert recorder.events == ["push lm:bs2", "pop", "push lm:bs1", "pop"]
+    assert pipeline.steps == 2
