@@ -20,7 +20,7 @@ IMAGE ?= localhost/kit-serve:latest
 IMAGE_VARIANTS ?= inductor
 export IMAGE
 
-.PHONY: help install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths test test-archives test-unit test-e2e lint format clean
+.PHONY: help test-tools install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths test test-archives test-unit test-e2e lint format clean
 
 help:
 	@echo "make serve [CONFIG=optimized|baseline|tuned|path.yaml] [VARIANT=name] [MODELS=resnet50,bert] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1] [ITT_TRACE=1] [MEMORY=6Gi]"
@@ -102,15 +102,19 @@ test-archives: install
 	@$(PY) -m model_store.build --models resnet50,minilm --variants openvino-bf16 --where-supported
 
 # Everything, IPEX included: its backend tests run in .venv-ipex, its serving test from the main env.
-test: test-archives install-ipex image
+test: test-archives install-ipex image test-tools
 	@$(PY) -m pytest tests --ignore=tests/ipex $(PYTEST_ARGS)
 	@$(IPEX_PY) -m pytest tests/ipex -p no:cacheprovider $(PYTEST_ARGS)
 
 test-unit: install
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-e2e: test-archives install-ipex image
+test-e2e: test-archives install-ipex image test-tools
 	@$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+
+# nginx for the auth proxy's tests on the host (scripts/test_tools.sh).
+test-tools:
+	@bash scripts/test_tools.sh
 
 lint: install
 	@$(PY) -m ruff check . && $(PY) -m ruff format --check .

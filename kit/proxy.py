@@ -118,10 +118,6 @@ http {{
                 return 401 '{UNAUTHORIZED}';
             }}
             proxy_set_header Content-Type $kit_content_type;
-            # A language model's answer streams (chunked, server-sent events): each piece goes on
-            # as it arrives. Buffered, nginx would hold pieces until its buffer filled or the
-            # answer ended, and a client would see the tokens in bursts.
-            proxy_buffering off;
             proxy_pass http://torchserve;
         }}
         location @unavailable {{ return 503 '{UNAVAILABLE}'; }}

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import threading
@@ -35,6 +36,8 @@ from handlers.generation.stream import TextStream
 from kit.models import model_file
 from kit.paths import CONFIG, ROOT
 from kit.plan import PlanError
+from kit.ports import PORTS
+from kit.proxy import AuthProxy
 from kit.serve_config import PRESETS, ServeConfig
 from kit.server import Server, ServerError, start_ready
 from kit.topology import read_topology
@@ -260,6 +263,56 @@ def test_openai_client_chats_streamed_and_whole(server, references):
         model=GPT2, prompt=PROMPTS[0], max_tokens=24
     )
     assert completion.choices[0].text == references[GPT2].prompt(PROMPTS[0])[0]
+
+
+def pinged(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=5).status_code == 200
+    except requests.ConnectionError:
+        return False
+
+
+def test_the_openai_client_streams_a_chat_through_the_containers_auth_proxy(sources, references, tmp_path):
+    """The container's authenticating proxy (kit/proxy.py: nginx with a bearer key, as `python -m
+    kit run --key-file` starts it) in front of a served language model: the official `openai`
+    client with the key streams a chat through it piece by piece (the proxy does not hold them
+    back), equal to transformers' answer; without the key it is refused."""
+    from openai import AuthenticationError, OpenAI
+
+    key_file = tmp_path / "api-key"
+    key_file.write_text(secrets.token_urlsafe(32))
+    key_file.chmod(0o600)
+    config = ServeConfig.from_preset("optimized", variant="eager", models=[QWEN], cpus=one_cpu())
+    server = start_server(tmp_path / "served", config)
+    proxy = AuthProxy(key_file, *PORTS.take(2))
+    nginx = proxy.start(server.config, tmp_path / "proxy")
+    try:
+        base = f"http://127.0.0.1:{proxy.inference_port}/predictions/{QWEN}/1.0/v1"
+        deadline = time.monotonic() + 30
+        while not pinged(f"http://127.0.0.1:{proxy.inference_port}/ping"):
+            assert time.monotonic() < deadline and nginx.poll() is None, "the proxy did not answer /ping"
+            time.sleep(0.5)
+        text, count = references[QWEN].chat(16)
+        client = OpenAI(base_url=base, api_key=key_file.read_text())
+        stream = client.chat.completions.create(model=QWEN, messages=CHAT, max_tokens=16, stream=True,
+                                                stream_options={"include_usage": True})  # fmt: skip
+        chunks = list(stream)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+        assert chunks[-1].usage.completion_tokens == count
+        # Piece by piece: the first piece of a long answer arrives long before its last.
+        began, arrived = time.perf_counter(), []
+        long = client.completions.create(model=QWEN, prompt=PROMPTS[0], max_tokens=400, stream=True,
+                                         extra_body={"ignore_eos": True})  # fmt: skip
+        for chunk in long:
+            if chunk.choices and chunk.choices[0].text:
+                arrived.append(time.perf_counter() - began)
+        assert len(arrived) > 100 and arrived[0] < 0.5 * arrived[-1], (len(arrived), arrived[0], arrived[-1])
+        with pytest.raises(AuthenticationError):
+            OpenAI(base_url=base, api_key="not-the-key").chat.completions.create(model=QWEN, messages=CHAT)
+    finally:
+        nginx.terminate()
+        nginx.wait(timeout=30)
+        server.stop()
 
 
 @pytest.mark.parametrize(
