@@ -40,6 +40,12 @@ MODEL = "openvino_model.xml"  # in the IR directory, beside the tokenizer's mode
 DIRECTORY = "openvino"  # the IR's directory in an archive's model directory
 
 
+def precision_properties(dtype: DType) -> dict[str, str]:
+    """The CPU plugin's properties that compute and cache in `dtype`: the pipeline's and the guard's alike."""
+    precision = PRECISIONS[dtype]
+    return {"INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": precision}
+
+
 @dataclasses.dataclass
 class Pipeline:
     """The pipeline, and what a request needs from it."""
@@ -58,9 +64,7 @@ class Pipeline:
         scheduler.dynamic_split_fuse = bool(chunk)
         # A step's tokens: a chunk, and a decode row per sequence; whole, a prompt the context holds.
         scheduler.max_num_batched_tokens = (chunk + slots) if chunk else context * slots
-        precision = PRECISIONS[dtype]
-        properties = {"INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": precision}
-        properties["INFERENCE_NUM_THREADS"] = threads  # the launcher's, as torch's
+        properties = {**precision_properties(dtype), "INFERENCE_NUM_THREADS": threads}  # the launcher's, as torch's
         return cls(openvino_genai.ContinuousBatchingPipeline(str(ir_dir), scheduler, "CPU", properties))
 
     def add(self, request_id: int, prompt: Sequence[int], max_new_tokens: int, sampling: Sampling):
@@ -99,9 +103,7 @@ class Forward:
     def load(cls, ir_dir: Path, dtype: DType) -> Forward:
         import openvino as ov
 
-        precision = PRECISIONS[dtype]
-        properties = {"INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": precision}
-        compiled = ov.Core().compile_model(str(ir_dir / MODEL), "CPU", properties)
+        compiled = ov.Core().compile_model(str(ir_dir / MODEL), "CPU", precision_properties(dtype))
         return cls(compiled.create_infer_request())
 
     def __call__(self, input_ids, attention_mask=None, **_):
