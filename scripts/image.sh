@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the kit's container image (what `make image` runs):
 #   bash scripts/image.sh [--context-only]
-# Environment: IMAGE (tag), VARIANTS (archives inside, comma list), BASE (base image; empty =
+# Environment: IMAGE (tag), VARIANTS (archives inside, comma list), MODELS (whose archives, comma
+# list; empty = every archive of those variants), BASE (base image; empty =
 # a Debian bookworm base bootstrapped here from Debian's packages), BUILDER (podman | docker).
 # Stages build/image/ (the kit's sources, a wheelhouse of the pinned packages, the archives),
 # then builds Containerfile on it, and prints the build time and the image's size.
@@ -10,6 +11,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 IMAGE="${IMAGE:?set IMAGE, or run make image}"
 VARIANTS="${VARIANTS:?set VARIANTS (comma list), or run make image}"
+MODELS="${MODELS:-}"
 BASE="${BASE:-}"
 BUILDER="${BUILDER:-podman}"
 # The locally bootstrapped base, for machines that reach Debian's mirror but no image registry.
@@ -59,9 +61,19 @@ stage_context() {
         | xargs -0 cp --parents --link -t "$CONTEXT")
     cp "$ROOT/Containerfile" "$CONTEXT/"
     cp -r --link "$WHEELS" "$CONTEXT/wheels"
+    local model
     for variant in ${VARIANTS//,/ }; do
         [[ -d "$ROOT/model_store/$variant" ]] || die "model_store/$variant is not built; run make archive VARIANTS=$variant"
-        cp -r --link "$ROOT/model_store/$variant" "$CONTEXT/model_store/"
+        if [[ -z "$MODELS" ]]; then
+            cp -r --link "$ROOT/model_store/$variant" "$CONTEXT/model_store/"
+            continue
+        fi
+        mkdir -p "$CONTEXT/model_store/$variant"
+        for model in ${MODELS//,/ }; do
+            [[ -f "$ROOT/model_store/$variant/$model.mar" ]] \
+                || die "model_store/$variant/$model.mar is not built; run make archive VARIANTS=$variant MODELS=$model"
+            cp --link "$ROOT/model_store/$variant/$model".* "$CONTEXT/model_store/$variant/"  # the archive, its footprint
+        done
     done
     # Footprints recorded here (kit/footprint.py) go along: the container's plan fits them into its
     # memory limit. One never measured leaves that model's memory unplanned in the container.
@@ -72,7 +84,7 @@ stage_context() {
     if ((${#unmeasured[@]})); then
         step "no memory footprint measured for ${unmeasured[*]}: the container cannot fit them to its memory limit (make serve VARIANT=... here first, then make image, takes the footprints along)"
     fi
-    step "context $CONTEXT: $(du -sh --apparent-size "$CONTEXT" | cut -f1) (variants: $VARIANTS)"
+    step "context $CONTEXT: $(du -sh --apparent-size "$CONTEXT" | cut -f1) (variants: $VARIANTS; models: ${MODELS:-all})"
 }
 
 local_base() {

@@ -23,7 +23,7 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(inputs_hash)" ]]; then
 fi
 
 if [[ ! -x "$VENV/bin/python" ]]; then
-    need_space "$ROOT" 8 "$VENV (torch 2.8 with its CUDA runtime libraries: ~6 GB while installed, 5.0 GB after)"
+    need_space "$ROOT" 8 "$VENV (torch 2.8 with its CUDA runtime libraries: ~6 GB while installed, 4.9 GB after)"
     step "creating $VENV with $($PYTHON --version)"
     "$PYTHON" -m venv "$VENV"
 fi
@@ -31,10 +31,13 @@ step "pip: torch 2.8.0 (CUDA build, used on the CPU) + IPEX 2.8.0 + CUDA runtime
 quiet_pip "$VENV/bin/pip" --no-deps -r "$ROOT/requirements/ipex-torch.txt" \
     || die "pip install of requirements/ipex-torch.txt failed; see the output above"
 # cuDNN's kernel libraries (1 GB) are opened by libcudnn.so.9 only when a cuDNN operation runs on
-# a GPU; on the CPU nothing loads them (read from /proc/<pid>/maps after IPEX ran a model; the
-# check below runs one). A fresh CI machine's disk is what ran out.
-step "removing cuDNN's GPU kernel libraries ($(du -shc "$VENV"/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn_*.so.* 2>/dev/null | tail -1 | cut -f1 || echo 0) on disk, never loaded on the CPU)"
-rm -f "$VENV"/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn_*.so.*
+# a GPU, and torch's CUDA linear algebra (0.1 GB) only by a linalg call on a GPU tensor; on the
+# CPU nothing loads them (read from /proc/<pid>/maps after IPEX ran a model; the check below
+# runs one). A fresh CI machine's disk is what ran out.
+site="$(echo "$VENV"/lib/python3*/site-packages)"
+gpu_only=("$site"/nvidia/cudnn/lib/libcudnn_*.so.* "$site"/torch/lib/libtorch_cuda_linalg.so)
+step "removing GPU-only libraries never loaded on the CPU ($(du -shc "${gpu_only[@]}" 2>/dev/null | tail -1 | cut -f1))"
+rm -f "${gpu_only[@]}"
 step "pip: TorchServe and the handlers' dependencies (pinned by requirements/ipex-constraints.txt);"
 step "  pip may list torch's nvrtc/cusolver/nvtx/triton as 'dependency conflicts': left out on purpose"
 quiet_pip "$VENV/bin/pip" -c "$ROOT/requirements/ipex-constraints.txt" -r "$ROOT/requirements/ipex.txt" \
