@@ -27,6 +27,7 @@ from kit.serve_config import ServeConfig
 from kit.server import Server, start_ready, terminate
 from kit.topology import read_topology
 from kit.variant import Variant
+from model_store import openvino_lm
 
 PEER_READY_S = 600
 STOP_TIMEOUT_S = 20
@@ -149,10 +150,11 @@ def llama_system(model: Model, precision: str, run_dir: Path) -> System:
 
 
 def openvino_system(model: Model, precision: str, run_dir: Path) -> System:
-    """OpenVINO GenAI at the kit's precision (fp32 weights, computed in it), or on int8 weights at
-    the CPU plugin's own precision."""
+    """OpenVINO GenAI at the kit's precision, from the IR the kit's own openvino variant of that
+    precision is exported as (openvino_lm.ir_weights), or on int8 weights at the CPU plugin's own
+    precision."""
     int8 = precision == INT8
-    ir = openvino_genai.export(model.source.path, openvino_genai.INT8 if int8 else "fp32")
+    ir = openvino_genai.export(model.source.path, openvino_lm.ir_weights(precision, int8))
     settings = served_settings(model)
     config = json.loads((model.source.path / "config.json").read_text())
     cache = openvino_genai.cache_gb(config, settings.max_sequences, settings.context_length)

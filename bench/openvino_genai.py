@@ -1,11 +1,12 @@
 """OpenVINO GenAI's continuous-batching pipeline as a peer of PLAN=generate, on the same weights.
 
     .venv/bin/python -m bench.openvino_genai setup                  # its environment: a minute or two
-    .venv/bin/python -m bench.openvino_genai export DIR [--int8]    # -> .cache/peers/openvino-genai/ir/...
+    .venv/bin/python -m bench.openvino_genai export DIR [--weights float32|float16|int8]   # -> .cache/peers/openvino-genai/ir/...
 
 The pipeline, the exporter (optimum-intel) and the tokenizer converter (openvino-tokenizers) run in
 the OpenVINO GenAI environment (model_store/openvino_lm.py), made on first use. The bench exports
-the model's own directory (fp32 weights, and int8 ones as its users compress them) and serves it
+the model's own directory as the kit's openvino variants are (openvino_lm.ir_weights: float32
+weights for float32, float16 for bf16, int8 as its users compress them) and serves it
 with bench/openvino_genai_peer.py: the kit's number of sequences, a KV cache for each at the kit's
 context, at the kit's precisions (the CPU plugin's inference precision) and int8.
 """
@@ -20,26 +21,25 @@ from pathlib import Path
 from bench import peer_setup
 from bench.peer_setup import PEERS
 from model_store import openvino_lm
-from model_store.openvino_lm import python
+from model_store.openvino_lm import IrWeights, python
 
 PEER = PEERS / "openvino-genai"
-INT8 = "int8"  # the weights its users serve: compressed to int8 at export
 
 
 def log(message: str) -> None:
     print(f"[openvino-genai] {message}", flush=True)
 
 
-def ir_dir(model_dir: Path, weights: str) -> Path:
+def ir_dir(model_dir: Path, weights: IrWeights) -> Path:
     return PEER / "ir" / f"{peer_setup.derived(model_dir, openvino_lm.REQUIREMENTS.read_text())}-{weights}"
 
 
-def export(model_dir: Path, weights: str) -> Path:
-    """The model directory as the pipeline loads it: "fp32" weights, or "int8"."""
+def export(model_dir: Path, weights: IrWeights) -> Path:
+    """The model directory as the pipeline loads it, its weights stored as `weights`."""
     out = ir_dir(model_dir, weights)
     if (out / "openvino_detokenizer.xml").is_file():
         return out
-    return openvino_lm.export(model_dir, out, weights == INT8, log)
+    return openvino_lm.export(model_dir, out, weights, log)
 
 
 def cache_gb(config: dict, sequences: int, context: int) -> int:
@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("setup", help="make the peer's environment").set_defaults(act=lambda _: python())
     to_ir = commands.add_parser("export", help="export a Hugging Face directory for the pipeline")
     to_ir.add_argument("model_dir", type=Path)
-    to_ir.add_argument("--int8", action="store_true")
-    to_ir.set_defaults(act=lambda args: export(args.model_dir, INT8 if args.int8 else "fp32"))
+    to_ir.add_argument("--weights", type=IrWeights, choices=list(IrWeights), default=IrWeights.FLOAT32)
+    to_ir.set_defaults(act=lambda args: export(args.model_dir, args.weights))
     args = parser.parse_args(argv)
     print(args.act(args))
     return 0

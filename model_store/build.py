@@ -120,7 +120,7 @@ HF_WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
 
 
 def export_language_model(handler_config: dict, staging: Path, label: str) -> None:
-    """A language model's openvino variant: the IR exported (int8 weights: compressed) into the
+    """A language model's openvino variant: the IR exported (openvino_lm.ir_weights) into the
     archive, judged against the float32 model as its worker will compute it (the guard's
     precisions), then the source's weights left out."""
     from handlers.accuracy import AccuracyError
@@ -137,8 +137,8 @@ def export_language_model(handler_config: dict, staging: Path, label: str) -> No
     if refusal := cpu_refusal(settings.dtype):
         raise VariantRefused(f"{label} is not built: {refusal}")
     say = lambda message: log(f"{label}: {message}")  # noqa: E731 - one line, passed on
-    int8 = settings.weights is Weights.INT8
-    ir = openvino_lm.export(staging, staging / openvino_engine.DIRECTORY, int8, say, label.replace("/", "-"))
+    weights = openvino_lm.ir_weights(settings.dtype, settings.weights is Weights.INT8)
+    ir = openvino_lm.export(staging, staging / openvino_engine.DIRECTORY, weights, say, label.replace("/", "-"))
     if (guard := agreement.limits(settings)) is not None:
         from transformers import AutoTokenizer
 

@@ -1,7 +1,8 @@
 """A language model for OpenVINO GenAI: the environment that exports it, and the export.
 
     python()                                     # .cache/openvino-genai/venv/bin/python, made first if needed
-    export(model_dir, out, int8=False, say=log)  # out/openvino_model.xml and the tokenizer's models
+    export(model_dir, out, IrWeights.FLOAT16, say=log)  # out/openvino_model.xml and the tokenizer's models
+    ir_weights("bfloat16", int8=False)            # IrWeights.FLOAT16: what a precision is served from
 
 The exporter (optimum-intel) needs an older transformers than the kit's, so it runs in an
 environment of its own, .cache/openvino-genai/venv (requirements/openvino-genai.txt), made on
@@ -17,6 +18,7 @@ transformers, first on the path, shadows the kit's.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import shutil
 import sys
@@ -37,6 +39,26 @@ LAYER = "kit-environment.pth"
 # PyPI's torchvision arrives with optimum-intel and fails to import beside the local torch 2.13
 # wheel ("operator torchvision::nms does not exist"), which breaks transformers' imports: removed.
 UNUSABLE = ("torchvision",)
+
+
+class IrWeights(enum.StrEnum):
+    """How an exported IR stores its weights (model_store/openvino_lm_export.py --weights)."""
+
+    FLOAT32 = "float32"
+    FLOAT16 = "float16"
+    INT8 = "int8"  # the linear layers' (one scale per output channel)
+
+
+# The IR a precision is computed from, its weights not compressed. bfloat16 from float16: the CPU
+# plugin packs a bf16 copy of whatever the IR holds and the IR's pages stay mapped beside it, so
+# float16 halves them (Qwen2.5-0.5B's shape: 3.4 GB resident from float32, 2.5 from float16) and
+# the archive; the accuracy guard judges what it serves.
+IR_WEIGHTS = {"float32": IrWeights.FLOAT32, "bfloat16": IrWeights.FLOAT16}
+
+
+def ir_weights(dtype: str, int8: bool) -> IrWeights:
+    """The IR's weights for a model computed in `dtype` (on int8 weights or not)."""
+    return IrWeights.INT8 if int8 else IR_WEIGHTS[dtype]
 
 
 def log(message: str) -> None:
@@ -68,13 +90,13 @@ def python(say: Callable[[str], None] = log) -> Path:
     return PYTHON
 
 
-def export(model_dir: Path, out: Path, int8: bool = False, say: Callable[[str], None] = log, name: str = "") -> Path:
-    """`model_dir` exported into `out` (float32 weights, or int8 ones); `out`. Its log is named
-    after `name` (the model directory's, by default)."""
-    command = [str(python(say)), "-m", "model_store.openvino_lm_export", str(model_dir), str(out)]
-    command += ["--int8"] if int8 else []
+def export(
+    model_dir: Path, out: Path, weights: IrWeights, say: Callable[[str], None] = log, name: str = ""
+) -> Path:
+    """`model_dir` exported into `out` with its weights stored as `weights`; `out`. Its log is
+    named after `name` (the model directory's, by default)."""
+    command = [str(python(say)), "-m", "model_store.openvino_lm_export", str(model_dir), str(out), "--weights", weights]
     out.mkdir(parents=True, exist_ok=True)
-    weights = "int8" if int8 else "float32"
     log_file = HOME / f"export-{name or model_dir.name}-{weights}.log"
     run(command, f"exporting {model_dir} to OpenVINO ({weights} weights)", log_file, say, cwd=ROOT)
     return out

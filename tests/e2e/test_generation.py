@@ -537,6 +537,39 @@ def test_an_openvino_variant_is_judged_when_built_and_not_installed_when_too_far
             remove_model(name)
 
 
+def test_a_bf16_openvino_variant_is_exported_with_float16_weights_judged_and_served(sources, tmp_path):
+    """openvino-bf16's IR stores float16 weights, half of float32's (the CPU plugin packs its bf16
+    copy from either, and the IR's pages stay mapped beside it): judged against the float model
+    at build time and served. A CPU that cannot compute bf16 refuses the build and says why."""
+    name = "test-yours-lm-ov-bf16"
+    model_file(name).write_text(model_file(QWEN).read_text())
+    try:
+        build = [sys.executable, "-m", "model_store.build", "--models", name, "--variants", "openvino-bf16"]
+        done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        if refusal := cpu_refusal(DType.BFLOAT16):
+            assert done.returncode != 0 and refusal in done.stdout + done.stderr
+            return
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "(float16 weights)" in done.stdout
+        assert re.search(rf"openvino-bf16/{name}: accuracy against float32 \(bfloat16, judged in \d+s\): ", done.stdout)
+        with zipfile.ZipFile(Variant.load("openvino-bf16").archive(name)) as files:
+            ir = files.read("openvino/openvino_model.xml").decode()
+        constants = re.findall(r'<layer [^>]*type="Const"[^>]*>\s*<data element_type="(\w+)" shape="([^"]*)"', ir)
+        large = {
+            element for element, shape in constants if shape and torch.Size(map(int, shape.split(","))).numel() >= 256
+        }
+        assert large == {"f16"}, f"the weights' element types: {large}"
+        config = ServeConfig.from_preset("optimized", variant="openvino-bf16", models=[name], cpus=one_cpu())
+        server = start_server(tmp_path / "bf16", config)
+        try:
+            answer = generate(server, name, {"prompt": PROMPTS[0], "max_new_tokens": 8, "ignore_eos": True})
+            assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 8
+        finally:
+            server.stop()
+    finally:
+        remove_model(name)
+
+
 def test_int8_weights_compiled_serve_many_streams_without_recompiling(sources, tmp_path):
     """Inductor on int8 weights (the model file's `weights: int8`; computed in float32 here so that
     every CPU runs it, `inductor-bf16-woq` computes in bf16): the model's linear weights in int8
