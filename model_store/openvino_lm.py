@@ -12,7 +12,7 @@ bench's OpenVINO GenAI peer, which also serves from it. The kit's worker needs o
 
 The environment is layered on the kit's: a .pth file puts the kit's site-packages after its own,
 so torch, OpenVINO and the rest the kit already has are found there and not installed twice
-(1.6 GB apart, 0.5 GB layered: a fresh CI machine's disk is what ran out), while its own older
+(1.6 GB apart, 0.15 GB layered: a fresh CI machine's disk is what ran out), while its own older
 transformers, first on the path, shadows the kit's.
 """
 
@@ -51,8 +51,8 @@ class IrWeights(enum.StrEnum):
 
 # The IR a precision is computed from, its weights not compressed. bfloat16 from float16: the CPU
 # plugin packs a bf16 copy of whatever the IR holds and the IR's pages stay mapped beside it, so
-# float16 halves them (Qwen2.5-0.5B's shape: 3.4 GB resident from float32, 2.5 from float16) and
-# the archive; the accuracy guard judges what it serves.
+# float16 halves them and the archive (Qwen2.5-0.5B's shape served: 2.4 GiB resident, 3.4 from
+# float32; docs/generation.md, run F); the accuracy guard judges what it serves.
 IR_WEIGHTS = {"float32": IrWeights.FLOAT32, "bfloat16": IrWeights.FLOAT16}
 
 
