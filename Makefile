@@ -110,7 +110,7 @@ test-archives: install
 	@$(PY) -m model_store.build --models resnet50,minilm --variants openvino-bf16 --where-supported
 
 # Everything, IPEX included: its backend tests run in .venv-ipex, its serving test from the main env.
-test: IMAGE := $(TEST_IMAGE)
+test test-e2e: IMAGE := $(TEST_IMAGE)
 test: test-archives install-ipex test-image test-tools
 	@$(PY) -m pytest tests --ignore=tests/ipex $(PYTEST_ARGS)
 	@$(IPEX_PY) -m pytest tests/ipex -p no:cacheprovider $(PYTEST_ARGS)
@@ -118,7 +118,6 @@ test: test-archives install-ipex test-image test-tools
 test-unit: install
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-e2e: IMAGE := $(TEST_IMAGE)
 test-e2e: test-archives install-ipex test-image test-tools
 	@$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 

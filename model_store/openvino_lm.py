@@ -51,8 +51,8 @@ class IrWeights(enum.StrEnum):
 
 # The IR a precision is computed from, its weights not compressed. bfloat16 from float16: the CPU
 # plugin packs a bf16 copy of whatever the IR holds and the IR's pages stay mapped beside it, so
-# float16 halves them and the archive (Qwen2.5-0.5B's shape served: 2.4 GiB resident, 3.4 from
-# float32; docs/generation.md, run F); the accuracy guard judges what it serves.
+# float16 halves them and the archive (Qwen2.5-0.5B's shape served: 2.4 GiB resident in run F of
+# docs/generation.md, 3.4 from float32 in run E); the accuracy guard judges what it serves.
 IR_WEIGHTS = {"float32": IrWeights.FLOAT32, "bfloat16": IrWeights.FLOAT16}
 
 

@@ -40,6 +40,7 @@ from kit.ports import PORTS
 from kit.proxy import AuthProxy
 from kit.serve_config import PRESETS, ServeConfig
 from kit.server import Server, ServerError, start_ready
+from kit.supervise import stop_proxy
 from kit.topology import read_topology
 from kit.variant import Variant
 from tests.e2e.conftest import one_cpu, start_server
@@ -310,8 +311,7 @@ def test_the_openai_client_streams_a_chat_through_the_containers_auth_proxy(sour
         with pytest.raises(AuthenticationError):
             OpenAI(base_url=base, api_key="not-the-key").chat.completions.create(model=QWEN, messages=CHAT)
     finally:
-        nginx.terminate()
-        nginx.wait(timeout=30)
+        stop_proxy(nginx)
         server.stop()
 
 
