@@ -20,12 +20,13 @@ IMAGE ?= localhost/kit-serve:latest
 IMAGE_VARIANTS ?= inductor
 export IMAGE
 
-.PHONY: help test-tools test-image install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths test test-archives test-unit test-e2e lint format clean
+.PHONY: help test-tools test-image test-ipex test-container install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths test test-archives test-unit test-e2e lint format clean
 
 help:
 	@echo "make serve [CONFIG=optimized|baseline|tuned|path.yaml] [VARIANT=name] [MODELS=resnet50,bert] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1] [ITT_TRACE=1] [MEMORY=6Gi]"
 	@echo "make itt-trace   (after make serve ITT_TRACE=1: the workers' ITT ranges as logs/itt/trace.json)"
-	@echo "make stop | status | test | test-unit | test-e2e | archive | lint | format | clean | install-ipex"
+	@echo "make stop | status | archive | lint | format | clean | install-ipex"
+	@echo "make test [LEAN=1] = test-unit, test-ipex, test-container, test-e2e in turn (LEAN=1 removes each part's own environment, archives and image after it)"
 	@echo "make image [IMAGE=tag] [IMAGE_VARIANTS=inductor,aoti-int8] [MODELS=minilm] [BASE=image] | image-context (for docker build)"
 	@echo "make image-start [MODELS=...] [ROUNDS=N]   (container start to ready, per cold-start option)"
 	@echo "make bench [PLAN=quick|default|full|versus] | tune [MODELS=lm STREAMS=16 ITL_MS=150] | soak [SOAK_SECONDS=300] | bench-preprocess"
@@ -101,25 +102,39 @@ bench-lengths: VARIANTS = $(LENGTH_VARIANTS)
 bench-lengths: archive
 	@$(PY) -m bench.lengths $(if $(MODELS),--models $(MODELS)) $(if $(ROUNDS),--rounds $(ROUNDS)) --variants $(LENGTH_VARIANTS)
 
-# The archives the tests serve and check. No test serves BERT's aoti-int8 (5 min to build):
-# MiniLM's covers a text model on that backend; nor MiniLM's ipex (BERT's covers text there).
+# The archives the end-to-end part serves and checks. No test serves BERT's aoti-int8 (5 min to
+# build): MiniLM's covers a text model on that backend.
 test-archives: install
 	@$(PY) -m model_store.build --variants eager,inductor,openvino-int8
-	@$(PY) -m model_store.build --models resnet50,bert --variants ipex
 	@$(PY) -m model_store.build --models resnet50,minilm --variants aoti-int8
 	@$(PY) -m model_store.build --models resnet50,minilm --variants openvino-bf16 --where-supported
 
-# Everything, IPEX included: its backend tests run in .venv-ipex, its serving test from the main env.
-test test-e2e: IMAGE := $(TEST_IMAGE)
-test: test-archives install-ipex test-image test-tools
-	@$(PY) -m pytest tests --ignore=tests/ipex $(PYTEST_ARGS)
-	@$(IPEX_PY) -m pytest tests/ipex -p no:cacheprovider $(PYTEST_ARGS)
+# make test: four parts in turn, each bringing what it reads (.ci/run times each and prints the disk
+# it peaked at). LEAN=1 (CI) removes what only one part reads once that part has passed: .venv-ipex
+# and the ipex archives (4.9 GB), the tests' image and its build (2.8 GB), so that the disk holds
+# one part's things at a time. Markers (pyproject.toml) say which part an e2e test belongs to.
+test: test-unit test-ipex test-container test-e2e
 
 test-unit: install
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-test-e2e: test-archives install-ipex test-image test-tools
-	@$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
+# IPEX: its backend tests in .venv-ipex, and the e2e tests that serve from it (marker ipex), which
+# also build the archives they read (the bench's and your models' rows).
+test-ipex: install-ipex test-tools
+	@$(PY) -m model_store.build --models resnet50,minilm --variants eager,ipex
+	@$(IPEX_PY) -m pytest tests/ipex -p no:cacheprovider $(PYTEST_ARGS)
+	@$(PY) -m pytest tests/e2e -m ipex $(PYTEST_ARGS)
+	@$(if $(LEAN),echo "[test] LEAN: removing .venv-ipex and the ipex archives"; rm -rf .venv-ipex model_store/ipex)
+
+# The tests' image run as a container (marker container).
+test-container: IMAGE := $(TEST_IMAGE)
+test-container: test-image test-tools
+	@$(PY) -m pytest tests/e2e -m container $(PYTEST_ARGS)
+	@$(if $(LEAN),bash scripts/image.sh --remove)
+
+# Everything else against a real TorchServe, and the diagnosis tools on the real archives.
+test-e2e: test-archives test-tools
+	@$(PY) -m pytest tests/e2e tests/integration -m "not ipex and not container" $(PYTEST_ARGS)
 
 # nginx for the auth proxy's tests on the host (scripts/test_tools.sh).
 test-tools:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the kit's container image (what `make image` runs):
 #   bash scripts/image.sh [--context-only]
+#   bash scripts/image.sh --remove    (IMAGE, the local base, build cache and build/: what make test LEAN=1 runs)
 # Environment: IMAGE (tag), VARIANTS (archives inside, comma list), MODELS (whose archives, comma
 # list; empty = every archive of those variants), BASE (base image; empty =
 # a Debian bookworm base bootstrapped here from Debian's packages), BUILDER (podman | docker).
@@ -10,7 +11,6 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 IMAGE="${IMAGE:?set IMAGE, or run make image}"
-VARIANTS="${VARIANTS:?set VARIANTS (comma list), or run make image}"
 MODELS="${MODELS:-}"
 BASE="${BASE:-}"
 BUILDER="${BUILDER:-podman}"
@@ -122,6 +122,21 @@ build() {
     step "built $IMAGE in $((SECONDS - start)) s: $((bytes / 1000 / 1000)) MB"
 }
 
+# After the tests' container part (make test LEAN=1): the tag, the base it was built on, the
+# build's cached intermediate images (dangling once the tag is gone) and build/ (the wheelhouse).
+remove() {
+    local before
+    before="$(df -Pk "$ROOT" | awk 'NR == 2 {print $4}')"
+    if command -v "$BUILDER" >/dev/null; then
+        "$BUILDER" rmi --force "$IMAGE" "$LOCAL_BASE" >/dev/null 2>&1 || true
+        "$BUILDER" image prune --force >/dev/null 2>&1 || true
+    fi
+    rm -rf "$CONTEXT" "$WHEELS"
+    step "removed $IMAGE, $LOCAL_BASE, the build's cache and build/: $(( ($(df -Pk "$ROOT" | awk 'NR == 2 {print $4}') - before) / 1000 )) MB freed"
+}
+
+[[ "${1:-}" == --remove ]] && { remove; exit 0; }
+VARIANTS="${VARIANTS:?set VARIANTS (comma list), or run make image}"
 # Measured from an empty image store: 7.1 GB used at the build's peak (wheelhouse, the base's root
 # file system, the layers and the build container holding the same files), 2.9 GB after it.
 need_space "$ROOT" 8 "the image build (wheelhouse, context and image layers)"

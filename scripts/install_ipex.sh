@@ -23,21 +23,32 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$(inputs_hash)" ]]; then
 fi
 
 if [[ ! -x "$VENV/bin/python" ]]; then
-    need_space "$ROOT" 8 "$VENV (torch 2.8 with its CUDA runtime libraries: ~6 GB while installed, 4.9 GB after)"
+    need_space "$ROOT" 6 "$VENV (torch 2.8 with its CUDA runtime libraries: 4.8 GB, and one wheel at a time while installing)"
     step "creating $VENV with $($PYTHON --version)"
     "$PYTHON" -m venv "$VENV"
 fi
-step "pip: torch 2.8.0 (CUDA build, used on the CPU) + IPEX 2.8.0 + CUDA runtime libraries, --no-deps (~3.5 GB download)"
-quiet_pip "$VENV/bin/pip" --no-deps -r "$ROOT/requirements/ipex-torch.txt" \
-    || die "pip install of requirements/ipex-torch.txt failed; see the output above"
 # cuDNN's kernel libraries (1 GB) are opened by libcudnn.so.9 only when a cuDNN operation runs on
 # a GPU, and torch's CUDA linear algebra (0.1 GB) only by a linalg call on a GPU tensor; on the
 # CPU nothing loads them (read from /proc/<pid>/maps after IPEX ran a model; the check below
 # runs one). A fresh CI machine's disk is what ran out.
 site="$(echo "$VENV"/lib/python3*/site-packages)"
-gpu_only=("$site"/nvidia/cudnn/lib/libcudnn_*.so.* "$site"/torch/lib/libtorch_cuda_linalg.so)
-step "removing GPU-only libraries never loaded on the CPU ($(du -shc "${gpu_only[@]}" 2>/dev/null | tail -1 | cut -f1))"
-rm -f "${gpu_only[@]}"
+remove_gpu_only() {
+    local gpu_only=("$site"/nvidia/cudnn/lib/libcudnn_*.so.* "$site"/torch/lib/libtorch_cuda_linalg.so) present=()
+    for file in "${gpu_only[@]}"; do
+        if [[ -e "$file" ]]; then present+=("$file"); fi
+    done
+    ((${#present[@]})) || return 0
+    step "  removing GPU-only libraries never loaded on the CPU ($(du -shc "${present[@]}" | tail -1 | cut -f1))"
+    rm -f "${present[@]}"
+}
+step "pip: torch 2.8.0 (CUDA build, used on the CPU) + IPEX 2.8.0 + CUDA runtime libraries, --no-deps (~3.5 GB download)"
+# One package per pip call: pip (without a cache) holds every wheel it downloads under TMPDIR until
+# the last is installed, 3.7 GB at once for this list; one at a time, at most the largest (0.9 GB).
+while read -r requirement; do
+    quiet_pip "$VENV/bin/pip" --no-deps "$requirement" \
+        || die "pip install of $requirement (requirements/ipex-torch.txt) failed; see the output above"
+    remove_gpu_only
+done < <(grep -v '^\s*\(#\|$\)' "$ROOT/requirements/ipex-torch.txt")
 step "pip: TorchServe and the handlers' dependencies (pinned by requirements/ipex-constraints.txt);"
 step "  pip may list torch's nvrtc/cusolver/nvtx/triton as 'dependency conflicts': left out on purpose"
 quiet_pip "$VENV/bin/pip" -c "$ROOT/requirements/ipex-constraints.txt" -r "$ROOT/requirements/ipex.txt" \

@@ -10,7 +10,8 @@ import yaml
 
 from bench.__main__ import main
 
-pytestmark = pytest.mark.e2e
+# A row of the plan is served from .venv-ipex: this module runs in make test-ipex.
+pytestmark = [pytest.mark.e2e, pytest.mark.ipex]
 
 TINY_PLAN = {
     "description": "two configurations of the smallest model, a few seconds each",

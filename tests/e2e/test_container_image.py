@@ -31,7 +31,7 @@ from tests.e2e.conftest import one_cpu
 from tests.e2e.test_placement import allowed_list
 from tests.e2e.test_serving import EMBEDDING_ATOL
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.container]
 
 START_DEADLINE_S = 600
 DRAIN_S = 3

@@ -85,9 +85,9 @@ def embed(server: Server, text: str) -> torch.Tensor:
     return torch.tensor(response.json())
 
 
-def test_minilm_matches_eager_reference(optimized_server, extracted_archives):
+def assert_minilm_matches_eager(server: Server, extracted_archives) -> None:
     text = "A man is playing a guitar."
-    served = embed(optimized_server, text)
+    served = embed(server, text)
     model_dir = extracted_archives["minilm"]
     model = load_model(TextSettings(architecture=Architecture.SENTENCE_EMBEDDER), model_dir)
     inputs = tuple(t[None] for t in encode(load_tokenizer(model_dir), text, 128).inputs)
@@ -95,6 +95,10 @@ def test_minilm_matches_eager_reference(optimized_server, extracted_archives):
         reference = model(*inputs)[0]
     assert served.shape == (384,)
     torch.testing.assert_close(served, reference, rtol=0, atol=EMBEDDING_ATOL)
+
+
+def test_minilm_matches_eager_reference(optimized_server, extracted_archives):
+    assert_minilm_matches_eager(optimized_server, extracted_archives)
 
 
 def test_minilm_paraphrase_is_closer_than_unrelated(optimized_server):

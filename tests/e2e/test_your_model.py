@@ -32,7 +32,8 @@ from tests.e2e.test_serving import post, worker_pids
 from tests.hf_models import distilbert_classifier, vit_classifier
 from tests.tensor_models import CATEGORIES, FEATURES, IDS, tabular_model, tabular_program
 
-pytestmark = pytest.mark.e2e
+# Every variant is served, ipex (from .venv-ipex) among them: this module runs in make test-ipex.
+pytestmark = [pytest.mark.e2e, pytest.mark.ipex]
 
 # fp32 everywhere; compilers reorder sums and fuse kernels: probabilities agreed to <1e-6 here.
 PROBABILITY_ATOL = 1e-4
