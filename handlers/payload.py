@@ -117,6 +117,11 @@ def status_phrase(message: str) -> str:
     return printable if len(printable) <= PHRASE_LIMIT else printable[: PHRASE_LIMIT - 3] + "..."
 
 
+# The kit's one error shape, TorchServe's own (its frontend answers its errors so), typed by status:
+# every handler, the worker and the auth proxy answer with it (OpenAI's paths with OpenAI's,
+# handlers/openai_shapes.py).
+ERROR_TYPES = {400: "InvalidInput", 401: "Unauthorized", 404: "NotFound", 503: "ServiceUnavailable"}
+
+
 def error_body(message: str, code: int = HTTP_BAD_REQUEST) -> dict[str, Any]:
-    # Same shape as TorchServe's own error responses.
-    return {"code": code, "type": "InvalidInput", "message": message}
+    return {"code": code, "type": ERROR_TYPES.get(code, "InternalServerException"), "message": message}

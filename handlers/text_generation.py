@@ -41,6 +41,7 @@ from handlers.optimize import graphs_compiled
 from handlers.payload import HTTP_BAD_REQUEST, URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
 from handlers.replies import Transport
 from handlers.settings import GenerationSettings, Weights
+from handlers.streaming import StreamingHandler
 from handlers.switches import planned_sequences
 from handlers.typed_config import parse_settings
 
@@ -69,7 +70,7 @@ def decode_body(request: dict[str, Any], api_kind: api.Api) -> Any:
     return request_decoded(request) if api_kind is api.Api.KIT else request_json(request)
 
 
-class TextGenerationHandler:
+class TextGenerationHandler(StreamingHandler):
     settings_class = GenerationSettings
     initialized = False
     replies: Transport | None = None  # the worker's, once it has loaded the model

@@ -25,6 +25,7 @@ answers the batch with what the handler's threads wrote since the last one (Step
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -39,9 +40,10 @@ from ts.protocol import otf_message_handler as otf
 from ts.service import Service
 from ts.utils.util import PredictionException
 
-from handlers.payload import over_grpc
+from handlers.payload import error_body, over_grpc
 from handlers.replies import Replies, StepReplies, Transport
 from handlers.stages import Stage, StageClock, now
+from handlers.streaming import StreamingHandler
 
 log = logging.getLogger(__name__)
 READ_BUFFER = 256 * 1024  # a typical request frame (a JPEG, a text) in one or two reads
@@ -104,7 +106,7 @@ def accept_all(service: Service, batch: list[dict[str, Any]], replies: Transport
             handler.accept(request_id, inputs[index], properties)
         except Exception:  # noqa: BLE001 - as TorchServe: the request fails, the worker stays up
             log.warning("Invoking custom service failed.", exc_info=True)
-            body = b'{"code": 503, "type": "InternalServerException", "message": "Prediction failed"}'
+            body = json.dumps(error_body("Prediction failed", 503)).encode()
             replies.refuse(request_id, body, "application/json", 503, "Prediction failed", over_grpc(properties))
     return list(request_ids.values())
 
@@ -112,7 +114,7 @@ def accept_all(service: Service, batch: list[dict[str, Any]], replies: Transport
 def steps_of(service: Service) -> bool:
     """Whether the model is served with continuousBatching by a handler that answers by itself."""
     config = service.context.model_yaml_config or {}
-    return bool(config.get("continuousBatching")) and hasattr(handler_of(service), "accept")
+    return bool(config.get("continuousBatching")) and isinstance(handler_of(service), StreamingHandler)
 
 
 class KitWorker(TorchModelServiceWorker):
@@ -163,8 +165,11 @@ class KitWorker(TorchModelServiceWorker):
         if otf._retrieve_buffer(connection, 1) != otf.LOAD_MSG:
             raise RuntimeError("received an inference request before the model was loaded")
         service, result, code = self.load_model(otf._retrieve_load_msg(connection))
-        if code == 200 and not hasattr(handler_of(service), "accept"):
-            result, code = "asyncCommunication needs a handler with accept() (the kit's text generation)", 500
+        if code == 200 and not isinstance(handler_of(service), StreamingHandler):
+            result, code = (
+                "asyncCommunication needs a StreamingHandler (handlers/streaming.py), as text generation's",
+                500,
+            )
         cl_socket.sendall(otf.create_load_model_response(code, result))
         if code != 200:
             raise RuntimeError(f"{code} - {result}")
@@ -197,7 +202,7 @@ class KitWorker(TorchModelServiceWorker):
         serve_generation(handler, replies, read)
 
 
-def serve_generation(handler: Any, replies: Transport, read: Callable[[], None]) -> None:
+def serve_generation(handler: StreamingHandler, replies: Transport, read: Callable[[], None]) -> None:
     """A language model served: `read` (the frontend's messages) in a thread of its own, and the
     handler's engine on this thread, the one that loaded and warmed it up, until the frontend
     goes away. Its OpenMP threads are this thread's: a step computed from another thread would

@@ -65,6 +65,8 @@ class TaskTraits:
     per_domain: bool = False
     # Its workers' OpenMP wait policy over the preset's (None: the preset's).
     omp_wait_policy: OmpWaitPolicy | None = None
+    # What `make model ... SAMPLES=` does with your samples, as the build says it.
+    samples_use: str = "int8 calibrates on them, the accuracy guard checks on some held out"
 
 
 class Task(enum.StrEnum):
@@ -85,6 +87,10 @@ class Task(enum.StrEnum):
     @property
     def settings(self) -> type[OptimizationSettings]:
         return TASKS[self].settings
+
+    @property
+    def samples_use(self) -> str:
+        return TASKS[self].samples_use
 
 
 TASKS = {
@@ -110,6 +116,7 @@ TASKS = {
         ("ForCausalLM", "LMHeadModel"),
         per_domain=True,
         omp_wait_policy=OmpWaitPolicy.DEFAULT,
+        samples_use="the accuracy guard continues them as prompts (int8 weights calibrate on nothing)",
     ),
 }
 

@@ -15,11 +15,13 @@ scrape it). The management API is never published.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
+from handlers.payload import error_body
 from kit.ports import INFERENCE_PORT, METRICS_PORT
 from kit.serve_config import ConfigError, ServeConfig
 
@@ -28,10 +30,9 @@ from kit.serve_config import ConfigError, ServeConfig
 KEY_PATTERN = re.compile(r"[A-Za-z0-9._~+/=-]{16,512}")
 CONF_FILE = "nginx.conf"
 # nginx's status for an answer TorchServe could not give (starting, stopping, overloaded).
-UNAVAILABLE = '{"code": 503, "type": "ServiceUnavailable", "message": "the model server is not available; retry"}'
-UNAUTHORIZED = (
-    '{"code": 401, "type": "Unauthorized", "message": "send the API key as the header Authorization: Bearer <key>"}'
-)
+UNAVAILABLE = json.dumps(error_body("the model server is not available; retry", 503))
+UNAUTHORIZED = json.dumps(error_body("send the API key as the header Authorization: Bearer <key>", 401))
+NOT_SERVED = json.dumps(error_body("only /metrics is served here", 404))
 
 
 def read_key(path: Path) -> str:
@@ -125,7 +126,7 @@ http {{
     server {{
         listen {self.metrics_port};
         location = /metrics {{ proxy_pass http://torchserve_metrics; }}
-        location / {{ return 404 '{{"code": 404, "message": "only /metrics is served here"}}'; }}
+        location / {{ return 404 '{NOT_SERVED}'; }}
     }}
 }}
 """

@@ -78,10 +78,10 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     from handlers.samples import HELD_OUT_SHARE
     from handlers.precompile import HELD_OUT_WANTED, check_artifact, judged_in_worker, precompile, ship_evidence
     from handlers.archive import bare_handler, handler_class
-    from handlers.base import OptimizedHandler
+    from handlers.streaming import StreamingHandler
 
-    if not issubclass(handler_class(handler_file), OptimizedHandler):
-        # A generative model: its torch variants compile and judge in the worker.
+    if issubclass(handler_class(handler_file), StreamingHandler):
+        # A language model: its torch variants compile and judge in the worker.
         export_language_model(handler_config, staging, label)
         return
     handler = bare_handler(handler_file, handler_config, staging)

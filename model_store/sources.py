@@ -87,11 +87,11 @@ def write_huggingface(staging: Path, model: Model) -> dict[str, Any]:
     return derived.settings
 
 
-def write_samples(directory: Path, bodies: list[Body]) -> None:
+def write_samples(directory: Path, bodies: list[Body], use: str) -> None:
     directory.mkdir()
     for index, body in enumerate(bodies):
         (directory / str(index)).write_bytes(body.data)
-    log(f"{len(bodies)} samples of your own: int8 calibrates on them, the accuracy guard checks on some held out")
+    log(f"{len(bodies)} samples of your own: {use}")
 
 
 WRITERS: dict[SourceKind, Callable[[Path, Model], dict[str, Any]]] = {
@@ -105,7 +105,9 @@ def write_source(staging: Path, model: Model) -> dict[str, Any]:
     """Write the model's files into staging; returns its handler settings (the model file's win)."""
     settings = WRITERS[model.source.kind](staging, model)
     if model.samples:
-        write_samples(staging / SAMPLES_DIR, read_samples(Path(model.samples), model.task.medium))
+        write_samples(
+            staging / SAMPLES_DIR, read_samples(Path(model.samples), model.task.medium), model.task.samples_use
+        )
     if model.labels:  # the model file's own class names replace any the source has
         shutil.copy(require(Path(model.labels), "labels file"), staging / LABELS_FILE)
         settings = {**settings, "labels_file": LABELS_FILE}

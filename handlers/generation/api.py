@@ -25,6 +25,7 @@ from handlers import openai_shapes
 from handlers.generation.engine import Finish, Generation
 from handlers.generation.sampling import Sampling, integer
 from handlers.payload import InvalidInput
+from handlers.payload import error_body as kit_error_body
 
 MAX_STOPS = 8
 SSE = "text/event-stream"
@@ -299,12 +300,8 @@ class ChatAnswer(OpenAiAnswer):
 ANSWERS: dict[Api, type[Answer]] = {Api.KIT: KitAnswer, Api.COMPLETIONS: CompletionAnswer, Api.CHAT: ChatAnswer}
 
 
-# TorchServe's names for its own errors of these codes (the kit's other handlers answer the same).
-KIT_ERRORS = {400: "InvalidInput", 404: "NotFound", 503: "ServiceUnavailable"}
-
-
 def error_body(api: Api, message: str, code: int) -> dict[str, Any]:
     """The kit's error shape, or OpenAI's for its paths (its clients read error.message)."""
     if api is Api.KIT:
-        return {"code": code, "type": KIT_ERRORS.get(code, "InternalServerException"), "message": message}
+        return kit_error_body(message, code)
     return openai_shapes.error_body(message, code)

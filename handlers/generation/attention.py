@@ -27,9 +27,13 @@ import dataclasses
 import torch
 from torch import nn
 from torch.nn import functional
-from transformers import AttentionInterface, PreTrainedModel
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+from handlers.quiet_imports import torchao_import
+
+with torchao_import():  # transformers' modeling code imports torchao when it is installed
+    from transformers import AttentionInterface, PreTrainedModel
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 NAME = "kit_slots"
 

@@ -16,10 +16,13 @@ them), which the engine's warm-up makes before serving.
 from __future__ import annotations
 
 import torch
-from transformers import PretrainedConfig
-from transformers.cache_utils import Cache
 
 from handlers.backends import DType
+from handlers.quiet_imports import torchao_import
+
+with torchao_import():  # transformers' modeling code imports torchao when it is installed
+    from transformers import PretrainedConfig
+    from transformers.cache_utils import Cache
 
 # A model's weights, activations and cache are in its served dtype.
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16}

@@ -15,6 +15,7 @@ from ts.protocol import otf_message_handler as otf
 from ts.service import Service
 
 from handlers.stages import Stage, StageClock
+from handlers.streaming import StreamingHandler
 from handlers.worker import BufferedConnection, KitWorker, predict, stage_clock
 
 METRICS_CONFIG = Path(otf.__file__).parents[1] / "configs" / "metrics.yaml"
@@ -164,8 +165,11 @@ def test_the_loop_loads_answers_and_times_the_frame_stages():
     assert handler.stages.histograms[Stage.WAIT].calls == 2  # between calls, not before the first
 
 
-class AcceptingHandler:
+class AcceptingHandler(StreamingHandler):
     """A language model's handler: answers each request later, from a thread of its own."""
+
+    def initialize(self, context):
+        raise AssertionError("the tests load it themselves")
 
     def __init__(self, more: bool = False):
         # An open answer ("true" piece), written before accept returns (so a test knows which
@@ -235,6 +239,27 @@ def test_the_async_loop_hands_requests_over_as_they_come_and_a_failing_one_gets_
     assert handler.accepted[0][1]["Content-Length"] == "70000"  # the request's own headers, as a dict
     assert b"id-1" in answers and bytes(range(5)) in answers  # answered by the handler's thread
     assert b"id-2" in answers and b"Prediction failed" in answers and b"ts_stream_next" in answers
+
+
+def test_a_handler_not_declared_streaming_is_refused_at_load_under_async_communication():
+    class Undeclared:  # accept() and serve() without the contract: not taken for one
+        def accept(self, request_id, request, headers): ...
+        def serve(self): ...
+        def handle(self, data, context): ...
+
+    class LoadedWorker(KitWorker):
+        def load_model(self, request):
+            return service_of(Undeclared().handle), "loaded", 200
+
+    frontend, worker_end = socket.socketpair()
+    worker = LoadedWorker.__new__(LoadedWorker)
+    worker.async_comm = True
+    with frontend, worker_end:
+        frontend.sendall(load_frame())
+        with pytest.raises(RuntimeError, match="needs a StreamingHandler"):
+            worker.handle_connection(worker_end)
+        answer = read_answer(frontend)
+    assert struct.unpack("!i", answer[:4])[0] == 500 and b"StreamingHandler (handlers/streaming.py)" in answer
 
 
 def answer_pieces(sock: socket.socket) -> list[tuple[str, dict]]:
