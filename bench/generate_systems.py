@@ -23,8 +23,9 @@ from kit.kv_cache import archive_settings
 from kit.models import Model
 from kit.paths import ROOT, process_environment
 from kit.ports import PORTS
+from kit.procinfo import terminate
 from kit.serve_config import ServeConfig
-from kit.server import Server, start_ready, terminate
+from kit.server import Server, start_ready
 from kit.topology import read_topology
 from kit.variant import Variant
 from model_store import openvino_lm

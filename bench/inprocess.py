@@ -25,7 +25,8 @@ from bench.results import Measured
 from handlers.archive import extract
 from kit.paths import ROOT, process_environment
 from kit.pin_worker import allocator_library
-from kit.serve_config import Placement, ServeConfig, worker_environment
+from kit.properties import worker_environment
+from kit.serve_config import Placement, ServeConfig
 from kit.topology import read_topology
 
 

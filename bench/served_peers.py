@@ -30,8 +30,7 @@ from handlers.stages import difference, merge, read_stage_files, summarize
 from kit.footprint import measure_live
 from kit.paths import ROOT, process_environment
 from kit.ports import PORTS, PortInUseError, bind_failure, start_on_fresh_ports
-from kit.procinfo import busy_fractions, cpu_times, process_tree
-from kit.server import terminate
+from kit.procinfo import busy_fractions, cpu_times, process_tree, terminate
 from kit.topology import read_topology
 from kit.variant import Variant
 

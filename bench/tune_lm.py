@@ -36,9 +36,9 @@ from bench.generate import WARMUP_S, workload
 from bench.generate_systems import KIT_VARIANTS, completions_url, kit_variants
 from bench.streams import StreamStats, measure_streams
 from bench.tune import save_preset
+from kit.layout import PlanError
 from kit.models import Model
 from kit.paths import ROOT
-from kit.plan import PlanError
 from kit.serve_config import PRESETS, ConfigError, ServeConfig
 from kit.server import ServerError, start_ready
 from kit.topology import read_topology

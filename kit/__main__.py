@@ -29,15 +29,16 @@ from pathlib import Path
 from handlers.stages import stage_table
 from kit import probe, supervise
 from kit.footprint import Footprint, measure_live
+from kit.hints import print_endpoints
 from kit.itt import chrome_trace, read_ranges
-from kit.models import Medium, Model, model_names
+from kit.layout import Demand, Objective, PlanError
+from kit.models import model_names
 from kit.paths import LOGS
-from kit.plan import Demand, Objective, PlanError, plan_layout
+from kit.plan import plan_layout
 from kit.ports import INFERENCE_PORT, METRICS_PORT
 from kit.proxy import AuthProxy
 from kit.serve_config import ConfigError, Placement, ServeConfig
 from kit.server import START_DEADLINE_S, Server, ServerError
-from kit.server_api import KEY_FILE
 from kit.topology import (
     Memory,
     Topology,
@@ -101,31 +102,6 @@ def serve(args: argparse.Namespace) -> int:
         raise
     print_endpoints(server)
     return 0
-
-
-# A request body per medium for the printed examples (curl needs a Content-Type: see README).
-TRY_BODY = {
-    Medium.IMAGE: "-T photo.jpg",
-    Medium.TEXT: "-H 'Content-Type: text/plain' --data 'a great movie'",
-    # One sample, shaped as the model file's input_shapes say (handlers/tensor.py).
-    Medium.TENSOR: "-H 'Content-Type: application/json' --data '{\"inputs\": [...]}'",
-}
-
-
-def print_endpoints(server: Server) -> None:
-    c = server.config
-    print(f"[serve] inference  {server.api.url('inference', '/predictions/<model>')}   models: {', '.join(c.models)}")
-    print(f"[serve] management {server.api.url('management', '/models')}")
-    print(f"[serve] metrics    {server.api.url('metrics', '/metrics')}")
-    if c.token_auth_enabled:
-        key_file = server.run_dir / KEY_FILE
-        print(f"[serve] token auth is ON (bind {c.bind}); keys in {key_file}")
-        print(f'  KEY=$(python3 -c \'import json; print(json.load(open("{key_file}"))["inference"]["key"])\')')
-    auth = ' -H "Authorization: Bearer $KEY"' if c.token_auth_enabled else ""
-    print("[serve] try:")
-    for name in c.models:
-        body = TRY_BODY[Model.load(name).task.medium]
-        print(f"  curl{auth} {body} {server.api.url('inference', f'/predictions/{name}')}")
 
 
 def run(args: argparse.Namespace) -> int:

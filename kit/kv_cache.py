@@ -17,8 +17,8 @@ import yaml
 
 from handlers.settings import GenerationSettings
 from handlers.typed_config import parse_settings
+from kit.layout import Sequences
 from kit.models import Model, Task, model_file
-from kit.plan import Sequences
 
 MODEL_CONFIG = "model-config.yaml"  # torch-model-archiver's --config-file, at the archive's root
 HF_CONFIG = "config.json"

@@ -14,9 +14,10 @@ import os
 from pathlib import Path
 
 from kit import pin_worker
+from kit.layout import Layout
 from kit.paths import CONFIG, process_environment
-from kit.plan import Layout
-from kit.serve_config import ServeConfig, worker_environment
+from kit.properties import worker_environment
+from kit.serve_config import ServeConfig
 from kit.topology import format_cpus
 
 LOG_CONFIG = CONFIG / "log4j2.xml"

@@ -33,8 +33,8 @@ import yaml
 
 from handlers.settings import GenerationSettings, ImageSettings, OptimizationSettings, TensorSettings, TextSettings
 from handlers.typed_config import SettingsError, parse_settings
+from kit.layout import Grouping, OmpWaitPolicy
 from kit.paths import CONFIG, ROOT
-from kit.plan import Grouping, OmpWaitPolicy
 
 MODELS_DIR = CONFIG / "models"
 # TorchServe waits this long for a worker's initialize() (load + compile + warm-up); the kit's

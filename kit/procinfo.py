@@ -134,3 +134,15 @@ def busy_fractions(before: dict[int, tuple[int, int]], after: dict[int, tuple[in
         busy0, total0 = before.get(cpu, (0, 0))
         fractions[cpu] = (busy - busy0) / (total - total0) if total > total0 else 0.0
     return fractions
+
+
+def terminate(processes: list[psutil.Process], timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL at the deadline; returns when all are gone."""
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(alive, timeout=10)

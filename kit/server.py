@@ -31,12 +31,13 @@ from handlers.typed_config import parse_settings
 from kit.footprint import measure, record
 from kit.kv_cache import served_sequences
 from kit.launch import LAYOUT_FILE, Launch
+from kit.layout import Layout
 from kit.models import STARTUP_TIMEOUT_S
 from kit.paths import INDUCTOR_CACHE
-from kit.plan import Layout
 from kit.ports import PortInUseError, bind_failure, start_on_fresh_ports
-from kit.procinfo import process_alive, process_tree
-from kit.serve_config import Placement, ServeConfig, free_ports_config, render
+from kit.procinfo import process_alive, process_tree, terminate
+from kit.properties import render
+from kit.serve_config import Placement, ServeConfig, free_ports_config
 from kit.server_api import ServerApi
 from kit.server_logs import OomWatch, RunLogs, wait_until_unchanged
 from kit.topology import read_topology
@@ -99,18 +100,6 @@ def link_store(archives: dict[str, Path], store: Path) -> None:
             os.link(archive, store / f"{model}.mar")
         except OSError:
             shutil.copy2(archive, store / f"{model}.mar")
-
-
-def terminate(processes: list[psutil.Process], timeout_s: float) -> None:
-    """SIGTERM, then SIGKILL at the deadline; returns when all are gone."""
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            process.terminate()
-    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
-    for process in alive:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(alive, timeout=10)
 
 
 class Server:

@@ -13,7 +13,8 @@ import re
 import time
 from pathlib import Path
 
-from kit.topology import cgroup_memory_limit, gib, oom_kills
+from kit.cgroup import cgroup_memory_limit, oom_kills
+from kit.topology import gib
 
 # The line of TorchServe's output that says why it stopped: the JVM's refusal of an option
 # ("Unrecognized VM option ..."), a Java exception, the CLI's own "... not found".

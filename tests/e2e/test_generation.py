@@ -33,9 +33,9 @@ import yaml
 from client import grpc_client
 from handlers.backends import DType, cpu_refusal
 from handlers.generation.stream import TextStream
+from kit.layout import PlanError
 from kit.models import model_file
 from kit.paths import CONFIG, ROOT
-from kit.plan import PlanError
 from kit.ports import PORTS
 from kit.proxy import AuthProxy
 from kit.serve_config import PRESETS, ServeConfig

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 import requests
 
+from kit.cgroup import CGROUP
 from kit.footprint import footprint_file, recorded
 from kit.serve_config import ServeConfig
-from kit.topology import CGROUP, read_topology
+from kit.topology import read_topology
 from tests.e2e.conftest import start_server
 
 pytestmark = pytest.mark.e2e

@@ -9,7 +9,7 @@ from bench import tune, tune_lm
 from bench.streams import Spread, StreamStats
 from bench.tune_lm import Candidate, Measured, Tuning, choose, sequence_choices, write_lm_preset
 from kit import serve_config
-from kit.plan import Sequences
+from kit.layout import Sequences
 from kit.serve_config import ServeConfig
 
 
@@ -110,7 +110,7 @@ def test_a_candidate_the_memory_plan_cuts_to_one_measured_already_or_refuses_is_
     """A budget of 8 sequences: x16 would run x8's server again; a plan that refuses says why."""
     from types import SimpleNamespace
 
-    from kit.plan import PlanError
+    from kit.layout import PlanError
 
     def config_of(model, candidate):
         planned = SimpleNamespace(models={"lm": SimpleNamespace(sequences=min(candidate.sequences, 8))})

@@ -12,8 +12,10 @@ import shutil
 import pytest
 
 from kit.footprint import Footprint, footprint_file, measure, record, recorded
-from kit.plan import Demand, Grouping, Layout, OmpWaitPolicy, PlanError, Sequences, place, plan_layout
-from kit.serve_config import ConfigError, ServeConfig, jvm_args
+from kit.layout import Demand, Grouping, Layout, OmpWaitPolicy, PlanError, Sequences
+from kit.plan import place, plan_layout
+from kit.properties import jvm_args
+from kit.serve_config import ConfigError, ServeConfig
 from kit.topology import Memory, TopologyError, kb_fields, meminfo_bytes
 from tests.machines import FIXTURES, MACHINES, machine
 

@@ -63,7 +63,7 @@ def test_each_model_gets_its_planned_cpus_and_allocator(tmp_path):
 
 
 def test_a_worker_over_several_nodes_has_its_memory_interleaved_one_on_a_node_bound(tmp_path):
-    from kit.plan import INTERLEAVED
+    from kit.layout import INTERLEAVED
 
     assert pin_worker.INTERLEAVED == INTERLEAVED  # spelled in both: this script imports nothing of the kit
     cpu = max(os.sched_getaffinity(0))
@@ -75,7 +75,7 @@ def test_a_worker_over_several_nodes_has_its_memory_interleaved_one_on_a_node_bo
 
 
 def test_a_model_with_its_own_openmp_wait_policy_gets_it_over_the_servers(tmp_path, monkeypatch):
-    from kit.plan import OmpWaitPolicy
+    from kit.layout import OmpWaitPolicy
 
     assert OmpWaitPolicy.DEFAULT.value == pin_worker.LIBGOMP_DEFAULT  # spelled in both
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the preset's, for every worker (kit/serve_config.py)
@@ -92,7 +92,7 @@ def test_a_model_with_its_own_openmp_wait_policy_gets_it_over_the_servers(tmp_pa
 
 
 def test_glibc_malloc_is_spelled_as_the_allocator_enum_spells_it(tmp_path):
-    from kit.plan import Allocator
+    from kit.layout import Allocator
 
     assert Allocator.DEFAULT.value == pin_worker.GLIBC_MALLOC
     assert pin_worker.allocator_library(tmp_path, Allocator.DEFAULT.value) is None

@@ -6,17 +6,8 @@ import itertools
 
 import pytest
 
-from kit.plan import (
-    FRONTEND_FRACTION,
-    INTERLEAVED,
-    MIN_CORES_TO_RESERVE,
-    Demand,
-    Grouping,
-    Objective,
-    PlanError,
-    plan_layout,
-    thread_counts,
-)
+from kit.layout import INTERLEAVED, Demand, Grouping, Objective, PlanError
+from kit.plan import FRONTEND_FRACTION, MIN_CORES_TO_RESERVE, plan_layout, thread_counts
 from kit.topology import TopologyError, parse_cpus
 from tests.machines import MACHINES, machine
 

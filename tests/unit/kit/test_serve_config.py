@@ -7,9 +7,10 @@ import pytest
 from handlers.switches import Diagnostics
 from handlers.typed_config import SettingsError, parse_settings
 from kit import serve_config
+from kit.layout import Sequences
 from kit.paths import STORE
-from kit.plan import Sequences
-from kit.serve_config import Allocator, ConfigError, Placement, ServeConfig, launcher_args, render, worker_environment
+from kit.properties import launcher_args, render, worker_environment
+from kit.serve_config import Allocator, ConfigError, Placement, ServeConfig
 from kit.topology import parse_topology
 from tests.conftest import BUNDLED_MODELS
 from tests.machines import FIXTURES

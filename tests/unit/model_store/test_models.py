@@ -11,8 +11,8 @@ import yaml
 from handlers.settings import ImageSettings, TextSettings
 from handlers.typed_config import SettingsError, parse_settings
 from kit import models
+from kit.layout import Grouping, OmpWaitPolicy
 from kit.models import Medium, Model, SourceKind, Task, model_names, parse_model
-from kit.plan import Grouping, OmpWaitPolicy
 from model_store import huggingface
 from model_store.huggingface import SourceError, derive, guess_task
 from model_store.model_file import write_model_file

@@ -1,0 +1,103 @@
+"""A ServeConfig as TorchServe reads it: config.properties from its template, the launcher's
+arguments, the frontend's JVM options and the workers' environment.
+
+    text = render(config, model_store, layout)   # logs/config.properties (kit/server.py)
+
+Rendering only: what the configuration means, and its checks, are kit/serve_config.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+from typing import Any
+
+from kit.itt import collector_environment
+from kit.layout import Allocator, Layout, OmpWaitPolicy
+from kit.paths import CONFIG
+from kit.serve_config import Placement, ServeConfig
+
+TEMPLATE = CONFIG / "config.properties.template"
+LAUNCHER_ALLOCATOR_FLAG = {
+    Allocator.DEFAULT: "--use_default_allocator",
+    Allocator.JEMALLOC: "--enable_jemalloc",
+    Allocator.TCMALLOC: "--enable_tcmalloc",
+}
+
+
+def launcher_args(config: ServeConfig) -> str:
+    """TorchServe's cpu_launcher arguments (placement launcher)."""
+    # The frontend appends --ninstances/--rank itself when a model has several workers.
+    # One allocator for every worker: __post_init__ refuses models that would need two.
+    args = ["--disable_iomp", LAUNCHER_ALLOCATOR_FLAG[config.allocator_of(config.models[0])]]
+    if config.threads is not None:
+        args += ["--ncores-per-instance", str(config.threads)]
+        if (config.workers or 1) == 1:
+            # Without this the launcher would start cores/threads instances for one worker.
+            args += ["--ninstances", "1", "--rank", "0"]
+    return " ".join(args)
+
+
+def models_json(config: ServeConfig, layout: Layout | None = None) -> str:
+    models = {}
+    for name in config.models:
+        entry: dict[str, Any] = {
+            "defaultVersion": True,
+            "marName": f"{name}.mar",
+            "batchSize": config.batch_size,
+            "maxBatchDelay": config.max_batch_delay_ms,
+        }
+        workers = len(layout.models[name].workers) if layout else config.workers
+        if workers is not None:
+            entry.update(minWorkers=workers, maxWorkers=workers)
+        models[name] = {"1.0": entry}
+    return json.dumps(models, separators=(",", ":"))
+
+
+def render(config: ServeConfig, model_store: Path, layout: Layout | None = None) -> str:
+    values = {
+        "bind": config.bind,
+        "management_bind": config.management_bind,
+        "inference_port": config.inference_port,
+        "management_port": config.management_port,
+        "metrics_port": config.metrics_port,
+        "grpc_inference_port": config.grpc_inference_port,
+        "grpc_management_port": config.grpc_management_port,
+        "worker_port": config.worker_port,
+        "model_store": model_store,
+        "load_models": ",".join(f"{name}.mar" for name in config.models),
+        "models_json": models_json(config, layout),
+        "default_workers": "" if config.workers is None else config.workers,
+        "disable_token_auth": str(not config.token_auth_enabled).lower(),
+        "launcher": str(config.placement is Placement.LAUNCHER).lower(),
+        "launcher_args": launcher_args(config) if config.placement is Placement.LAUNCHER else "",
+        "max_request_bytes": config.max_request_mb * 1024 * 1024,
+        "vmargs": jvm_args(config, layout),
+        # A Java regex quoting the store path literally; .properties files unescape `\\` to `\`.
+        "allowed_urls": rf"file://\\Q{model_store}\\E/.*",
+    }
+    text = string.Template(TEMPLATE.read_text()).substitute(values)
+    # A property left empty means "TorchServe's default": drop the line instead of passing "".
+    return "".join(line for line in text.splitlines(keepends=True) if not line.rstrip().endswith("="))
+
+
+def jvm_args(config: ServeConfig, layout: Layout | None) -> str:
+    """The preset's JVM options, with the heap the memory plan gave the frontend unless they set one
+    (the JVM's own default is a quarter of the cgroup's limit, sized for nothing else running)."""
+    if layout is None or layout.memory is None or "-Xmx" in config.frontend_jvm_args:
+        return config.frontend_jvm_args
+    return f"{config.frontend_jvm_args} -Xmx{layout.memory.frontend_heap // 2**20}m".strip()
+
+
+def worker_environment(config: ServeConfig) -> dict[str, str]:
+    """Environment for the server; the frontend passes it on to every worker."""
+    env = {}
+    if config.placement is Placement.NONE and config.threads is not None:
+        env["OMP_NUM_THREADS"] = str(config.threads)  # the launcher and kit/pin_worker.py set it per worker
+    if config.omp_wait_policy is not OmpWaitPolicy.DEFAULT:
+        env["OMP_WAIT_POLICY"] = config.omp_wait_policy.value.upper()
+    env.update(config.diagnostics.environment())
+    if config.itt_trace_dir:
+        env.update(collector_environment(Path(config.itt_trace_dir)))
+    return env
