@@ -48,8 +48,9 @@ def build_archives(plan: Plan) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--plan", default="default", help="quick | default | full | tune | path/to/plan.yaml")
     parser.add_argument("--out", type=Path, default=None, help="results directory (default: bench/results/<time>)")
     parser.add_argument("--models", default="", help="comma list: run the plan for these models instead of its own")
@@ -75,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     languages = [m for m in requested if Model.load(m).task is Task.TEXT_GENERATION]
     if languages and not args.write_preset:
-        print(f"[bench] ERROR: {languages} generate text: `make bench PLAN=generate MODELS=...` measures a language "
-              "model, `make tune MODELS=...` tunes it", file=sys.stderr)  # fmt: skip
+        print(
+            f"[bench] ERROR: {languages} generate text: `make bench PLAN=generate MODELS=...` measures a language "
+            "model, `make tune MODELS=...` tunes it",
+            file=sys.stderr,
+        )
         return 2
     others, base = [m for m in requested if m not in languages], None
     if others or not languages:  # the plan's own models when none are named
@@ -106,8 +110,10 @@ def bench_plan(args: argparse.Namespace, models: list[str], command: str) -> tup
         return 1, None
     out_dir = args.out or RESULTS / time.strftime("%Y%m%d-%H%M%S")
     models = sorted({r.model for r in plan.rows})
-    log(f"plan {plan.name!r}: {len(plan.rows)} rows over {models}, estimated {plan.estimate_s() / 60:.0f} min "
-        f"(more on a cold compile cache); results in {out_dir}")  # fmt: skip
+    log(
+        f"plan {plan.name!r}: {len(plan.rows)} rows over {models}, estimated {plan.estimate_s() / 60:.0f} min "
+        f"(more on a cold compile cache); results in {out_dir}"
+    )
     run = BenchRun(plan, command, RunEnvironment.capture())
     # Rounds: the kit's rows and the served peers interleaved (bench/versus.py), their own report.
     execute, report = (run_rounds, write_versus_report) if plan.run.rounds > 1 else (run_plan, write_report)

@@ -58,13 +58,19 @@ def ab_command(
     argv = [
         "ab",
         "-k",  # keep-alive: without it ab stalls on TorchServe's connection handling
-        "-t", str(int(seconds)),
-        "-n", str(requests),  # after -t, which would otherwise cap it at 50000
-        "-c", str(concurrency),
-        "-s", "300",  # per-request timeout (s): a slow batch must not abort the run
-        "-p", str(payload),
-        "-T", content_type,
-    ]  # fmt: skip
+        "-t",
+        str(int(seconds)),
+        "-n",
+        str(requests),  # after -t, which would otherwise cap it at 50000
+        "-c",
+        str(concurrency),
+        "-s",
+        "300",  # per-request timeout (s): a slow batch must not abort the run
+        "-p",
+        str(payload),
+        "-T",
+        content_type,
+    ]
     for name, value in (headers or {}).items():
         argv += ["-H", f"{name}: {value}"]
     return [*argv, url]
@@ -100,10 +106,18 @@ def parse_ab(text: str) -> AbResult:
     )
 
 
-def run_ab(url: str, headers: dict[str, str], payload: Payload, concurrency: int, seconds: int,
-           requests: int = MAX_REQUESTS) -> tuple[AbResult, list[str]]:  # fmt: skip
-    argv = ab_command(url, payload.path, payload.content_type, seconds=seconds, concurrency=concurrency,
-                      headers=headers, requests=requests)  # fmt: skip
+def run_ab(
+    url: str, headers: dict[str, str], payload: Payload, concurrency: int, seconds: int, requests: int = MAX_REQUESTS
+) -> tuple[AbResult, list[str]]:
+    argv = ab_command(
+        url,
+        payload.path,
+        payload.content_type,
+        seconds=seconds,
+        concurrency=concurrency,
+        headers=headers,
+        requests=requests,
+    )
     completed = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 600)
     if completed.returncode != 0:
         raise RuntimeError(f"ab failed ({completed.returncode}): {completed.stderr.strip()[-500:]}")
@@ -121,9 +135,14 @@ def warm_up(url: str, headers: dict[str, str], payload: Payload, concurrency: in
 
 
 def measure_ab(
-    url: str, headers: dict[str, str], payload: Payload, concurrency: int, seconds: int,
-    processes: Callable[[], list[psutil.Process]], group: Callable[[psutil.Process], str],
-) -> tuple[AbResult, list[str], dict[str, float]]:  # fmt: skip
+    url: str,
+    headers: dict[str, str],
+    payload: Payload,
+    concurrency: int,
+    seconds: int,
+    processes: Callable[[], list[psutil.Process]],
+    group: Callable[[psutil.Process], str],
+) -> tuple[AbResult, list[str], dict[str, float]]:
     """The measured ab run, with CPU ms per request of each process group (/proc before and after)."""
     before, ab_before = process_cpu_s(processes(), group), children_cpu_s()
     result, argv = run_ab(url, headers, payload, concurrency, seconds)

@@ -32,8 +32,13 @@ class Completion:
 
     def chunk(self, text: str, reason: str | None) -> dict:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-        return {"id": self.name, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [choice]}  # fmt: skip
+        return {
+            "id": self.name,
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
 
     def whole(self, text: str, prompt_tokens: int, completion_tokens: int) -> dict:
         return {**self.chunk(text, "length"), "usage": usage(prompt_tokens, completion_tokens)}
@@ -45,12 +50,20 @@ class Completion:
             if text:
                 yield f"data: {json.dumps(self.chunk(text, None))}\n\n"
         yield f"data: {json.dumps(self.chunk('', 'length'))}\n\n"
-        last = {"id": self.name, "object": "text_completion", "created": self.created, "choices": [],
-                "usage": usage(prompt_tokens, completion_tokens())}  # fmt: skip
+        last = {
+            "id": self.name,
+            "object": "text_completion",
+            "created": self.created,
+            "choices": [],
+            "usage": usage(prompt_tokens, completion_tokens()),
+        }
         yield f"data: {json.dumps(last)}\n\n"
         yield "data: [DONE]\n\n"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

@@ -51,8 +51,9 @@ OPTIONS = {
 def image_variants(image: str) -> set[str]:
     container = subprocess.run(["buildah", "from", image], capture_output=True, text=True, check=True).stdout.strip()
     try:
-        root = Path(subprocess.run(["buildah", "mount", container], capture_output=True, text=True,
-                                   check=True).stdout.strip())  # fmt: skip
+        root = Path(
+            subprocess.run(["buildah", "mount", container], capture_output=True, text=True, check=True).stdout.strip()
+        )
         return {p.name for p in (root / "opt/kit/model_store").iterdir() if p.is_dir()}
     finally:
         subprocess.run(["buildah", "rm", container], capture_output=True)
@@ -60,10 +61,29 @@ def image_variants(image: str) -> set[str]:
 
 def start_to_ready(image: str, variant: str, models: str, cache: Path, key_dir: Path, log: Path) -> float:
     container = subprocess.run(["buildah", "from", image], capture_output=True, text=True, check=True).stdout.strip()
-    argv = ["buildah", "run", "--isolation=chroot", "-v", f"{key_dir}:/run/secrets/kit:ro",
-            "-v", f"{cache}:/opt/kit/.cache", container, "--",
-            "python", "-m", "kit", "run", "--key-file", "/run/secrets/kit/api-key",
-            "--variant", variant, "--models", models, "--drain", "0"]  # fmt: skip
+    argv = [
+        "buildah",
+        "run",
+        "--isolation=chroot",
+        "-v",
+        f"{key_dir}:/run/secrets/kit:ro",
+        "-v",
+        f"{cache}:/opt/kit/.cache",
+        container,
+        "--",
+        "python",
+        "-m",
+        "kit",
+        "run",
+        "--key-file",
+        "/run/secrets/kit/api-key",
+        "--variant",
+        variant,
+        "--models",
+        models,
+        "--drain",
+        "0",
+    ]
     try:
         with open(log, "w") as out:
             launched = time.monotonic()
@@ -73,8 +93,11 @@ def start_to_ready(image: str, variant: str, models: str, cache: Path, key_dir: 
                     raise RuntimeError(f"{variant}: not ready; see {log}\n{log.read_text()[-3000:]}")
                 time.sleep(0.2)
             seconds = time.monotonic() - launched
-            supervisor = next(p for p in psutil.Process(process.pid).children(recursive=True)
-                              if p.cmdline()[1:4] == ["-m", "kit", "run"])  # fmt: skip
+            supervisor = next(
+                p
+                for p in psutil.Process(process.pid).children(recursive=True)
+                if p.cmdline()[1:4] == ["-m", "kit", "run"]
+            )
             supervisor.send_signal(signal.SIGTERM)
             process.wait(120)
         return seconds

@@ -32,9 +32,15 @@ def distilbert(directory: Path, dim: int = 768, layers: int = 6, heads: int = 12
     torch.manual_seed(SEED)
     tokenizer = DistilBertTokenizerFast(tokenizer_file=str(bundled_tokenizer()))
     config = DistilBertConfig(
-        vocab_size=tokenizer.vocab_size, dim=dim, hidden_dim=4 * dim, n_layers=layers, n_heads=heads,
-        initializer_range=init, id2label=SENTIMENT, label2id={v: k for k, v in SENTIMENT.items()},
-    )  # fmt: skip
+        vocab_size=tokenizer.vocab_size,
+        dim=dim,
+        hidden_dim=4 * dim,
+        n_layers=layers,
+        n_heads=heads,
+        initializer_range=init,
+        id2label=SENTIMENT,
+        label2id={v: k for k, v in SENTIMENT.items()},
+    )
     DistilBertForSequenceClassification(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
@@ -55,9 +61,16 @@ def vit(
 
     torch.manual_seed(SEED)
     config = ViTConfig(
-        image_size=size, patch_size=patch, hidden_size=dim, num_hidden_layers=layers, num_attention_heads=heads,
-        intermediate_size=4 * dim, initializer_range=init, id2label=ANIMALS, label2id={v: k for k, v in ANIMALS.items()},
-    )  # fmt: skip
+        image_size=size,
+        patch_size=patch,
+        hidden_size=dim,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        intermediate_size=4 * dim,
+        initializer_range=init,
+        id2label=ANIMALS,
+        label2id={v: k for k, v in ANIMALS.items()},
+    )
     ViTForImageClassification(config).save_pretrained(directory)
     ViTImageProcessor(size={"height": size, "width": size}).save_pretrained(directory)
     return directory
@@ -134,11 +147,17 @@ def qwen2(
     torch.manual_seed(SEED)
     tokenizer = causal_tokenizer(size=vocabulary)
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=dim, intermediate_size=int(dim * 5.4) // 8 * 8,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=32768, initializer_range=init, tie_word_embeddings=True,
+        vocab_size=len(tokenizer),
+        hidden_size=dim,
+        intermediate_size=int(dim * 5.4) // 8 * 8,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=32768,
+        initializer_range=init,
+        tie_word_embeddings=True,
         eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
-    )  # fmt: skip
+    )
     eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
     return _save_causal(Qwen2ForCausalLM(config), tokenizer, directory, eos)
 
@@ -155,9 +174,15 @@ def gpt2(
     tokenizer = causal_tokenizer(chat=False, size=vocabulary)
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = GPT2Config(
-        vocab_size=len(tokenizer), n_embd=dim, n_layer=layers, n_head=heads, n_positions=1024,
-        initializer_range=init, bos_token_id=eos, eos_token_id=eos,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        n_embd=dim,
+        n_layer=layers,
+        n_head=heads,
+        n_positions=1024,
+        initializer_range=init,
+        bos_token_id=eos,
+        eos_token_id=eos,
+    )
     return _save_causal(GPT2LMHeadModel(config), tokenizer, directory, [eos])
 
 

@@ -94,8 +94,12 @@ def report(results: dict, systems: dict[str, System], out: Path, header: str) ->
     """A row per server and concurrency; each kit row against each peer's row at its precision."""
     peers = [peer for peer in PEERS if any(system.server == peer for system in systems.values())]
     ratios = "".join(f" × {PEERS[peer].title}, by round (min–max) |" for peer in peers)
-    lines = [header, "", f"| concurrency | row | output tokens/s (min–max) |{ratios} TTFT p50 ms | ITL p50 ms | ITL p99 ms | errors |",
-             "|---|---|---|" + "---|" * len(peers) + "---|---|---|---|"]  # fmt: skip
+    lines = [
+        header,
+        "",
+        f"| concurrency | row | output tokens/s (min–max) |{ratios} TTFT p50 ms | ITL p50 ms | ITL p99 ms | errors |",
+        "|---|---|---|" + "---|" * len(peers) + "---|---|---|---|",
+    ]
     for concurrency, rows in results.items():
         for name, stats in rows.items():
             precision = systems[name].precision
@@ -106,7 +110,7 @@ def report(results: dict, systems: dict[str, System], out: Path, header: str) ->
             lines.append(
                 f"| {concurrency} | {name} | {tps['median']:.1f} ({tps['min']:.1f}–{tps['max']:.1f}) |{against} "
                 f"{stats['ttft_ms_p50']['median']:.0f} | {stats['itl_ms_p50']['median']:.0f} | {stats['itl_ms_p99']['median']:.0f} | {stats['errors']} |"
-            )  # fmt: skip
+            )
     text = "\n".join(lines) + "\n"
     (out / "report.md").write_text(text)
     return text
@@ -149,8 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = [(kit_variants(backend)[p], p) for backend in backends for p in precisions]
     # The inductor float32 archive is built whatever is measured: the peers take its settings.
     variants = dict.fromkeys([KIT_VARIANTS[INDUCTOR][FLOAT32]] + [variant for variant, _ in rows])
-    build = [sys.executable, "-m", "model_store.build", "--models", ",".join(m.name for m in models),
-             "--variants", ",".join(variants)]  # fmt: skip
+    build = [
+        sys.executable,
+        "-m",
+        "model_store.build",
+        "--models",
+        ",".join(m.name for m in models),
+        "--variants",
+        ",".join(variants),
+    ]
     if subprocess.run(build, cwd=ROOT).returncode != 0:
         return 1
     out = RESULTS / f"generate-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -94,9 +94,13 @@ def started(name: str, command: list[str], log_path: Path, port: int) -> Callabl
     """`command` started and answering on `port`'s health path; the function that stops it."""
     log_file = open(log_path, "w")  # noqa: SIM115 - open while it runs
     process = subprocess.Popen(
-        command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **process_environment({})},
+        command,
+        cwd=ROOT,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **process_environment({})},
         start_new_session=True,
-    )  # fmt: skip
+    )
 
     def stop() -> None:
         terminate([psutil.Process(process.pid)], STOP_TIMEOUT_S)
@@ -120,8 +124,16 @@ def started(name: str, command: list[str], log_path: Path, port: int) -> Callabl
 
 def fastapi_system(model: Model, precision: str, run_dir: Path) -> System:
     (port,) = PORTS.take(1)
-    command = [sys.executable, "-m", "bench.generate_peer", str(model.source.path), "--port", str(port),
-               "--dtype", precision]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bench.generate_peer",
+        str(model.source.path),
+        "--port",
+        str(port),
+        "--dtype",
+        precision,
+    ]
     stop = started("the FastAPI peer", command, run_dir / f"fastapi-{precision}.log", port)
     url = f"http://{HOST}:{port}/v1/completions"
     return System(f"fastapi {precision}", "fastapi", precision, url, stop, model.name)
@@ -133,9 +145,13 @@ def llama_system(model: Model, precision: str, run_dir: Path) -> System:
     settings, topology = served_settings(model), read_topology()
     (port,) = PORTS.take(1)
     command = llama_cpp.server_command(
-        llama_cpp.server_binary(topology), gguf, port, settings.max_sequences, settings.context_length,
+        llama_cpp.server_binary(topology),
+        gguf,
+        port,
+        settings.max_sequences,
+        settings.context_length,
         topology.capacity,
-    )  # fmt: skip
+    )
     name = f"llama.cpp {gguf_type}"
     try:
         stop = started(name, command, run_dir / f"llama.cpp-{gguf_type}.log", port)

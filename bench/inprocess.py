@@ -62,8 +62,18 @@ def measure_in_process(archive: Path, model: str, config: ServeConfig, seconds: 
     for cpus, threads in worker_cpus(config, model):
         # The variant's own environment: torch 2.8 for the ipex backends.
         python = config.variant.environment / "bin" / "python"
-        command = [str(python), "-m", "bench.inprocess", str(model_dir), "--batch", str(config.batch_size),
-                   "--seconds", str(seconds), "--cpus", ",".join(map(str, sorted(cpus)))]  # fmt: skip
+        command = [
+            str(python),
+            "-m",
+            "bench.inprocess",
+            str(model_dir),
+            "--batch",
+            str(config.batch_size),
+            "--seconds",
+            str(seconds),
+            "--cpus",
+            ",".join(map(str, sorted(cpus))),
+        ]
         children.append(
             subprocess.Popen(
                 command,
@@ -73,7 +83,7 @@ def measure_in_process(archive: Path, model: str, config: ServeConfig, seconds: 
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log_file,
-            )  # fmt: skip
+            )
         )
     try:
         for child in children:

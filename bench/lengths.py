@@ -132,17 +132,39 @@ def run_child(archive: Path, seconds: int, rounds: int, work_dir: Path) -> Varia
             measured[name].append(round(done / (time.perf_counter() - begin), 2))
     if graphs_compiled() != graphs:
         raise RuntimeError("a padded length recompiled the model: the numbers would time the compiler")
-    return VariantRun(archive.parent.name, round(start_s, 1), round(per_length, 3), [
-        SetResult(archive.parent.name, name, len(settings.lengths), round(statistics.median(measured[name]), 2), measured[name],
-                  round(len(settings.lengths) * per_length, 1))
-        for name, settings in candidates.items()
-    ])  # fmt: skip
+    return VariantRun(
+        archive.parent.name,
+        round(start_s, 1),
+        round(per_length, 3),
+        [
+            SetResult(
+                archive.parent.name,
+                name,
+                len(settings.lengths),
+                round(statistics.median(measured[name]), 2),
+                measured[name],
+                round(len(settings.lengths) * per_length, 1),
+            )
+            for name, settings in candidates.items()
+        ],
+    )
 
 
 def measure(variant: Variant, model: str, seconds: int, rounds: int, work_dir: Path) -> VariantRun:
     """One child process, with the variant's Python and one OpenMP thread, as a 1-thread worker."""
-    command = [str(variant.environment / "bin" / "python"), "-m", "bench.lengths", "--child", str(variant.archive(model)),
-               "--seconds", str(seconds), "--rounds", str(rounds), "--work-dir", str(work_dir)]  # fmt: skip
+    command = [
+        str(variant.environment / "bin" / "python"),
+        "-m",
+        "bench.lengths",
+        "--child",
+        str(variant.archive(model)),
+        "--seconds",
+        str(seconds),
+        "--rounds",
+        str(rounds),
+        "--work-dir",
+        str(work_dir),
+    ]
     env = {**process_environment(dict(os.environ)), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     shutil.rmtree(work_dir, ignore_errors=True)  # the extracted archive: hundreds of MB
@@ -201,8 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         runs = []
         for variant in variants:
             started = time.monotonic()
-            print(f"[lengths] {model} {variant.name}: compile with a bucket at every length, then {len(BUCKET_SETS)}"
-                  f" bucket sets x {args.rounds} rounds x {args.seconds} s", flush=True)  # fmt: skip
+            print(
+                f"[lengths] {model} {variant.name}: compile with a bucket at every length, then {len(BUCKET_SETS)}"
+                f" bucket sets x {args.rounds} rounds x {args.seconds} s",
+                flush=True,
+            )
             runs.append(measure(variant, model, args.seconds, args.rounds, out / "extracted"))
             print(f"[lengths] {model} {variant.name}: done in {time.monotonic() - started:.0f} s", flush=True)
         rows += [{"model": model, **dataclasses.asdict(r)} for r in runs]

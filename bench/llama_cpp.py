@@ -34,9 +34,15 @@ NO_REPACK = "--no-repack"  # weights as stored: no AMX or other repacked kernels
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0"}
 # The web UI would be fetched from the network; TLS and the model downloader are not used here.
 CMAKE_OPTIONS = (
-    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF",
-)  # fmt: skip
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=ON",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+)
 
 
 def log(message: str) -> None:
@@ -53,8 +59,18 @@ def source_tree() -> Path:
     if (tree / "CMakeLists.txt").is_file():
         return tree
     PEERS.mkdir(parents=True, exist_ok=True)
-    download = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--dest", str(PEERS),
-                f"llama-cpp-python=={VERSION}"]  # fmt: skip
+    download = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "--dest",
+        str(PEERS),
+        f"llama-cpp-python=={VERSION}",
+    ]
     run(download, f"downloading llama-cpp-python {VERSION}'s source from PyPI", PEERS / "download.log")
     with tarfile.open(PEERS / f"{SDIST}.tar.gz") as archive:
         archive.extractall(PEERS, filter="data")
@@ -78,8 +94,11 @@ def server_binary(topology: Topology | None = None) -> Path:
     build.mkdir(parents=True, exist_ok=True)
     jobs = str(topology.capacity)
     run(["cmake", "-S", str(tree), "-B", str(build), *CMAKE_OPTIONS], "configuring llama.cpp", build / "configure.log")
-    run(["cmake", "--build", str(build), "--target", SERVER, "-j", jobs],
-        f"building {SERVER} on {jobs} cores (minutes)", build / "build.log")  # fmt: skip
+    run(
+        ["cmake", "--build", str(build), "--target", SERVER, "-j", jobs],
+        f"building {SERVER} on {jobs} cores (minutes)",
+        build / "build.log",
+    )
     return binary
 
 
@@ -95,8 +114,17 @@ def convert(model_dir: Path, gguf_type: str) -> Path:
     tree = source_tree()
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")
-    command = [sys.executable, "-m", "bench.gguf_convert", str(tree), str(model_dir), "--outtype", gguf_type,
-               "--outfile", str(partial)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bench.gguf_convert",
+        str(tree),
+        str(model_dir),
+        "--outtype",
+        gguf_type,
+        "--outfile",
+        str(partial),
+    ]
     run(command, f"converting {model_dir} to GGUF {gguf_type}", out.with_suffix(".log"), cwd=ROOT)
     os.replace(partial, out)
     return out
@@ -107,10 +135,21 @@ def server_command(binary: Path, gguf: Path, port: int, slots: int, context: int
     tokens each (-c is shared among the slots), continuous batching (on by default), this
     machine's cores as threads."""
     return [
-        str(binary), "--model", str(gguf), "--host", "127.0.0.1", "--port", str(port),
-        "--parallel", str(slots), "--ctx-size", str(slots * context), "--threads", str(threads),
+        str(binary),
+        "--model",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--parallel",
+        str(slots),
+        "--ctx-size",
+        str(slots * context),
+        "--threads",
+        str(threads),
         "--no-webui",
-    ]  # fmt: skip
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,8 +52,19 @@ def cache_gb(config: dict, sequences: int, context: int) -> int:
 
 
 def server_command(ir: Path, port: int, precision: str | None, sequences: int, cache: int) -> list[str]:
-    command = [str(python()), "-m", "bench.openvino_genai_peer", "serve", str(ir), "--port", str(port),
-               "--sequences", str(sequences), "--cache-gb", str(cache)]  # fmt: skip
+    command = [
+        str(python()),
+        "-m",
+        "bench.openvino_genai_peer",
+        "serve",
+        str(ir),
+        "--port",
+        str(port),
+        "--sequences",
+        str(sequences),
+        "--cache-gb",
+        str(cache),
+    ]
     return command + (["--precision", precision] if precision else [])
 
 

@@ -99,8 +99,9 @@ def build_app(ir_dir: str, precision: str | None, sequences: int, cache_gb: int)
         answer = Completion(body.get("model"))
         if not body.get("stream"):
             return JSONResponse(answer.whole("".join(texts()), prompt_tokens, len(generated)))
-        return StreamingResponse(answer.events(texts(), prompt_tokens, lambda: len(generated)),
-                                 media_type="text/event-stream")  # fmt: skip
+        return StreamingResponse(
+            answer.events(texts(), prompt_tokens, lambda: len(generated)), media_type="text/event-stream"
+        )
 
     return app
 

@@ -56,12 +56,20 @@ PHOTOS = (
     *(
         f"skimage/data/{name}"
         for name in (
-            "astronaut.png", "chelsea.png", "coffee.png", "motorcycle_left.png", "motorcycle_right.png",
-            "rocket.jpg", "retina.jpg", "hubble_deep_field.jpg", "ihc.png", "camera.png",
+            "astronaut.png",
+            "chelsea.png",
+            "coffee.png",
+            "motorcycle_left.png",
+            "motorcycle_right.png",
+            "rocket.jpg",
+            "retina.jpg",
+            "hubble_deep_field.jpg",
+            "ihc.png",
+            "camera.png",
         )
     ),
     "matplotlib/mpl-data/sample_data/grace_hopper.jpg",
-)  # fmt: skip
+)
 PHONE = (4032, 3024)  # a 12 MP phone photo
 
 

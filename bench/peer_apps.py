@@ -121,8 +121,15 @@ def run_fastapi(model_dir: Path, port: int, workers: int, threads: int, batch: i
     if batch != 1:
         raise SystemExit("the fastapi peer serves one request per call (batch 1)")
     os.environ[MODEL_DIR_VAR], os.environ[THREADS_VAR] = str(model_dir), str(threads)
-    uvicorn.run("bench.peer_apps:fastapi_app", factory=True, host=HOST, port=port, workers=workers,
-                log_level="warning", access_log=False)  # fmt: skip
+    uvicorn.run(
+        "bench.peer_apps:fastapi_app",
+        factory=True,
+        host=HOST,
+        port=port,
+        workers=workers,
+        log_level="warning",
+        access_log=False,
+    )
 
 
 class PeerAPI(ls.LitAPI):
@@ -130,8 +137,11 @@ class PeerAPI(ls.LitAPI):
     level class: LitServe spawns its inference workers and pickles the API object."""
 
     def __init__(self, model_dir: Path, threads: int, batch: int):
-        super().__init__(max_batch_size=batch, batch_timeout=BATCH_TIMEOUT_S if batch > 1 else 0.0,
-                         api_path=f"/predictions/{read_manifest(model_dir)['model']['modelName']}")  # fmt: skip
+        super().__init__(
+            max_batch_size=batch,
+            batch_timeout=BATCH_TIMEOUT_S if batch > 1 else 0.0,
+            api_path=f"/predictions/{read_manifest(model_dir)['model']['modelName']}",
+        )
         self.model_dir, self.threads = model_dir, threads
 
     def setup(self, device: str) -> None:

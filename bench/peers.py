@@ -32,8 +32,20 @@ from kit.topology import read_topology
 
 def measure_peer(peer: Peer, archive: Path, seconds: int, work_dir: Path) -> Measured:
     model_dir = extract(archive, work_dir)
-    command = [sys.executable, "-m", "bench.peers", str(model_dir), "--runtime", peer.runtime.value,
-               "--precision", peer.precision.value, "--batch", str(peer.batch_size), "--seconds", str(seconds)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bench.peers",
+        str(model_dir),
+        "--runtime",
+        peer.runtime.value,
+        "--precision",
+        peer.precision.value,
+        "--batch",
+        str(peer.batch_size),
+        "--seconds",
+        str(seconds),
+    ]
     env = process_environment(dict(os.environ))
     completed = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
     if completed.returncode != 0:
@@ -54,8 +66,15 @@ def _onnxruntime(model, settings, example, calibration, precision: DType, work_d
     names = [f"input{i}" for i in range(len(example))]
     dynamic = export_shapes(settings, example, batch=False)
     batch = torch.export.Dim("batch", min=1, max=1024)
-    torch.onnx.export(model, example, str(path), input_names=names, output_names=["output"],
-                      dynamic_shapes=tuple({0: batch, **dims} for dims in dynamic), dynamo=True)  # fmt: skip
+    torch.onnx.export(
+        model,
+        example,
+        str(path),
+        input_names=names,
+        output_names=["output"],
+        dynamic_shapes=tuple({0: batch, **dims} for dims in dynamic),
+        dynamo=True,
+    )
     options = ort.SessionOptions()
     options.intra_op_num_threads = read_topology().capacity  # the cores the quota pays for, not the host's
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -34,8 +34,11 @@ class TargetCheck:
 def comparable(results: list[RowResult], model: str, kind: str = "served") -> list[RowResult]:
     """The model's error-free rows of `kind` on its default payload: what targets compare."""
     payload = default_payload(Model.load(model))
-    return [r for r in results if r.model == model and r.kind == kind and r.payload == payload
-            and r.non_2xx == 0 and r.failed == 0]  # fmt: skip
+    return [
+        r
+        for r in results
+        if r.model == model and r.kind == kind and r.payload == payload and r.non_2xx == 0 and r.failed == 0
+    ]
 
 
 def best_row(results: list[RowResult], model: str) -> RowResult | None:
@@ -235,8 +238,13 @@ def stage_table(results: list[RowResult]) -> list[str]:
     ]
     for r in rows:
         cells = [r.stages.get(stage) for stage in stages]
-        text = [f"{c['ms_per_request']:.2f}, cpu {c.get('cpu_ms_per_request', 0.0):.2f} "
-                f"({c['p50_ms']:.2f} / {c['p99_ms']:.2f})" if c else "-" for c in cells]  # fmt: skip
+        text = [
+            f"{c['ms_per_request']:.2f}, cpu {c.get('cpu_ms_per_request', 0.0):.2f} "
+            f"({c['p50_ms']:.2f} / {c['p99_ms']:.2f})"
+            if c
+            else "-"
+            for c in cells
+        ]
         lines.append(f"| {r.model} | {r.name} | {' | '.join(text)} |")
     return [*lines, ""]
 
@@ -267,8 +275,11 @@ def itt_checks(results: list[RowResult]) -> list[TargetCheck]:
     rows = [r for r in results if r.itt_ranges is not None]
     if not rows:
         return []
-    bad = [f"{r.model}/{r.name}: {r.itt_requests} vs {r.requests_answered}" for r in rows
-           if r.itt_requests != r.requests_answered]  # fmt: skip
+    bad = [
+        f"{r.model}/{r.name}: {r.itt_requests} vs {r.requests_answered}"
+        for r in rows
+        if r.itt_requests != r.requests_answered
+    ]
     measured = "; ".join(bad) or f"{sum(r.itt_requests for r in rows)} requests in {len(rows)} rows"
     return [TargetCheck("ITT ranges cover every answered request, in every served row", measured, not bad)]
 
@@ -324,8 +335,14 @@ def markdown(run: BenchRun) -> str:
     if run.skipped:
         lines += ["## Skipped rows", "", *(f"- {reason}" for reason in run.skipped), ""]
     if run.failed:
-        lines += ["## Failed rows", "", "The run went on without them. The reason is the first line of the error; "
-                  "the log holds the rest.", "", "| model | row | reason | log |", "|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "## Failed rows",
+            "",
+            "The run went on without them. The reason is the first line of the error; the log holds the rest.",
+            "",
+            "| model | row | reason | log |",
+            "|---|---|---|---|",
+        ]
         lines += [f"| {f.model} | {f.name} | {f.reason.replace('|', '/')} | `{f.log}` |" for f in run.failed]
         lines += [*(f"**Lost**: {what}" for what in run.lost()), ""]
     lines += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]

@@ -159,10 +159,13 @@ class RunEnvironment:
                 return ""
 
         cpu = next(
-            (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-             if line.startswith("model name")),
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
             platform.processor(),
-        )  # fmt: skip
+        )
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         return cls(
             cpu_model=cpu,

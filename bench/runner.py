@@ -98,16 +98,27 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
     itt_dir = out_dir / "itt" / slug(row.label)
     itt = row.records_itt(plan.run)
     serve = dataclasses.replace(row.serve, itt_trace_dir=str(itt_dir)) if itt else row.serve
-    server = start_ready(serve, row_dir(out_dir, row), plan.run.start_deadline_s,
-                         progress=lambda m: log(f"  {m.removeprefix('[serve] ')}"))  # fmt: skip
+    server = start_ready(
+        serve,
+        row_dir(out_dir, row),
+        plan.run.start_deadline_s,
+        progress=lambda m: log(f"  {m.removeprefix('[serve] ')}"),
+    )
     try:
         ready_s = time.monotonic() - server.started_at
         metrics_url = server.api.url("metrics", "/metrics")
         url = server.api.url("inference", f"/predictions/{row.model}")
         warm_up(url, server.api.headers("inference"), payload, row.concurrency, plan.run)
         before, cpu_before, stages_before = scrape(metrics_url), cpu_times(), server.stage_times().get(row.model)
-        result, argv, cpu_ms = measure_ab(url, server.api.headers("inference"), payload, row.concurrency, plan.run.seconds,
-                                          server.process_tree, lambda process: group_of(process, row.model))  # fmt: skip
+        result, argv, cpu_ms = measure_ab(
+            url,
+            server.api.headers("inference"),
+            payload,
+            row.concurrency,
+            plan.run.seconds,
+            server.process_tree,
+            lambda process: group_of(process, row.model),
+        )
         load_s = worker_load_seconds(scrape_text(metrics_url), row.model)
         after = scrape(metrics_url)
         latency = server_latency(before, after, row.model)
@@ -168,8 +179,18 @@ def run_row(row: Row, plan: Plan, out_dir: Path, payload: Payload) -> RowResult:
 
 def in_process_key(row: Row) -> tuple[Any, ...]:
     c = row.serve
-    return (row.model, c.variant, c.placement, c.objective, c.cpus, c.workers, c.threads, c.allocator,
-            c.omp_wait_policy, c.batch_size)  # fmt: skip
+    return (
+        row.model,
+        c.variant,
+        c.placement,
+        c.objective,
+        c.cpus,
+        c.workers,
+        c.threads,
+        c.allocator,
+        c.omp_wait_policy,
+        c.batch_size,
+    )
 
 
 def _raise_interrupt(signum, frame):
@@ -253,9 +274,11 @@ def record(run: BenchRun, failure: RowFailure, measure: Callable[[], RowResult])
         log(f"  FAILED: {failure.reason}\n{details}\n  log: {failure.log}; going on with the next row")
         run.failed.append(failure)
         return
-    log(f"  {result.requests_per_s:.1f} req/s, p50 {result.p50_ms:.0f} ms, p99 {result.p99_ms:.0f} ms, "
+    log(
+        f"  {result.requests_per_s:.1f} req/s, p50 {result.p50_ms:.0f} ms, p99 {result.p99_ms:.0f} ms, "
         f"non-2xx {result.non_2xx}, allocator {sorted(set(result.allocator_loaded)) or '-'}, "
-        f"worker load {result.worker_load_s} s")  # fmt: skip
+        f"worker load {result.worker_load_s} s"
+    )
     run.results.append(result)
 
 
@@ -273,8 +296,9 @@ def run_served_peers(plan: Plan, out_dir: Path, run: BenchRun) -> None:
             record(run, failure, functools.partial(run_served_peer, peer, model, payload, plan.run, out_dir))
 
 
-def measure_row(row: Row, plan: Plan, out_dir: Path, in_process: dict[tuple[Any, ...], Measured],
-                run: BenchRun) -> RowResult:  # fmt: skip
+def measure_row(
+    row: Row, plan: Plan, out_dir: Path, in_process: dict[tuple[Any, ...], Measured], run: BenchRun
+) -> RowResult:
     """The served row, and (once per model and layout) the same archive in-process beside it."""
     result = run_row(row, plan, out_dir, write_payload(row.payload, Model.load(row.model), out_dir / "payloads"))
     if plan.run.in_process:
@@ -306,8 +330,10 @@ def run_plan(run: BenchRun, out_dir: Path) -> None:
             if reason := missing_environment(row):
                 skip(run, row.label, reason, progress=f"[{index}/{len(plan.rows)}] ")
                 continue
-            log(f"[{index}/{len(plan.rows)}] {row.label}: start, wait for READY, warm up, ab {plan.run.seconds}s "
-                f"at concurrency {row.concurrency}")  # fmt: skip
+            log(
+                f"[{index}/{len(plan.rows)}] {row.label}: start, wait for READY, warm up, ab {plan.run.seconds}s "
+                f"at concurrency {row.concurrency}"
+            )
             failure = RowFailure(row.model, row.name, "served", row.baseline, "", str(row_dir(out_dir, row)))
             record(run, failure, functools.partial(measure_row, row, plan, out_dir, in_process, run))
         run_served_peers(plan, out_dir, run)

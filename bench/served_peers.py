@@ -57,15 +57,28 @@ class PeerServer:
 
     def start(self) -> None:
         self.started_at = time.monotonic()
-        command = [sys.executable, "-m", "bench.peer_apps", self.peer.framework.value, str(self.model_dir),
-                   "--port", str(self.port), "--workers", str(self.workers), "--threads", "1",
-                   "--batch", str(self.peer.batch_size)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "bench.peer_apps",
+            self.peer.framework.value,
+            str(self.model_dir),
+            "--port",
+            str(self.port),
+            "--workers",
+            str(self.workers),
+            "--threads",
+            "1",
+            "--batch",
+            str(self.peer.batch_size),
+        ]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.stages_dir, ignore_errors=True)
         env = process_environment({**os.environ, STAGES_DIR_VAR: str(self.stages_dir)})
         with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(command, cwd=ROOT, env=env,
-                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+            self.process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + READY_DEADLINE_S
@@ -109,15 +122,17 @@ def run_served_peer(peer: ServedPeer, model: str, payload: Payload, run: RunSett
     concurrency = peer.concurrency or run.concurrency
     name = row_name(peer, run)
     log_path = peer_log(peer, model, run, out_dir)
-    server = start_on_fresh_ports(lambda: PeerServer(peer, model, log_path, out_dir / EXTRACTED),
-                                  PeerServer.wait_ready, keep=log_path)  # fmt: skip
+    server = start_on_fresh_ports(
+        lambda: PeerServer(peer, model, log_path, out_dir / EXTRACTED), PeerServer.wait_ready, keep=log_path
+    )
     try:
         ready_s = time.monotonic() - server.started_at
         url = server.url(f"/predictions/{model}")
         warm_up(url, {}, payload, concurrency, run)
         cpu_before, stages_before = cpu_times(), server.stage_times()
-        result, argv, cpu_ms = measure_ab(url, {}, payload, concurrency, run.seconds, server.process_tree,
-                                          lambda process: PEER_GROUP)  # fmt: skip
+        result, argv, cpu_ms = measure_ab(
+            url, {}, payload, concurrency, run.seconds, server.process_tree, lambda process: PEER_GROUP
+        )
         busy = busy_fractions(cpu_before, cpu_times())
         stages = difference(server.stage_times(), stages_before or None)
         footprints = [f for f in map(measure_live, (p.pid for p in server.process_tree())) if f]

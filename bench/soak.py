@@ -106,7 +106,7 @@ def soak_phase(server: Server, settings: SoakSettings, progress: Callable[[str],
             round(w.process.rss_mb, 1),
             round(a.process.rss_mb, 1),
             round(a.process.peak_rss_mb, 1),
-        )  # fmt: skip
+        )
         for w in before
         for a in after
         if w.process and a.process and a.process.pid == w.process.pid
@@ -233,8 +233,9 @@ def run_soak(settings: SoakSettings, out_dir: Path, progress: Callable[[str], No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.soak", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.soak", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seconds", type=int, default=SoakSettings.seconds)
     parser.add_argument("--models", default="", help="comma list (default: every model in config/models)")
     parser.add_argument("--preset", default=SoakSettings.preset)

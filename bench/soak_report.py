@@ -121,27 +121,47 @@ def evaluate(settings: SoakSettings, soak: SoakPhase, kill: KillPhase, restart: 
         kill.sibling_cpus
     )
     return [
-        Check("soak: every request answered 2xx", soak.non_2xx == 0 and soak.no_response == 0,
-              f"{soak.requests} requests, {soak.non_2xx} non-2xx, {soak.no_response} unanswered"),
+        Check(
+            "soak: every request answered 2xx",
+            soak.non_2xx == 0 and soak.no_response == 0,
+            f"{soak.requests} requests, {soak.non_2xx} non-2xx, {soak.no_response} unanswered",
+        ),
         Check("soak: no worker replaced", not soak.replaced_workers, f"replaced: {soak.replaced_workers or 'none'}"),
-        Check(f"soak: worker RSS growth <= {settings.rss_growth_limit_mb:.0f} MB",
-              all(g <= settings.rss_growth_limit_mb for g in growth.values()), f"growth MB: {growth}"),
-        Check("kill: no request hung or dropped", kill.no_response == 0,
-              f"{kill.failed} errors, {kill.no_response} unanswered of {kill.requests}"),
-        Check("kill: replacement pinned to the freed core", pinned,
-              f"replacement cpus {kill.replacement_cpus}, killed {kill.killed_cpus}, siblings {kill.sibling_cpus}"),
-        Check(f"kill: throughput back to >= {RECOVERED_FRACTION:.0%}",
-              kill.rate_after >= RECOVERED_FRACTION * kill.rate_before,
-              f"{kill.rate_before} req/s before, {kill.rate_after} after; full rate after "
-              f"{kill.full_rate_after_s}s, worker READY after {kill.replaced_after_s}s"),
+        Check(
+            f"soak: worker RSS growth <= {settings.rss_growth_limit_mb:.0f} MB",
+            all(g <= settings.rss_growth_limit_mb for g in growth.values()),
+            f"growth MB: {growth}",
+        ),
+        Check(
+            "kill: no request hung or dropped",
+            kill.no_response == 0,
+            f"{kill.failed} errors, {kill.no_response} unanswered of {kill.requests}",
+        ),
+        Check(
+            "kill: replacement pinned to the freed core",
+            pinned,
+            f"replacement cpus {kill.replacement_cpus}, killed {kill.killed_cpus}, siblings {kill.sibling_cpus}",
+        ),
+        Check(
+            f"kill: throughput back to >= {RECOVERED_FRACTION:.0%}",
+            kill.rate_after >= RECOVERED_FRACTION * kill.rate_before,
+            f"{kill.rate_before} req/s before, {kill.rate_after} after; full rate after "
+            f"{kill.full_rate_after_s}s, worker READY after {kill.replaced_after_s}s",
+        ),
         Check("restart: every model answers", all(s == 200 for s in restart.answered.values()), f"{restart.answered}"),
-        Check("restart: kernels loaded from the cache, none compiled again",
-              not restart.compiled or (restart.restart_new_kernels == 0 and bool(restart.cached_kernels_mapped)
-                                       and all(restart.cached_kernels_mapped.values())),
-              f"{restart.restart_new_kernels} new kernel libraries; cached ones mapped per worker "
-              f"{restart.cached_kernels_mapped}; start-to-READY {restart.restart_s}s "
-              f"(first start {restart.first_start_s}s, {restart.first_new_kernels} new)"),
-    ]  # fmt: skip
+        Check(
+            "restart: kernels loaded from the cache, none compiled again",
+            not restart.compiled
+            or (
+                restart.restart_new_kernels == 0
+                and bool(restart.cached_kernels_mapped)
+                and all(restart.cached_kernels_mapped.values())
+            ),
+            f"{restart.restart_new_kernels} new kernel libraries; cached ones mapped per worker "
+            f"{restart.cached_kernels_mapped}; start-to-READY {restart.restart_s}s "
+            f"(first start {restart.first_start_s}s, {restart.first_new_kernels} new)",
+        ),
+    ]
 
 
 def markdown(report: SoakReport, command: str) -> str:

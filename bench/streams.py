@@ -41,9 +41,14 @@ class Ask:
         # prefix, so no server answers from what it cached of an earlier one (llama.cpp keeps
         # earlier prompts and reuses a matching prefix), as no server could for users' prompts.
         return {
-            "model": model, "prompt": f"{serial}. {self.prompt}", "max_tokens": self.max_tokens, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
-        }  # fmt: skip
+            "model": model,
+            "prompt": f"{serial}. {self.prompt}",
+            "max_tokens": self.max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
 
 
 @dataclasses.dataclass(frozen=True)

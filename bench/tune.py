@@ -27,8 +27,16 @@ from kit.topology import read_topology
 from kit.variant import Variant
 
 # What one TorchServe shares between its models; the variant is chosen per model.
-SHARED_FIELDS = ("placement", "objective", "allocator", "omp_wait_policy", "workers", "threads", "batch_size",
-                 "max_batch_delay_ms")  # fmt: skip
+SHARED_FIELDS = (
+    "placement",
+    "objective",
+    "allocator",
+    "omp_wait_policy",
+    "workers",
+    "threads",
+    "batch_size",
+    "max_batch_delay_ms",
+)
 
 
 def shared_layout(row: RowResult) -> tuple:
@@ -71,8 +79,11 @@ def fastest_layout(results: list[RowResult]) -> tuple[dict, dict[str, RowResult]
     # The preset's variant is the one most models chose (ties: by name); the rest are overrides.
     variant = max(sorted(set(chosen.values())), key=list(chosen.values()).count)
     overrides = {m: v for m, v in chosen.items() if v != variant}
-    return {"variant": variant, **({"model_variants": overrides} if overrides else {}),
-            **dict(zip(SHARED_FIELDS, layout, strict=True))}, rows  # fmt: skip
+    return {
+        "variant": variant,
+        **({"model_variants": overrides} if overrides else {}),
+        **dict(zip(SHARED_FIELDS, layout, strict=True)),
+    }, rows
 
 
 def automatic_rows(results: list[RowResult]) -> dict[str, float]:
@@ -80,10 +91,13 @@ def automatic_rows(results: list[RowResult]) -> dict[str, float]:
     preset = ServeConfig.from_preset("optimized")
     planned = preset.layout(read_topology())
     same = {
-        "variant": preset.variant.name, "placement": preset.placement.value, "objective": preset.objective.value,
-        "allocator": preset.served_allocator.value, "batch_size": preset.batch_size,
+        "variant": preset.variant.name,
+        "placement": preset.placement.value,
+        "objective": preset.objective.value,
+        "allocator": preset.served_allocator.value,
+        "batch_size": preset.batch_size,
         "threads": max(w.threads for model in planned.models.values() for w in model.workers),
-    }  # fmt: skip
+    }
     return {
         r.model: r.requests_per_s
         for r in results

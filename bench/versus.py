@@ -86,8 +86,10 @@ def run_rounds(run: BenchRun, out_dir: Path) -> None:
             order = todo if number % 2 == 0 else todo[::-1]
             round_dir = out_dir / f"round-{number + 1}"
             for index, entry in enumerate(order, start=1):
-                log(f"[round {number + 1}/{plan.run.rounds}, {index}/{len(order)}] {entry.label}: "
-                    f"start, warm up, ab {plan.run.seconds}s")  # fmt: skip
+                log(
+                    f"[round {number + 1}/{plan.run.rounds}, {index}/{len(order)}] {entry.label}: "
+                    f"start, warm up, ab {plan.run.seconds}s"
+                )
                 failure = dataclasses.replace(entry.failure, log=str(entry.log(round_dir)))
                 before = len(run.results)
                 record(run, failure, functools.partial(entry.measure, round_dir))

@@ -179,12 +179,18 @@ def markdown(run: BenchRun, summaries: list[EntrySummary], verdicts: list[Verdic
             f"{s.requests_per_s_max} ({s.spread:.0%}) | {s.p50_ms} | {s.p99_ms} | {cpu} |"
         )
     lines += stage_lines(summaries) + outside_model_lines(summaries)
-    lines += ["", "Best kit row against the best peer, per model, precision and concurrency (ahead / behind "
-              "only when every round of one beat every round of the other):", "",
-              "| model | precision | c | kit | peer | kit / peer (medians) | verdict |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {v.model} | {v.precision} | {v.concurrency} | {v.kit} | {v.peer} | {v.ratio:.2f}× | {v.verdict} |"
-              for v in verdicts]  # fmt: skip
+    lines += [
+        "",
+        "Best kit row against the best peer, per model, precision and concurrency (ahead / behind "
+        "only when every round of one beat every round of the other):",
+        "",
+        "| model | precision | c | kit | peer | kit / peer (medians) | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {v.model} | {v.precision} | {v.concurrency} | {v.kit} | {v.peer} | {v.ratio:.2f}× | {v.verdict} |"
+        for v in verdicts
+    ]
     if run.skipped:
         lines += ["", "Skipped:", *[f"- {reason}" for reason in run.skipped]]
     if run.failed:
@@ -197,13 +203,22 @@ def stage_lines(summaries: list[EntrySummary]) -> list[str]:
     if not staged:
         return []
     stages = list(dict.fromkeys(stage for s in staged for stage in s.stage_ms_per_request))
-    lines = ["", "Where a request's time goes, per stage (handlers/stages.py; the peers time their decode, model "
-             "call and format the same way): median wall ms / CPU ms per request over the rounds; `all` leaves "
-             "out `wait`, the idle time before a call:", "",
-             f"| model | side | name | {' | '.join(stages)} | all |", f"|---|---|---|{'---|' * (len(stages) + 1)}"]  # fmt: skip
+    lines = [
+        "",
+        "Where a request's time goes, per stage (handlers/stages.py; the peers time their decode, model "
+        "call and format the same way): median wall ms / CPU ms per request over the rounds; `all` leaves "
+        "out `wait`, the idle time before a call:",
+        "",
+        f"| model | side | name | {' | '.join(stages)} | all |",
+        f"|---|---|---|{'---|' * (len(stages) + 1)}",
+    ]
     for s in staged:
-        cells = [f"{s.stage_ms_per_request.get(stage, 0.0):.2f} / {s.stage_cpu_ms_per_request.get(stage, 0.0):.2f}"
-                 if stage in s.stage_ms_per_request else "–" for stage in stages]  # fmt: skip
+        cells = [
+            f"{s.stage_ms_per_request.get(stage, 0.0):.2f} / {s.stage_cpu_ms_per_request.get(stage, 0.0):.2f}"
+            if stage in s.stage_ms_per_request
+            else "–"
+            for stage in stages
+        ]
         wall = sum(ms for stage, ms in s.stage_ms_per_request.items() if stage in WORK)
         cpu = sum(ms for stage, ms in s.stage_cpu_ms_per_request.items() if stage in WORK)
         lines.append(f"| {s.model} | {side_of(s)} | {s.name} | {' | '.join(cells)} | {wall:.2f} / {cpu:.2f} |")
@@ -214,12 +229,20 @@ def outside_model_lines(summaries: list[EntrySummary]) -> list[str]:
     measured = [(s, o) for s in summaries if (o := outside_model(s))]
     if not measured:
         return []
-    lines = ["", "CPU per request outside the model call (median ms; the model call's CPU from its stage, the "
-             "processes' from /proc): the kit's workers against the peer's processes, then everything but ab:", "",
-             "| model | side | name | model call | decode | workers / app outside the model | frontend | "
-             "all outside the model |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {s.model} | {side_of(s)} | {s.name} | {o.model_call:.2f} | {o.decode:.2f} | {o.serving_process:.2f} | "
-              f"{o.frontend:.2f} | {o.total:.2f} |" for s, o in measured]  # fmt: skip
+    lines = [
+        "",
+        "CPU per request outside the model call (median ms; the model call's CPU from its stage, the "
+        "processes' from /proc): the kit's workers against the peer's processes, then everything but ab:",
+        "",
+        "| model | side | name | model call | decode | workers / app outside the model | frontend | "
+        "all outside the model |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {s.model} | {side_of(s)} | {s.name} | {o.model_call:.2f} | {o.decode:.2f} | {o.serving_process:.2f} | "
+        f"{o.frontend:.2f} | {o.total:.2f} |"
+        for s, o in measured
+    ]
     return lines
 
 

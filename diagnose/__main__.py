@@ -24,8 +24,9 @@ from kit.variant import Variant
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m diagnose", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m diagnose", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", choices=["doctor", "profile"])
     parser.add_argument("--model", required=True, help="a model of config/models/ (kit/models.py)")
     parser.add_argument("--variant", default="inductor", help="model_store/<variant>/ (default: inductor)")
@@ -51,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.debug_dump:
         dump = debug_dump(archived.model_dir, out_dir)
         for code in sorted(dump.rglob("output_code.py")):  # one directory per compiled graph
-            print(f"[doctor] TORCH_COMPILE_DEBUG: {code.parent} (fx_graph_readable.py, ir_pre_fusion.txt, "
-                  "ir_post_fusion.txt, output_code.py)")  # fmt: skip
+            print(
+                f"[doctor] TORCH_COMPILE_DEBUG: {code.parent} (fx_graph_readable.py, ir_pre_fusion.txt, "
+                "ir_post_fusion.txt, output_code.py)"
+            )
     print(diagnosis.summary())
     print(f"[doctor] files in {out_dir}")
     return 0 if diagnosis.culprit is None else 1

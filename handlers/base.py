@@ -272,8 +272,11 @@ class OptimizedHandler(abc.ABC):
             log.warning(
                 "%s: recompiled while serving (%d new graph(s), batch of %d padded to %d); "
                 "run with TORCH_LOGS=recompiles to see which guard failed",
-                self.model_name, graphs - self.graphs, count, bucket,
-            )  # fmt: skip
+                self.model_name,
+                graphs - self.graphs,
+                count,
+                bucket,
+            )
             self.graphs = graphs
 
     def postprocess(self, batch: Batch) -> list[Any]:

@@ -47,14 +47,19 @@ def repaired_if_needed(
     before = worst(quantized, quantizer, validation)
     if before <= validation.target:
         return quantized
-    progress(f"int8 answers differ by up to {before:.3g} on {len(validation.batches)} inputs it may look at (limit "
-             f"{validation.limit:.3g}, aiming at {validation.target:.3g} there): keeping the most costly operations in float")  # fmt: skip
+    progress(
+        f"int8 answers differ by up to {before:.3g} on {len(validation.batches)} inputs it may look at (limit "
+        f"{validation.limit:.3g}, aiming at {validation.target:.3g} there): keeping the most costly operations in float"
+    )
     start = time.perf_counter()
     groups, in_float = list(quantizer.groups), []
     best, best_worst = None, before
     while groups:
-        trials = [(worst(model, quantizer, validation), group, model)
-                  for group in groups for model in [quantizer.quantize([*in_float, *group])]]  # fmt: skip
+        trials = [
+            (worst(model, quantizer, validation), group, model)
+            for group in groups
+            for model in [quantizer.quantize([*in_float, *group])]
+        ]
         error, group, model = min(trials, key=lambda trial: trial[0])
         if error >= best_worst:
             break  # nothing left helps
@@ -70,7 +75,9 @@ def repaired_if_needed(
     speed = ""
     if quantizer.speed is not None:
         speed = f"; in-process {quantizer.speed(quantized):.1f} -> {quantizer.speed(best):.1f} items/s at batch 1"
-    progress(f"int8 repaired in {time.perf_counter() - start:.0f}s: {len(in_float)} of {total} quantizable operations "
-             f"kept in float ({', '.join(in_float[:4])}{', ...' if len(in_float) > 4 else ''}); worst error {before:.3g} -> "
-             f"{best_worst:.3g}{speed}")  # fmt: skip
+    progress(
+        f"int8 repaired in {time.perf_counter() - start:.0f}s: {len(in_float)} of {total} quantizable operations "
+        f"kept in float ({', '.join(in_float[:4])}{', ...' if len(in_float) > 4 else ''}); worst error {before:.3g} -> "
+        f"{best_worst:.3g}{speed}"
+    )
     return best

@@ -124,8 +124,12 @@ class StageClock:
             self.write()
 
     def write(self) -> None:
-        record = {"model": self.model, "pid": os.getpid(), "bounds_ms": BOUNDS_MS,
-                  "stages": {stage.value: dataclasses.asdict(h) for stage, h in self.histograms.items()}}  # fmt: skip
+        record = {
+            "model": self.model,
+            "pid": os.getpid(),
+            "bounds_ms": BOUNDS_MS,
+            "stages": {stage.value: dataclasses.asdict(h) for stage, h in self.histograms.items()},
+        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_suffix(".partial")
         partial.write_text(json.dumps(record))

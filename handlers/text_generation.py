@@ -94,9 +94,17 @@ class TextGenerationHandler(StreamingHandler):
         warm_seconds = self.warm_up()
         log.info(
             "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB weights=%s eos=%s load=%.1fs warmup=%.1fs",
-            self.model_name, settings.backend.value, settings.dtype.value, settings.max_sequences,
-            settings.context_length, self.engine.cache_bytes / 1e6, settings.weights.value, sorted(eos), load_seconds, warm_seconds,
-        )  # fmt: skip
+            self.model_name,
+            settings.backend.value,
+            settings.dtype.value,
+            settings.max_sequences,
+            settings.context_length,
+            self.engine.cache_bytes / 1e6,
+            settings.weights.value,
+            sorted(eos),
+            load_seconds,
+            warm_seconds,
+        )
         self.initialized = True
 
     def torch_engine(self, model_dir: Path, eos: set[int]) -> Engine:
@@ -151,9 +159,15 @@ class TextGenerationHandler(StreamingHandler):
             torch.get_num_threads(),  # the launcher's
         )
         return OpenVinoEngine(
-            pipeline, self.decode, eos, settings.max_sequences, settings.context_length, settings.max_waiting,
-            self.model_name, settings.itt,
-        )  # fmt: skip
+            pipeline,
+            self.decode,
+            eos,
+            settings.max_sequences,
+            settings.context_length,
+            settings.max_waiting,
+            self.model_name,
+            settings.itt,
+        )
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -165,8 +179,11 @@ class TextGenerationHandler(StreamingHandler):
         reference = agreement.Reference.of(model, prompts, agreement.judged_tokens(self.settings))
         log.info(
             "%s: the float model answered %d held-out prompts (%d tokens each) in %.1fs",
-            self.model_name, len(prompts), agreement.judged_tokens(self.settings), time.perf_counter() - start,
-        )  # fmt: skip
+            self.model_name,
+            len(prompts),
+            agreement.judged_tokens(self.settings),
+            time.perf_counter() - start,
+        )
         return reference
 
     def warm_up(self) -> float:
@@ -231,8 +248,9 @@ class TextGenerationHandler(StreamingHandler):
         if graphs != self.graphs:
             log.warning(
                 "%s: recompiled while serving (%d new graph(s)); run with TORCH_LOGS=recompiles to see which guard failed",
-                self.model_name, graphs - self.graphs,
-            )  # fmt: skip
+                self.model_name,
+                graphs - self.graphs,
+            )
             self.graphs = graphs
 
     # -- TorchServe ---------------------------------------------------------------------------

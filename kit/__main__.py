@@ -84,13 +84,17 @@ def serve(args: argparse.Namespace) -> int:
         shutil.rmtree(config.itt_trace_dir, ignore_errors=True)  # an earlier server's records
     server = Server(config, RUN_DIR)
     if config.cpus and config.placement is Placement.LAUNCHER:
-        print(f"[serve] placement launcher pins workers from the host's lscpu: cpus {config.cpus!r} binds the "
-              "frontend only; placement plan keeps the workers there too")  # fmt: skip
+        print(
+            f"[serve] placement launcher pins workers from the host's lscpu: cpus {config.cpus!r} binds the "
+            "frontend only; placement plan keeps the workers there too"
+        )
     for model in config.models:
         variant = config.variant_of(model)
         if config.allocator_of(model) is not config.allocator:
-            print(f"[serve] {model}: variant {variant.name!r} ({variant.backend.value}) runs on the default allocator, "
-                  f"not {config.allocator.value}: a preloaded allocator crashes it")  # fmt: skip
+            print(
+                f"[serve] {model}: variant {variant.name!r} ({variant.backend.value}) runs on the default allocator, "
+                f"not {config.allocator.value}: a preloaded allocator crashes it"
+            )
     pid = server.start()
     print(
         f"[serve] started TorchServe (pid {pid}) with preset {args.config!r}: {server.model_store}; logs in {RUN_DIR}"
@@ -163,8 +167,10 @@ def status(args: argparse.Namespace) -> int:
     pinned = {cpu for w in workers if w.process for cpu in w.process.cpus}
     idle = c.allowed_cpus - pinned
     frontend = server.launch.frontend_cpus()
-    print(f"[status] frontend CPUs: {format_cpus(frontend) if frontend else 'all'}; "
-          f"CPUs no worker runs on: {format_cpus(idle) if idle else 'none'}")  # fmt: skip
+    print(
+        f"[status] frontend CPUs: {format_cpus(frontend) if frontend else 'all'}; "
+        f"CPUs no worker runs on: {format_cpus(idle) if idle else 'none'}"
+    )
     if oom := server.oom.note():
         print(f"[status] WARNING: {oom}")
     stages = server.stage_times()
@@ -287,9 +293,13 @@ def main(argv: list[str] | None = None) -> int:
         "--key-file", default="", help="API key file (a mounted Secret): publish through the auth proxy"
     )
     run_parser.add_argument(
-        "--proxy-ports", type=int, nargs=2, default=(INFERENCE_PORT, METRICS_PORT), metavar=("INFERENCE", "METRICS"),
+        "--proxy-ports",
+        type=int,
+        nargs=2,
+        default=(INFERENCE_PORT, METRICS_PORT),
+        metavar=("INFERENCE", "METRICS"),
         help="ports the auth proxy publishes",
-    )  # fmt: skip
+    )
     run_parser.add_argument(
         "--drain", type=float, default=supervise.DRAIN_S, help="seconds served after SIGTERM before stopping"
     )

@@ -55,9 +55,13 @@ class Footprint:
         instead of its own: the cache is allocated once, filled, at start (private pages)."""
         delta = (self.sequences - sequences) * per_sequence
         return dataclasses.replace(
-            self, rss=self.rss - delta, pss=self.pss - delta, private=self.private - delta, peak=self.peak - delta,
+            self,
+            rss=self.rss - delta,
+            pss=self.pss - delta,
+            private=self.private - delta,
+            peak=self.peak - delta,
             sequences=sequences,
-        )  # fmt: skip
+        )
 
     @classmethod
     def of_size(cls, size: int) -> Footprint:

@@ -101,8 +101,15 @@ def chrome_trace(ranges: list[Range]) -> dict:
     """The Chrome/Perfetto trace format: one complete event per range, a track per process and thread."""
     start = min((r.begin_ns for r in ranges), default=0)
     events = [
-        {"name": r.name, "ph": "X", "pid": r.pid, "tid": r.tid, "ts": (r.begin_ns - start) / 1000,
-         "dur": (r.end_ns - r.begin_ns) / 1000, "cat": "itt"}
+        {
+            "name": r.name,
+            "ph": "X",
+            "pid": r.pid,
+            "tid": r.tid,
+            "ts": (r.begin_ns - start) / 1000,
+            "dur": (r.end_ns - r.begin_ns) / 1000,
+            "cat": "itt",
+        }
         for r in ranges
-    ]  # fmt: skip
+    ]
     return {"traceEvents": events, "displayTimeUnit": "ms"}

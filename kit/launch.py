@@ -61,11 +61,13 @@ class Launch:
         )
         env.update(worker_environment(self.config))
         if self.layout:  # each model's allocator is in the layout
-            env.update({
-                pin_worker.LAYOUT_VAR: str(self.run_dir / LAYOUT_FILE),
-                pin_worker.PYTHON_VAR: str(self.venv / "bin" / "python"),
-                pin_worker.ALLOCATOR_DIR_VAR: str(self.venv / "lib"),
-            })  # fmt: skip
+            env.update(
+                {
+                    pin_worker.LAYOUT_VAR: str(self.run_dir / LAYOUT_FILE),
+                    pin_worker.PYTHON_VAR: str(self.venv / "bin" / "python"),
+                    pin_worker.ALLOCATOR_DIR_VAR: str(self.venv / "lib"),
+                }
+            )
         return env
 
     def command(self, config_file: Path, model_store: Path) -> list[str]:
@@ -81,7 +83,10 @@ class Launch:
             "--start",
             "--foreground",  # we own the process: its group is ours to stop
             "--ncs",  # no config snapshots: every start is exactly the rendered config
-            "--ts-config", str(config_file),
-            "--model-store", str(model_store),
-            "--log-config", str(LOG_CONFIG),
-        ]  # fmt: skip
+            "--ts-config",
+            str(config_file),
+            "--model-store",
+            str(model_store),
+            "--log-config",
+            str(LOG_CONFIG),
+        ]

@@ -147,8 +147,10 @@ def start_on_fresh_ports(new: Callable[[], S], ready: Callable[[S], None], keep:
             kept = keep_attempt(keep, number)
             if number == START_ATTEMPTS:
                 raise
-            progress(f"[ports] {error}; starting again on fresh ports (attempt {number + 1} of "
-                     f"{START_ATTEMPTS}; the failed start's log: {kept})")  # fmt: skip
+            progress(
+                f"[ports] {error}; starting again on fresh ports (attempt {number + 1} of "
+                f"{START_ATTEMPTS}; the failed start's log: {kept})"
+            )
         except BaseException:
             server.stop()
             raise

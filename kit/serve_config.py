@@ -134,10 +134,14 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if isinstance(self.variant, str):
             object.__setattr__(self, "variant", Variant.load(self.variant))
-        object.__setattr__(self, "model_variants", {
-            model: Variant.load(variant) if isinstance(variant, str) else variant
-            for model, variant in self.model_variants.items()
-        })  # fmt: skip
+        object.__setattr__(
+            self,
+            "model_variants",
+            {
+                model: Variant.load(variant) if isinstance(variant, str) else variant
+                for model, variant in self.model_variants.items()
+            },
+        )
         if not isinstance(self.diagnostics, Diagnostics):
             raise ConfigError(f"diagnostics must be a mapping (key: value), got {self.diagnostics!r}")
         strangers = sorted(set(self.model_variants) - set(self.models))

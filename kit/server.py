@@ -161,16 +161,20 @@ class Server:
     def start(self) -> int:
         if self.is_running():
             raise ServerError(f"already running (pid {self.pid}); stop it first")
-        archives = self.config.archives() if self.own_store else {
-            model: self.model_store / f"{model}.mar" for model in self.config.models
-        }  # fmt: skip
+        archives = (
+            self.config.archives()
+            if self.own_store
+            else {model: self.model_store / f"{model}.mar" for model in self.config.models}
+        )
         missing = [str(path) for path in archives.values() if not path.is_file()]
         if missing:
             variants = ",".join(sorted({self.config.variant_of(model).name for model in self.config.models}))
             raise ServerError(f"no archive {', '.join(missing)}; run `make archive VARIANTS={variants}`")
         if not (self.venv / "bin" / "torchserve").is_file():
-            raise ServerError(f"variant {self.config.variant.name!r} is served from {self.venv}, which is not built; "
-                              "run `make install-ipex`")  # fmt: skip
+            raise ServerError(
+                f"variant {self.config.variant.name!r} is served from {self.venv}, which is not built; "
+                "run `make install-ipex`"
+            )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         if self.own_store:
@@ -268,8 +272,10 @@ class Server:
             if not self.is_running():
                 logs = self.logs
                 if taken := bind_failure(logs.output_since_start()):
-                    raise PortTakenError(f"TorchServe could not bind a port it was given ({taken}): another "
-                                         f"process holds it (`ss -ltnp` names it); see {logs.output_file}")  # fmt: skip
+                    raise PortTakenError(
+                        f"TorchServe could not bind a port it was given ({taken}): another "
+                        f"process holds it (`ss -ltnp` names it); see {logs.output_file}"
+                    )
                 why = "; ".join(filter(None, [logs.exit_reason(), self.oom.note()]))
                 raise ServerError(f"TorchServe exited during start-up: {why}; see {logs.output_file}\n{logs.tail()}")
             failures = self.logs.load_failures()

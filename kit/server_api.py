@@ -50,8 +50,13 @@ class ServerApi:
     def ports(self) -> dict[str, int]:
         """Every TCP port the frontend listens on, by API."""
         c = self.config
-        return {"inference": c.inference_port, "management": c.management_port, "metrics": c.metrics_port,
-                "grpc_inference": c.grpc_inference_port, "grpc_management": c.grpc_management_port}  # fmt: skip
+        return {
+            "inference": c.inference_port,
+            "management": c.management_port,
+            "metrics": c.metrics_port,
+            "grpc_inference": c.grpc_inference_port,
+            "grpc_management": c.grpc_management_port,
+        }
 
     def url(self, api: str, path: str) -> str:
         port = self.ports[api]

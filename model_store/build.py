@@ -111,7 +111,7 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     if check.held_out < HELD_OUT_WANTED:
         log(f"{label}: WARNING only {check.held_out} held-out input(s) judged this build (a quarter of your samples is "
             f"held out): give at least {math.ceil(HELD_OUT_WANTED / HELD_OUT_SHARE)} samples with make model ... SAMPLES= for "
-            f"{HELD_OUT_WANTED} or more")  # fmt: skip
+            f"{HELD_OUT_WANTED} or more")
 
 
 # A Hugging Face directory's weights, which an openvino variant's archive does not need: the IR
@@ -210,7 +210,7 @@ def archive(model: Model, variant: Variant) -> Path:
             # Weights barely compress; storing skips minutes of deflate on 2 cores.
             "--archive-format", "zip-store",
             "--force",
-        ]  # fmt: skip
+        ]
         # torch-model-archiver stages in $TMPDIR/<model name> and deletes that directory first and
         # after: with the system's TMPDIR, a source at /tmp/<name> (`make model NAME=lm SRC=/tmp/lm`)
         # would be deleted. It stages inside this build's own directory instead.
@@ -232,7 +232,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--where-supported", action="store_true",
         help="skip, saying why, the variants this CPU cannot serve (bf16 without AMX or AVX512_BF16) instead of failing",
-    )  # fmt: skip
+    )
     return parser.parse_args(argv)
 
 

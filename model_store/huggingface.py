@@ -104,7 +104,7 @@ def image_settings(directory: Path) -> dict[str, Any]:
     known = INERT_KEYS | {
         "do_resize", "size", "resample", "do_center_crop", "crop_size", "crop_pct",
         "do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std",
-    }  # fmt: skip
+    }
     refused = sorted(k for k, v in processor.items() if k not in known and v not in (None, False))
     if refused:
         raise SourceError(f"{PREPROCESSOR_FILE} options {refused} are not reproduced by the kit's preprocessing")

@@ -24,9 +24,17 @@ FORMATS = ("JPEG", "PNG", "GIF", "BMP", "TIFF", "WEBP", "PPM", "ICO", "TGA")
 PLANES = (0x41, 0xE9, 0x416, 0x4E2D, 0xFFFD, 0x1F600, 0x20000, 0x30000, 0xE0041, 0xF0000, 0x10FFFD)
 CONTROL = "".join(chr(c) for c in (*range(0, 32), 127, 0x85, 0x2028, 0x2029, 0x200B, 0xFEFF))
 CONTENT_TYPES = (
-    "application/octet-stream", "image/jpeg", "image/png", "text/plain", "text/plain; charset=latin-1",
-    "application/json", "application/xml", "text/html", "", "application/x-www-form-urlencoded",
-)  # fmt: skip
+    "application/octet-stream",
+    "image/jpeg",
+    "image/png",
+    "text/plain",
+    "text/plain; charset=latin-1",
+    "application/json",
+    "application/xml",
+    "text/html",
+    "",
+    "application/x-www-form-urlencoded",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,8 +137,15 @@ def multipart(rng: random.Random) -> FuzzCase:
 
 
 GENERATORS: tuple[Callable[[random.Random], FuzzCase], ...] = (
-    random_bytes, truncated_image, corrupt_image, odd_dimensions, text, invalid_utf8, odd_json, multipart,
-)  # fmt: skip
+    random_bytes,
+    truncated_image,
+    corrupt_image,
+    odd_dimensions,
+    text,
+    invalid_utf8,
+    odd_json,
+    multipart,
+)
 
 
 def fuzz_cases(rng: random.Random, count: int) -> list[FuzzCase]:

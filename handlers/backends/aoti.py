@@ -114,8 +114,11 @@ def precompile(
         program = export_for_int8(model, settings, served(example_of(2)))
         model = quantize_int8(program, calibration)
         if validation is not None:
-            quantizer = Quantizer(module_groups(program), lambda in_float: quantize_int8(program, calibration, in_float),
-                                  lambda quantized: quantized)  # fmt: skip
+            quantizer = Quantizer(
+                module_groups(program),
+                lambda in_float: quantize_int8(program, calibration, in_float),
+                lambda quantized: quantized,
+            )
             model = repaired_if_needed(model, quantizer, served_validation(validation, settings), progress)
     if one_package(settings):
         progress(f"AOTInductor: compiling one package for batch sizes {list(settings.aoti_batch_sizes)}")

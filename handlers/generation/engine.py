@@ -259,8 +259,12 @@ class Scheduler:
         if sequence.cancelled:
             log.info(
                 "%s: request %s cancelled after %d token(s); %d of %d sequences generating",
-                self.name, sequence.key or "-", len(sequence.tokens), len(self.active), self.slots,
-            )  # fmt: skip
+                self.name,
+                sequence.key or "-",
+                len(sequence.tokens),
+                len(self.active),
+                self.slots,
+            )
         if rest := sequence.stream.finish():
             sequence.sink.text(rest)
         sequence.sink.finish(reason, len(sequence.generation.prompt), len(sequence.tokens))

@@ -54,8 +54,12 @@ class OpaqueLinear(nn.Module):
 def replace_linears(model: nn.Module, kernel_of: Callable[[nn.Linear], Kernel]) -> int:
     """Every nn.Linear of the model replaced by its kernel, its plain weight dropped (a head tied
     to the embedding keeps the embedding); how many there were."""
-    linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-               if type(child) is nn.Linear]  # fmt: skip
+    linears = [
+        (parent, name, child)
+        for parent in model.modules()
+        for name, child in parent.named_children()
+        if type(child) is nn.Linear
+    ]
     for parent, name, linear in linears:
         with torch.no_grad():
             setattr(parent, name, OpaqueLinear(kernel_of(linear)))

@@ -68,8 +68,11 @@ class Pod:
         sh("ip", "link", "add", self.veth, "type", "veth", "peer", "name", "eth0", "netns", self.netns)
         sh("ip", "addr", "add", "10.231.0.1/30", "dev", self.veth)
         sh("ip", "link", "set", self.veth, "up")
-        for command in (("addr", "add", f"{self.address}/30", "dev", "eth0"), ("link", "set", "eth0", "up"),
-                        ("link", "set", "lo", "up")):  # fmt: skip
+        for command in (
+            ("addr", "add", f"{self.address}/30", "dev", "eth0"),
+            ("link", "set", "eth0", "up"),
+            ("link", "set", "lo", "up"),
+        ):
             sh("ip", "netns", "exec", self.netns, "ip", *command)
         return self
 
@@ -103,9 +106,21 @@ class Pod:
         pin = ["taskset", "-c", cpus] if cpus else []
         # nsenter, not `ip netns exec`, which remounts /sys and so hides the cgroup file system;
         # that is bound in read-only, as container runtimes mount it: the kit reads its quota there.
-        return ["nsenter", f"--net=/run/netns/{self.netns}", *pin, "buildah", "run", "--isolation=chroot",
-                "-v", f"{self.key_dir}:/run/secrets/kit:ro", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:ro",
-                container, "--", *args]  # fmt: skip
+        return [
+            "nsenter",
+            f"--net=/run/netns/{self.netns}",
+            *pin,
+            "buildah",
+            "run",
+            "--isolation=chroot",
+            "-v",
+            f"{self.key_dir}:/run/secrets/kit:ro",
+            "-v",
+            "/sys/fs/cgroup:/sys/fs/cgroup:ro",
+            container,
+            "--",
+            *args,
+        ]
 
     def start(self, cpus: str | None, *extra: str, cgroup: Path | None = None) -> None:
         self.serving = self.container()

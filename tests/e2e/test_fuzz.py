@@ -59,8 +59,9 @@ def multipart(case: FuzzCase) -> tuple[bytes, str]:
 
 
 def rest_outcome(server, model: str, case: FuzzCase) -> str:
-    body, content_type = multipart(case) if case.content_type == "multipart/form-data" else (
-        case.body, case.content_type)  # fmt: skip
+    body, content_type = (
+        multipart(case) if case.content_type == "multipart/form-data" else (case.body, case.content_type)
+    )
     response = requests.post(
         server.api.url("inference", f"/predictions/{model}"),
         data=body,

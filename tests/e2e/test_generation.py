@@ -227,8 +227,19 @@ def test_a_seeded_request_draws_the_same_tokens_alone_and_beside_others(server):
 
 def test_a_request_arriving_mid_generation_gets_its_first_token_before_the_first_ends(server):
     # ignore_eos: all 1000 tokens, whatever end-of-sequence token a random model meets.
-    long = generate(server, QWEN, {"prompt": PROMPTS[0], "max_tokens": 1000, "stream": True, "ignore_eos": True,
-                                   "stream_options": {"include_usage": True}}, "v1/completions", stream=True)  # fmt: skip
+    long = generate(
+        server,
+        QWEN,
+        {
+            "prompt": PROMPTS[0],
+            "max_tokens": 1000,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        },
+        "v1/completions",
+        stream=True,
+    )
     lines = long.iter_lines()
     assert next(line for line in lines if line).startswith(b"data: ")  # the long one is generating
     arrived: dict[str, float] = {}
@@ -255,8 +266,9 @@ def test_openai_client_chats_streamed_and_whole(server, references):
     text, count = references[QWEN].chat(16)
     whole = client.chat.completions.create(model=QWEN, messages=CHAT, max_tokens=16, temperature=0)
     assert whole.choices[0].message.content == text and whole.usage.completion_tokens == count
-    stream = client.chat.completions.create(model=QWEN, messages=CHAT, max_tokens=16, stream=True,
-                                            stream_options={"include_usage": True})  # fmt: skip
+    stream = client.chat.completions.create(
+        model=QWEN, messages=CHAT, max_tokens=16, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage.completion_tokens == count
@@ -295,15 +307,17 @@ def test_the_openai_client_streams_a_chat_through_the_containers_auth_proxy(sour
             time.sleep(0.5)
         text, count = references[QWEN].chat(16)
         client = OpenAI(base_url=base, api_key=key_file.read_text())
-        stream = client.chat.completions.create(model=QWEN, messages=CHAT, max_tokens=16, stream=True,
-                                                stream_options={"include_usage": True})  # fmt: skip
+        stream = client.chat.completions.create(
+            model=QWEN, messages=CHAT, max_tokens=16, stream=True, stream_options={"include_usage": True}
+        )
         chunks = list(stream)
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
         assert chunks[-1].usage.completion_tokens == count
         # Piece by piece: the first piece of a long answer arrives long before its last.
         began, arrived = time.perf_counter(), []
-        long = client.completions.create(model=QWEN, prompt=PROMPTS[0], max_tokens=400, stream=True,
-                                         extra_body={"ignore_eos": True})  # fmt: skip
+        long = client.completions.create(
+            model=QWEN, prompt=PROMPTS[0], max_tokens=400, stream=True, extra_body={"ignore_eos": True}
+        )
         for chunk in long:
             if chunk.choices and chunk.choices[0].text:
                 arrived.append(time.perf_counter() - began)
@@ -616,9 +630,27 @@ def test_make_tune_measures_each_number_of_sequences_and_its_preset_serves_the_c
     be quick; 4, 8 and 16 sequences at 16 streams), streamed and measured, each serving as many as
     asked however many its archive holds (8); the preset it writes serves the choice."""
     name = f"test-tune-lm-{os.getpid()}"
-    command = [sys.executable, "-m", "bench", "--plan", "tune", "--models", QWEN, "--write-preset", name,
-               "--streams", "16", "--lm-rounds", "1", "--lm-seconds", "2", "--lm-variants", "eager",
-               "--out", str(tmp_path / "tune")]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--plan",
+        "tune",
+        "--models",
+        QWEN,
+        "--write-preset",
+        name,
+        "--streams",
+        "16",
+        "--lm-rounds",
+        "1",
+        "--lm-seconds",
+        "2",
+        "--lm-variants",
+        "eager",
+        "--out",
+        str(tmp_path / "tune"),
+    ]
     try:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -26,8 +26,13 @@ def test_each_inference_call_is_one_itt_range_in_the_collector(tmp_path):
     itt_dir = tmp_path / "itt"
     # Precompiled, so the workers start in seconds (make test-archives builds MiniLM's aoti-int8, not
     # BERT's). MiniLM on OpenVINO, which carries ITT of its own: only the kit's ranges may be recorded.
-    config = ServeConfig.from_preset("optimized", variant="aoti-int8", models=("resnet50", "minilm"),
-                                     model_variants={"minilm": "openvino-int8"}, itt_trace_dir=str(itt_dir))  # fmt: skip
+    config = ServeConfig.from_preset(
+        "optimized",
+        variant="aoti-int8",
+        models=("resnet50", "minilm"),
+        model_variants={"minilm": "openvino-int8"},
+        itt_trace_dir=str(itt_dir),
+    )
     server = start_server(tmp_path / "run", config)
     try:
         image, text = body_for(Model.load("resnet50")), body_for(Model.load("minilm"))

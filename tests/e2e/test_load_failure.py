@@ -33,11 +33,25 @@ def build_archive(store: Path, name: str, handler_settings: dict) -> None:
     config = store.parent / f"{name}.yaml"
     config.write_text(yaml.safe_dump({"handler": {"architecture": "exported-program", **handler_settings}}))
     subprocess.run(
-        [str(Path(sys.executable).parent / "torch-model-archiver"), "--model-name", name, "--version", "1.0",
-         "--handler", str(ROOT / "handlers" / "image_classification.py"), "--extra-files", str(staging),
-         "--config-file", str(config), "--export-path", str(store), "--archive-format", "zip-store"],
+        [
+            str(Path(sys.executable).parent / "torch-model-archiver"),
+            "--model-name",
+            name,
+            "--version",
+            "1.0",
+            "--handler",
+            str(ROOT / "handlers" / "image_classification.py"),
+            "--extra-files",
+            str(staging),
+            "--config-file",
+            str(config),
+            "--export-path",
+            str(store),
+            "--archive-format",
+            "zip-store",
+        ],
         check=True,
-    )  # fmt: skip
+    )
 
 
 def test_bad_handler_setting_stops_start_up_with_the_reason(tmp_path):

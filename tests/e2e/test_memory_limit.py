@@ -169,9 +169,19 @@ def test_a_worker_the_kernel_oom_kills_is_named_so(tmp_path):
             shutil.move(footprint, aside)
         try:
             started = subprocess.run(
-                [sys.executable, "-c", START_IN_CGROUP, str(cgroup.path / "cgroup.procs"), str(tmp_path / "run"), MODEL],
-                capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2],
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-c",
+                    START_IN_CGROUP,
+                    str(cgroup.path / "cgroup.procs"),
+                    str(tmp_path / "run"),
+                    MODEL,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                cwd=Path(__file__).resolve().parents[2],
+            )
         finally:
             if aside.is_file():
                 shutil.move(aside, footprint)
@@ -179,5 +189,8 @@ def test_a_worker_the_kernel_oom_kills_is_named_so(tmp_path):
     # The worker is the largest process there, but which one dies is the kernel's choice: the
     # frontend at times ("TorchServe exited during start-up"); either way the message says why.
     assert "START FAILED: " in started.stdout, started.stdout
-    assert re.search(r"the kernel's OOM killer killed \d+ process\(es\) of this server since it started "
-                     r"\(memory limit 1\.0 GiB\): give it more memory", started.stdout), started.stdout  # fmt: skip
+    assert re.search(
+        r"the kernel's OOM killer killed \d+ process\(es\) of this server since it started "
+        r"\(memory limit 1\.0 GiB\): give it more memory",
+        started.stdout,
+    ), started.stdout

@@ -24,9 +24,12 @@ def maps(pid: int) -> str:
 def test_models_of_different_variants_share_one_server(tmp_path):
     # Precompiled archives on one CPU: one worker per model, ready in seconds.
     config = ServeConfig.from_preset(
-        "optimized", variant="aoti-int8", models=["resnet50", "bert"], model_variants={"bert": "openvino-int8"},
+        "optimized",
+        variant="aoti-int8",
+        models=["resnet50", "bert"],
+        model_variants={"bert": "openvino-int8"},
         cpus=one_cpu(),
-    )  # fmt: skip
+    )
     server = start_server(tmp_path, config)
     try:
         assert server.model_store == tmp_path.resolve() / "model_store"  # the two variants' archives, linked
@@ -37,8 +40,12 @@ def test_models_of_different_variants_share_one_server(tmp_path):
         assert workers["bert"].allocator == "default" and "libopenvino" in maps(workers["bert"].pid)
         for name in workers:
             body = body_for(Model.load(name))
-            response = requests.post(server.api.url("inference", f"/predictions/{name}"), data=body.data,
-                                     headers={"Content-Type": body.content_type}, timeout=60)  # fmt: skip
+            response = requests.post(
+                server.api.url("inference", f"/predictions/{name}"),
+                data=body.data,
+                headers={"Content-Type": body.content_type},
+                timeout=60,
+            )
             assert response.status_code == 200, response.text
     finally:
         server.stop()

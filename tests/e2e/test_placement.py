@@ -29,8 +29,9 @@ def allowed_list(pid: int) -> str:
 def test_a_one_cpu_set_gets_one_worker_per_model_on_that_cpu(tmp_path):
     # Precompiled int8 archives: workers start in seconds on one CPU (BERT's AOTInductor package
     # takes 5 min to build, so make test-archives builds its OpenVINO one only).
-    config = ServeConfig.from_preset("optimized", variant="aoti-int8", models=BUNDLED_MODELS,
-                                     model_variants={"bert": "openvino-int8"})  # fmt: skip
+    config = ServeConfig.from_preset(
+        "optimized", variant="aoti-int8", models=BUNDLED_MODELS, model_variants={"bert": "openvino-int8"}
+    )
     allowed = os.sched_getaffinity(0)
     cpu = max(allowed)
     os.sched_setaffinity(0, {cpu})  # as `taskset -c CPU` would start the kit; its children inherit it

@@ -72,8 +72,9 @@ def test_every_installed_quantized_variant_answers_within_its_tolerance(variant,
     if reason := Variant.load(variant).refusal():
         pytest.skip(f"{variant} is not built on this CPU: {reason}")
     models = INSTALLED[variant]
-    server = start_server(tmp_path / "run", ServeConfig.from_preset("optimized", variant=variant, models=models,
-                                                                     cpus=one_cpu()))  # fmt: skip
+    server = start_server(
+        tmp_path / "run", ServeConfig.from_preset("optimized", variant=variant, models=models, cpus=one_cpu())
+    )
     try:
         verdicts = [served_verdict(server, model, variant, tmp_path) for model in models]
         report = "; ".join(map(str, verdicts))

@@ -80,10 +80,12 @@ def your_models(tmp_path_factory):
             )
             assert "1 archive(s) refused and not installed: ipex/test-yours-ranker" in done.stderr
             # (Rounded to four places: 1.0000 where int8 agrees to within 5e-5, as on an AVX512-VNNI EPYC.)
-            assert re.search(r"aoti-int8/test-yours-ranker: against float32 eager by \|\|out - ref\|\| / \|\|ref\|\| per "
-                             r"answer, tolerance 0.2: held-out synthetic inputs: 32, worst \S+, median \S+, 0 over the "
-                             r"tolerance 0.2; worker guard \S+; held-out cosine mean (0\.9\d{3}|1\.0000) min",
-                             done.stdout), done.stdout[-3000:]  # fmt: skip
+            assert re.search(
+                r"aoti-int8/test-yours-ranker: against float32 eager by \|\|out - ref\|\| / \|\|ref\|\| per "
+                r"answer, tolerance 0.2: held-out synthetic inputs: 32, worst \S+, median \S+, 0 over the "
+                r"tolerance 0.2; worker guard \S+; held-out cosine mean (0\.9\d{3}|1\.0000) min",
+                done.stdout,
+            ), done.stdout[-3000:]
         yield sources
     finally:
         for name in sources:

@@ -43,8 +43,9 @@ def test_doctor_names_inductor_and_writes_a_repro_that_fails(tmp_path):
 def test_doctor_names_a_compile_error_without_minifying(tmp_path):
     settings = parse_settings(ImageSettings, {"channels_last": False})
     with torch._inductor.config.patch({"cpp.inject_relu_bug_TESTING_ONLY": "compile_error"}):
-        diagnosis = diagnose("pointwise", PointwiseNet(), (torch.randn(2, 3, 8, 8),), settings, tmp_path,
-                             minify_on_failure=False)  # fmt: skip
+        diagnosis = diagnose(
+            "pointwise", PointwiseNet(), (torch.randn(2, 3, 8, 8),), settings, tmp_path, minify_on_failure=False
+        )
     assert diagnosis.culprit == "Inductor"
     assert diagnosis.stages[-1].error and diagnosis.stages[-1].accuracy_error is None
     assert diagnosis.repro is None
@@ -69,8 +70,9 @@ def linear_op() -> str:
     return {LinearKernel.MKL: "mkl::_mkl_linear", LinearKernel.ONEDNN: "mkldnn::_linear_pointwise"}[kernel]
 
 
-@pytest.mark.parametrize(("model", "compiled_op"), [("resnet50", "mkldnn::_convolution_pointwise"),
-                                                    ("bert", linear_op())])  # fmt: skip
+@pytest.mark.parametrize(
+    ("model", "compiled_op"), [("resnet50", "mkldnn::_convolution_pointwise"), ("bert", linear_op())]
+)
 def test_profile_writes_tables_traces_and_summary(model, compiled_op, monkeypatch, tmp_path):
     monkeypatch.setattr("diagnose.__main__.LOGS", tmp_path)
     assert diagnose_main(["profile", "--model", model]) == 0

@@ -88,8 +88,14 @@ def test_parse_ab_names_a_missing_field():
 
 
 def test_ab_command_is_an_argv_with_keepalive(tmp_path):
-    argv = ab_command("http://127.0.0.1:1/predictions/bert", tmp_path / "s.txt", "text/plain", seconds=20,
-                      concurrency=4, headers={"Authorization": "Bearer k"})  # fmt: skip
+    argv = ab_command(
+        "http://127.0.0.1:1/predictions/bert",
+        tmp_path / "s.txt",
+        "text/plain",
+        seconds=20,
+        concurrency=4,
+        headers={"Authorization": "Bearer k"},
+    )
     assert argv[:2] == ["ab", "-k"]
     assert argv[argv.index("-t") + 1] == "20" and argv[argv.index("-c") + 1] == "4"
     assert argv.index("-n") > argv.index("-t")  # -t would otherwise cap -n at 50000
@@ -146,18 +152,38 @@ def test_a_plan_names_the_archives_it_needs():
     assert plan.archives["aoti-int8"] == ["resnet50", "bert"]
     assert plan.archives["eager"] == ["resnet50", "bert"]
     assert set(plan.archives) == {
-        "eager", "inductor", "inductor-mkl", "inductor-bf16", "openvino", "openvino-bf16", "aoti-int8", "openvino-int8", "ipex",
-        "ipex-bf16"
-    }  # fmt: skip
+        "eager",
+        "inductor",
+        "inductor-mkl",
+        "inductor-bf16",
+        "openvino",
+        "openvino-bf16",
+        "aoti-int8",
+        "openvino-int8",
+        "ipex",
+        "ipex-bf16",
+    }
     assert plan.archives["inductor-mkl"] == ["bert"]
     tiny = parse_plan("t", {"models": ["minilm"], "rows": [{"name": "x", "preset": "optimized", "variant": "aoti"}]})
     assert tiny.archives == {"aoti": ["minilm"]}  # no peers: no eager archive needed
 
 
 def test_matrix_expands_with_named_rows():
-    plan = parse_plan("t", {"models": ["resnet50"], "rows": [
-        {"name": "layout", "preset": "fixed-2x1", "allocator": ["jemalloc", "tcmalloc"], "workers": [1, 2], "threads": 1},
-    ]})  # fmt: skip
+    plan = parse_plan(
+        "t",
+        {
+            "models": ["resnet50"],
+            "rows": [
+                {
+                    "name": "layout",
+                    "preset": "fixed-2x1",
+                    "allocator": ["jemalloc", "tcmalloc"],
+                    "workers": [1, 2],
+                    "threads": 1,
+                },
+            ],
+        },
+    )
     assert [r.name for r in plan.rows] == [
         "layout allocator=jemalloc workers=1",
         "layout allocator=jemalloc workers=2",
@@ -198,15 +224,45 @@ def test_unknown_plan_lists_choices():
 
 def row_result(**overrides) -> RowResult:
     values = dict(
-        model="resnet50", name="row", kind="served", variant="inductor", runtime="inductor", precompiled=False,
-        precision="float32", placement="plan", objective="throughput", cpus="",
-        allocator="tcmalloc", omp_wait_policy="passive", workers=2, threads=1, batch_size=1, max_batch_delay_ms=5,
-        concurrency=4, baseline=False, requests_per_s=20.0, items_per_s=20.0, mean_ms=200.0, p50_ms=190.0,
-        p90_ms=220.0, p99_ms=250.0, max_ms=260.0, duration_s=20.0, failed=0, non_2xx=0, complete=400,
+        model="resnet50",
+        name="row",
+        kind="served",
+        variant="inductor",
+        runtime="inductor",
+        precompiled=False,
+        precision="float32",
+        placement="plan",
+        objective="throughput",
+        cpus="",
+        allocator="tcmalloc",
+        omp_wait_policy="passive",
+        workers=2,
+        threads=1,
+        batch_size=1,
+        max_batch_delay_ms=5,
+        concurrency=4,
+        baseline=False,
+        requests_per_s=20.0,
+        items_per_s=20.0,
+        mean_ms=200.0,
+        p50_ms=190.0,
+        p90_ms=220.0,
+        p99_ms=250.0,
+        max_ms=260.0,
+        duration_s=20.0,
+        failed=0,
+        non_2xx=0,
+        complete=400,
         start_to_ready_s=30.0,
-        ts_inference_ms=80.0, ts_queue_ms=90.0, allocator_loaded=["tcmalloc", "tcmalloc"],
-        cpu_affinity=[[0], [1]], worker_rss_mb=[600.0, 600.0], launcher_rss_mb=0.0, worker_count=2, ab_command="ab -k ...",
-    )  # fmt: skip
+        ts_inference_ms=80.0,
+        ts_queue_ms=90.0,
+        allocator_loaded=["tcmalloc", "tcmalloc"],
+        cpu_affinity=[[0], [1]],
+        worker_rss_mb=[600.0, 600.0],
+        launcher_rss_mb=0.0,
+        worker_count=2,
+        ab_command="ab -k ...",
+    )
     values.update(overrides)
     values.setdefault("payload", DEFAULT_PAYLOAD[Model.load(values["model"]).task.medium])
     return RowResult(**values)
@@ -234,9 +290,29 @@ def test_report_files_speedups_and_targets(tmp_path):
     write_report(out, BenchRun(load_plan("quick"), "python -m bench --plan quick", ENVIRONMENT, results))
     document = json.loads((out / "results.json").read_text())
     assert document["environment"]["cores"] == 2
-    required = {"model", "name", "runtime", "precompiled", "placement", "cpu_busy", "allocator", "workers", "threads", "batch_size", "concurrency",
-                "requests_per_s", "items_per_s", "p50_ms", "p90_ms", "p99_ms", "non_2xx", "speedup_vs_baseline",
-                "in_process_items_per_s", "allocator_loaded", "ab_command"}  # fmt: skip
+    required = {
+        "model",
+        "name",
+        "runtime",
+        "precompiled",
+        "placement",
+        "cpu_busy",
+        "allocator",
+        "workers",
+        "threads",
+        "batch_size",
+        "concurrency",
+        "requests_per_s",
+        "items_per_s",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "non_2xx",
+        "speedup_vs_baseline",
+        "in_process_items_per_s",
+        "allocator_loaded",
+        "ab_command",
+    }
     assert required <= set(document["rows"][0])
     report = (out / "report.md").read_text()
     assert "| **baseline** |" in report and "12.00×" in report and "| **no** |" in report
@@ -245,9 +321,20 @@ def test_report_files_speedups_and_targets(tmp_path):
 
 
 def reference(**overrides) -> InProcessResult:
-    values = dict(model="resnet50", name="openvino int8 b1", kind="peer", runtime="openvino", precision="int8",
-                  batch_size=1, workers=1, threads=2, items_per_s=100.0, cosine_mean=0.9995, cosine_min=0.999,
-                  top1_agreement=1.0)  # fmt: skip
+    values = dict(
+        model="resnet50",
+        name="openvino int8 b1",
+        kind="peer",
+        runtime="openvino",
+        precision="int8",
+        batch_size=1,
+        workers=1,
+        threads=2,
+        items_per_s=100.0,
+        cosine_mean=0.9995,
+        cosine_min=0.999,
+        top1_agreement=1.0,
+    )
     values.update(overrides)
     return InProcessResult(**values)
 
@@ -256,7 +343,7 @@ def test_served_rows_are_compared_with_peers_per_precision(tmp_path):
     results = [
         row_result(
             name="aoti int8", runtime="aoti", precompiled=True, precision="int8", items_per_s=90.0, worker_load_s=3.2
-        ),  # fmt: skip
+        ),
         row_result(name="inductor", items_per_s=30.0, worker_load_s=40.0),
     ]
     references = [
@@ -279,9 +366,12 @@ def test_served_rows_are_compared_with_peers_per_precision(tmp_path):
     write_report(out, BenchRun(load_plan("quick"), "python -m bench", ENVIRONMENT, results, references))
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert [(r["kind"], r["runtime"], r["precision"]) for r in rows] == [
-        ("served", "aoti", "int8"), ("served", "inductor", "float32"), ("peer", "openvino", "int8"),
-        ("peer", "onnxruntime", "float32"), ("in_process", "aoti", "int8"),
-    ]  # fmt: skip
+        ("served", "aoti", "int8"),
+        ("served", "inductor", "float32"),
+        ("peer", "openvino", "int8"),
+        ("peer", "onnxruntime", "float32"),
+        ("in_process", "aoti", "int8"),
+    ]
     assert (
         "| openvino int8 b1 | peer | openvino | int8 | 1×2 | 1 | 100.0 | 0.9995/0.9990 | 100% |"
         in (out / "report.md").read_text()
@@ -340,13 +430,24 @@ def test_bf16_rows_are_skipped_with_the_reason_on_a_cpu_without_bf16(tmp_path, m
 
 
 def test_cpu_per_request_counts_processes_alive_at_both_ends():
-    before = {(10, ""): ("frontend", 1.0), (10, "jit"): ("frontend JIT", 0.5), (11, ""): ("workers", 2.0),
-              (12, ""): ("workers", 5.0)}  # fmt: skip
-    after = {(10, ""): ("frontend", 1.5), (10, "jit"): ("frontend JIT", 0.6), (11, ""): ("workers", 3.0),
-             (13, ""): ("workers", 9.0)}  # 12 died, 13 replaced it  # fmt: skip
+    before = {
+        (10, ""): ("frontend", 1.0),
+        (10, "jit"): ("frontend JIT", 0.5),
+        (11, ""): ("workers", 2.0),
+        (12, ""): ("workers", 5.0),
+    }
+    after = {
+        (10, ""): ("frontend", 1.5),
+        (10, "jit"): ("frontend JIT", 0.6),
+        (11, ""): ("workers", 3.0),
+        (13, ""): ("workers", 9.0),
+    }  # 12 died, 13 replaced it
     assert per_request_ms(before, after, ab_cpu_s=0.1, requests=100) == {
-        "ab": 1.0, "frontend": 5.0, "frontend JIT": 1.0, "workers": 10.0
-    }  # fmt: skip
+        "ab": 1.0,
+        "frontend": 5.0,
+        "frontend JIT": 1.0,
+        "workers": 10.0,
+    }
 
 
 def test_report_breaks_down_cpu_per_request(tmp_path):
@@ -380,10 +481,16 @@ def test_served_peers_are_compared_on_the_same_payload_only():
         row_result(name="baseline", baseline=True, items_per_s=10.0, requests_per_s=10.0),
         row_result(name="aoti int8", precision="int8", items_per_s=90.0, requests_per_s=90.0),
         # Thumbnails are cheaper: not comparable with rows on the default payload.
-        row_result(name="aoti int8 thumbs", precision="int8", payload="thumbnail", items_per_s=300.0, requests_per_s=300.0),
-        row_result(name="litserve b4 c=8", kind="served_peer", precision="int8", items_per_s=120.0, requests_per_s=120.0),
-        row_result(name="fastapi b1 c=8", kind="served_peer", precision="float32", items_per_s=40.0, requests_per_s=40.0),
-    ]  # fmt: skip
+        row_result(
+            name="aoti int8 thumbs", precision="int8", payload="thumbnail", items_per_s=300.0, requests_per_s=300.0
+        ),
+        row_result(
+            name="litserve b4 c=8", kind="served_peer", precision="int8", items_per_s=120.0, requests_per_s=120.0
+        ),
+        row_result(
+            name="fastapi b1 c=8", kind="served_peer", precision="float32", items_per_s=40.0, requests_per_s=40.0
+        ),
+    ]
     add_derived(results)
     checks = {c.target: c for c in check_targets(results)}
     int8 = checks["resnet50 int8: best served row >= best served peer row"]
@@ -428,8 +535,10 @@ def fake_rows(monkeypatch, failing: set[tuple[str, str]]):
 
     def run_row(row, plan, out_dir, payload):
         if (row.model, row.name) in failing:
-            raise ServerError("TorchServe exited during start-up: Unrecognized VM option 'X'; see torchserve.out\n"
-                              "Error: Could not create the Java Virtual Machine.")  # fmt: skip
+            raise ServerError(
+                "TorchServe exited during start-up: Unrecognized VM option 'X'; see torchserve.out\n"
+                "Error: Could not create the Java Virtual Machine."
+            )
         return row_result(model=row.model, name=row.name, baseline=row.baseline)
 
     monkeypatch.setattr("bench.runner.run_row", run_row)
@@ -442,9 +551,12 @@ def test_a_failing_row_is_recorded_with_its_reason_and_the_run_goes_on(tmp_path,
     run = BenchRun(quick_plan_without_references(), "python -m bench --plan quick", ENVIRONMENT)
     run_plan(run, tmp_path)
     assert [(r.model, r.name) for r in run.results] == [
-        ("resnet50", "baseline"), ("resnet50", "fixed 2x1"), ("bert", "baseline"), ("bert", "optimized"),
+        ("resnet50", "baseline"),
+        ("resnet50", "fixed 2x1"),
+        ("bert", "baseline"),
+        ("bert", "optimized"),
         ("bert", "fixed 2x1"),
-    ]  # fmt: skip
+    ]
     (failure,) = run.failed
     assert (failure.model, failure.name, failure.kind, failure.baseline) == ("resnet50", "optimized", "served", False)
     assert (
@@ -464,11 +576,13 @@ def test_a_failing_row_is_recorded_with_its_reason_and_the_run_goes_on(tmp_path,
     "failing, lost",
     [
         ({("bert", "baseline")}, ["bert: the baseline row 'baseline' failed"]),
-        ({("bert", "optimized"), ("bert", "fixed 2x1"), ("bert", "baseline")},
-         ["bert: the baseline row 'baseline' failed", "bert: every served row failed"]),
+        (
+            {("bert", "optimized"), ("bert", "fixed 2x1"), ("bert", "baseline")},
+            ["bert: the baseline row 'baseline' failed", "bert: every served row failed"],
+        ),
         ({("bert", "optimized"), ("resnet50", "fixed 2x1")}, []),
     ],
-)  # fmt: skip
+)
 def test_the_run_fails_only_when_a_row_its_result_depends_on_failed(tmp_path, monkeypatch, failing, lost):
     import bench.__main__ as bench_main
 

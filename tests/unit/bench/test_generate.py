@@ -14,10 +14,15 @@ def stats(*by_round: float) -> dict:
         return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
     return {
-        "output_tokens_per_s": spread(*by_round), "output_tokens_per_s_by_round": list(by_round),
-        "ttft_ms_p50": spread(100), "ttft_ms_p99": spread(200), "itl_ms_p50": spread(50), "itl_ms_p99": spread(90),
-        "requests": 4, "errors": 0,
-    }  # fmt: skip
+        "output_tokens_per_s": spread(*by_round),
+        "output_tokens_per_s_by_round": list(by_round),
+        "ttft_ms_p50": spread(100),
+        "ttft_ms_p99": spread(200),
+        "itl_ms_p50": spread(50),
+        "itl_ms_p99": spread(90),
+        "requests": 4,
+        "errors": 0,
+    }
 
 
 def system(name: str, server: str, precision: str) -> System:
@@ -38,9 +43,16 @@ def test_a_kit_row_is_divided_by_the_peers_rows_at_its_own_precision(tmp_path):
             system("openvino float32", "openvino", "float32"),
         )
     }
-    rows = {"kit inductor": stats(10), "kit inductor-bf16": stats(30), "kit inductor-bf16-woq": stats(20), "fastapi float32": stats(5),
-            "fastapi bfloat16": stats(10), "llama.cpp bf16": stats(20), "llama.cpp q8_0": stats(40),
-            "openvino float32": stats(8)}  # fmt: skip
+    rows = {
+        "kit inductor": stats(10),
+        "kit inductor-bf16": stats(30),
+        "kit inductor-bf16-woq": stats(20),
+        "fastapi float32": stats(5),
+        "fastapi bfloat16": stats(10),
+        "llama.cpp bf16": stats(20),
+        "llama.cpp q8_0": stats(40),
+        "openvino float32": stats(8),
+    }
     text = report({16: rows}, systems, tmp_path, "# header")
     assert "× FastAPI, by round (min–max) | × llama.cpp, by round (min–max) | × OpenVINO GenAI" in text
     lines = {line.split(" | ")[1]: line.split(" | ") for line in text.splitlines() if line.startswith("| 16 |")}

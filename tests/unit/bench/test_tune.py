@@ -15,8 +15,16 @@ def served(model: str, variant: str, allocator: str, rps: float, **overrides):
 
 
 def baseline(model: str, rps: float):
-    return row_result(model=model, variant="eager", placement="none", allocator="default", workers=None,
-                      threads=None, baseline=True, requests_per_s=rps)  # fmt: skip
+    return row_result(
+        model=model,
+        variant="eager",
+        placement="none",
+        allocator="default",
+        workers=None,
+        threads=None,
+        baseline=True,
+        requests_per_s=rps,
+    )
 
 
 def test_each_model_keeps_its_fastest_backend_within_the_shared_layout():
@@ -36,8 +44,9 @@ def test_each_model_keeps_its_fastest_backend_within_the_shared_layout():
     assert layout["allocator"] == "jemalloc"
     assert layout["variant"] == "inductor" and layout["model_variants"] == {"bert": "openvino"}
     assert {m: (r.variant, r.requests_per_s) for m, r in rows.items()} == {
-        "resnet50": ("inductor", 41.0), "bert": ("openvino", 16.0)
-    }  # fmt: skip
+        "resnet50": ("inductor", 41.0),
+        "bert": ("openvino", 16.0),
+    }
     config = parse_settings(ServeConfig, {k: v for k, v in layout.items() if k != "workers"})
     assert config.variant_of("bert").name == "openvino" and config.allocator_of("bert").value == "default"
     assert config.allocator_of("resnet50").value == "jemalloc"

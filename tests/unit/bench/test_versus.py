@@ -48,15 +48,18 @@ def test_ahead_and_behind_only_where_the_spreads_do_not_overlap(kit, peer, expec
 
 def test_the_best_of_each_side_is_compared_per_precision_and_concurrency():
     results = (
-        rounds("served", "kit slow", [50, 50]) + rounds("served", "kit fast", [90, 92])
-        + rounds("served_peer", "fastapi", [80, 81]) + rounds("served", "kit batch", [150, 151], concurrency=16)
+        rounds("served", "kit slow", [50, 50])
+        + rounds("served", "kit fast", [90, 92])
+        + rounds("served_peer", "fastapi", [80, 81])
+        + rounds("served", "kit batch", [150, 151], concurrency=16)
         + rounds("served_peer", "litserve", [140, 160], concurrency=16)
         + rounds("served", "kit only", [10, 10], model="bert")  # no peer for bert: no verdict
         + rounds("served", "kit itt", [500, 500], itt_ranges=1000)  # the trace's cost: no contender
-    )  # fmt: skip
+    )
     results += rounds("served", "kit int8", [300, 300], precision="int8")  # no int8 peer: no verdict for it
-    verdicts = {(v.model, v.precision, v.concurrency): (v.kit, v.peer, v.verdict)
-                for v in compare(summarize_entries(results))}  # fmt: skip
+    verdicts = {
+        (v.model, v.precision, v.concurrency): (v.kit, v.peer, v.verdict) for v in compare(summarize_entries(results))
+    }
     assert verdicts == {
         ("resnet50", "float32", 4): ("kit fast", "fastapi", "ahead"),
         ("resnet50", "float32", 16): ("kit batch", "litserve", "level"),
@@ -65,13 +68,26 @@ def test_the_best_of_each_side_is_compared_per_precision_and_concurrency():
 
 def test_the_report_names_cpu_commit_medians_and_verdicts(tmp_path):
     plan = load_plan("versus", ["resnet50"])
-    kit_stages = {"decode": {"ms_per_request": 3.1, "cpu_ms_per_request": 2.9},
-                  "model": {"ms_per_request": 9.5, "cpu_ms_per_request": 6.5}}  # fmt: skip
-    results = rounds("served", "openvino-int8 plan", [120.0, 125.0], precision="int8", stages=kit_stages,
-                     cpu_ms_per_request={"frontend": 0.7, "frontend JIT": 0.1, "workers": 12.2, "ab": 0.5})  # fmt: skip
-    results += rounds("served_peer", "fastapi openvino int8 b1 c=4", [150.0, 152.0], precision="int8",
-                      stages={"model": {"ms_per_request": 6.0, "cpu_ms_per_request": 6.0}},
-                      cpu_ms_per_request={"peer server": 9.5, "ab": 0.5})  # fmt: skip
+    kit_stages = {
+        "decode": {"ms_per_request": 3.1, "cpu_ms_per_request": 2.9},
+        "model": {"ms_per_request": 9.5, "cpu_ms_per_request": 6.5},
+    }
+    results = rounds(
+        "served",
+        "openvino-int8 plan",
+        [120.0, 125.0],
+        precision="int8",
+        stages=kit_stages,
+        cpu_ms_per_request={"frontend": 0.7, "frontend JIT": 0.1, "workers": 12.2, "ab": 0.5},
+    )
+    results += rounds(
+        "served_peer",
+        "fastapi openvino int8 b1 c=4",
+        [150.0, 152.0],
+        precision="int8",
+        stages={"model": {"ms_per_request": 6.0, "cpu_ms_per_request": 6.0}},
+        cpu_ms_per_request={"peer server": 9.5, "ab": 0.5},
+    )
     write_versus_report(tmp_path, BenchRun(plan, "python -m bench --plan versus", ENVIRONMENT, results))
     report = (tmp_path / "report.md").read_text()
     assert ENVIRONMENT.cpu_model in report and ENVIRONMENT.git_commit in report
@@ -112,8 +128,16 @@ def test_rounds_alternate_the_order_and_number_each_result(tmp_path, monkeypatch
 
 
 def test_a_plan_sets_rounds_warm_up_seconds_and_a_rows_itt():
-    plan = parse_plan("p", {"models": ["resnet50"], "rounds": 2, "warmup_seconds": 30, "itt": False,
-                            "rows": [{"name": "a"}, {"name": "b", "itt": True}]})  # fmt: skip
+    plan = parse_plan(
+        "p",
+        {
+            "models": ["resnet50"],
+            "rounds": 2,
+            "warmup_seconds": 30,
+            "itt": False,
+            "rows": [{"name": "a"}, {"name": "b", "itt": True}],
+        },
+    )
     assert (plan.run.rounds, plan.run.warmup_seconds) == (2, 30)
     assert [r.records_itt(plan.run) for r in plan.rows] == [False, True]
     with pytest.raises(PlanError, match="itt must be true or false, got 'yes'"):

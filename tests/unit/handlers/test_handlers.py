@@ -38,10 +38,15 @@ METRICS_CONFIG = Path(__import__("ts").__file__).parent / "configs" / "metrics.y
 
 def make_context(model_dir: Path, handler_settings: dict, batch_size: int = 1) -> Context:
     context = Context(
-        "tiny", str(model_dir), {"model": {"modelName": "tiny"}}, batch_size, None, "0.12.0",
+        "tiny",
+        str(model_dir),
+        {"model": {"modelName": "tiny"}},
+        batch_size,
+        None,
+        "0.12.0",
         metrics=MetricsCacheYamlImpl(str(METRICS_CONFIG)),
         model_yaml_config={"handler": handler_settings},
-    )  # fmt: skip
+    )
     context.metrics.initialize_cache()
     return context
 

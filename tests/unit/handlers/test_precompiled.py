@@ -218,8 +218,10 @@ def test_the_build_checks_the_artifact_on_your_samples_and_records_the_agreement
     assert 0 <= check.guard_error <= check.tolerance
     # Every input judged, counted per set: 2 held out, 6 that calibrated, 32 synthetic (reported only).
     assert [(len(j.errors), decisive) for j, decisive in zip(check.judgements, check.decisive, strict=True)] == [
-        (2, True), (6, True), (32, False)
-    ]  # fmt: skip
+        (2, True),
+        (6, True),
+        (32, False),
+    ]
     assert check.passed and check.held_out == 2
     summary = check.summary(classifier=True)
     assert "your held-out samples: 2, worst" in summary and "top-1 agreement" in summary
@@ -250,9 +252,14 @@ class TabularMLP(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64),
-            torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 3),
-        )  # fmt: skip
+            torch.nn.Linear(32, 64),
+            torch.nn.GELU(),
+            torch.nn.LayerNorm(64),
+            torch.nn.Linear(64, 64),
+            torch.nn.GELU(),
+            torch.nn.LayerNorm(64),
+            torch.nn.Linear(64, 3),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -276,8 +283,13 @@ def test_an_int8_build_off_by_a_fifth_is_repaired_or_refused_never_installed_as_
     (tmp_path / SAMPLES_DIR).mkdir()
     for index, row in enumerate(rows):
         (tmp_path / SAMPLES_DIR / str(index)).write_text(json.dumps(row.tolist()))
-    settings = {"architecture": "exported-program", "backend": "openvino", "dtype": "int8",
-                "input_shapes": [[32]], "input_dtypes": ["float32"]}  # fmt: skip
+    settings = {
+        "architecture": "exported-program",
+        "backend": "openvino",
+        "dtype": "int8",
+        "input_shapes": [[32]],
+        "input_dtypes": ["float32"],
+    }
     handler = bare_handler("tensor.py", settings, tmp_path)
     limit = TOLERANCES[(DType.INT8, Answer.VALUES)]
     with torch.inference_mode():

@@ -59,8 +59,14 @@ class Reader:
 
 def test_a_frame_holds_one_answer_and_the_stream_header_only_when_asked():
     code, (answer,) = Reader(answer_frame("r1", b"chunk", "text/plain", more=True)).frame()
-    assert code == 200 and answer == {"id": "r1", "type": "text/plain", "status": 200, "phrase": "",
-                                      "headers": {"ts_stream_next": "true"}, "body": b"chunk"}  # fmt: skip
+    assert code == 200 and answer == {
+        "id": "r1",
+        "type": "text/plain",
+        "status": 200,
+        "phrase": "",
+        "headers": {"ts_stream_next": "true"},
+        "body": b"chunk",
+    }
     _, (last,) = Reader(answer_frame("r1", b"", "text/plain", more=False)).frame()
     assert last["headers"] == {"ts_stream_next": "false"} and last["body"] == b""
     _, (whole,) = Reader(answer_frame("r2", b"{}", "application/json", 400, "bad \u00e9 input")).frame()

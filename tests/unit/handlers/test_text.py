@@ -46,8 +46,9 @@ def test_encode_equals_transformers_bert_tokenizer(tokenizer, max_length):
     )
     odd = ["word " * 1000, "naïve café — Привет 你好 😀", "  A\tB\nC  ", "ÉCOLE Straße", "[CLS] [MASK]", "x" * 500]
     for text in [*SENTENCES, *odd]:
-        expected = reference(text, padding="max_length", truncation=True, max_length=max_length,
-                             return_overflowing_tokens=True)  # fmt: skip
+        expected = reference(
+            text, padding="max_length", truncation=True, max_length=max_length, return_overflowing_tokens=True
+        )
         encoded = encode(tokenizer, text, max_length)
         keys = ("input_ids", "attention_mask", "token_type_ids")
         assert [t.tolist() for t in encoded.inputs] == [expected[key][0] for key in keys], text

@@ -126,8 +126,16 @@ def test_a_handler_answering_too_few_rows_is_a_503():
 
 def load_frame() -> bytes:
     """A load frame as the frontend sends it (otf._retrieve_load_msg)."""
-    return (otf.LOAD_MSG + field(b"echo") + field(b"/tmp") + struct.pack("!i", 4) + field(b"echo.py")
-            + struct.pack("!i", -1) + field(b"") + struct.pack("!?", True))  # fmt: skip
+    return (
+        otf.LOAD_MSG
+        + field(b"echo")
+        + field(b"/tmp")
+        + struct.pack("!i", 4)
+        + field(b"echo.py")
+        + struct.pack("!i", -1)
+        + field(b"")
+        + struct.pack("!?", True)
+    )
 
 
 def read_answer(sock: socket.socket) -> bytes:

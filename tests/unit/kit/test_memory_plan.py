@@ -182,8 +182,15 @@ LM = Footprint(rss=3200 * MiB, pss=3100 * MiB, private=3072 * MiB, peak=3300 * M
 
 
 def lm_demands(footprint: Footprint = LM, sequences: Sequences = LM_KV) -> list[Demand]:
-    return [Demand("lm", footprint=footprint, grouping=Grouping.DOMAIN, sequences=sequences,
-                   omp_wait_policy=OmpWaitPolicy.DEFAULT)]  # fmt: skip
+    return [
+        Demand(
+            "lm",
+            footprint=footprint,
+            grouping=Grouping.DOMAIN,
+            sequences=sequences,
+            omp_wait_policy=OmpWaitPolicy.DEFAULT,
+        )
+    ]
 
 
 def test_a_footprint_counts_a_language_models_kv_cache_per_sequence():

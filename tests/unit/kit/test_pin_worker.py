@@ -24,8 +24,9 @@ echo "args=$*"
 """
 
 
-def start_worker(tmp_path: Path, model: str, layout: dict, args: tuple[str, ...] = ("--sock-type", "unix"),
-                 kit_worker: bool = False) -> dict[str, str]:  # fmt: skip
+def start_worker(
+    tmp_path: Path, model: str, layout: dict, args: tuple[str, ...] = ("--sock-type", "unix"), kit_worker: bool = False
+) -> dict[str, str]:
     tmp_path.mkdir()
     (tmp_path / "layout.json").write_text(json.dumps(layout))
     worker_dir = tmp_path / model / "MAR-INF"
@@ -39,22 +40,33 @@ def start_worker(tmp_path: Path, model: str, layout: dict, args: tuple[str, ...]
     script.chmod(0o755)
     env = dict(
         os.environ,
-        **{pin_worker.LAYOUT_VAR: str(tmp_path / "layout.json"), pin_worker.PYTHON_VAR: str(script),
-           pin_worker.ALLOCATOR_DIR_VAR: str(Path(sys.prefix) / "lib")},  # make install links the allocators there
-    )  # fmt: skip
+        **{
+            pin_worker.LAYOUT_VAR: str(tmp_path / "layout.json"),
+            pin_worker.PYTHON_VAR: str(script),
+            pin_worker.ALLOCATOR_DIR_VAR: str(Path(sys.prefix) / "lib"),
+        },  # make install links the allocators there
+    )
     env.pop("LD_PRELOAD", None)
-    out = subprocess.run([sys.executable, pin_worker.__file__, *args], cwd=worker_dir.parent,
-                         env=env, capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, pin_worker.__file__, *args],
+        cwd=worker_dir.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return dict(line.split("=", 1) for line in out.splitlines())
 
 
 def test_each_model_gets_its_planned_cpus_and_allocator(tmp_path):
     cpu = max(os.sched_getaffinity(0))
     worker = {"cpus": [cpu], "threads": 1, "numa_node": 0}
-    layout = {"models": {
-        "resnet50": {"workers": [worker], "allocator": "tcmalloc", "batch_size": 1},
-        "bert": {"workers": [worker], "allocator": "default", "batch_size": 1},
-    }}  # fmt: skip
+    layout = {
+        "models": {
+            "resnet50": {"workers": [worker], "allocator": "tcmalloc", "batch_size": 1},
+            "bert": {"workers": [worker], "allocator": "default", "batch_size": 1},
+        }
+    }
     resnet50 = start_worker(tmp_path / "a", "resnet50", layout)
     assert resnet50["allocator"] == "tcmalloc" and resnet50["cpus"] == str(cpu)
     assert resnet50["omp"] == "1" and resnet50["args"] == "--sock-type unix"  # the worker's own arguments passed on
@@ -81,11 +93,13 @@ def test_a_model_with_its_own_openmp_wait_policy_gets_it_over_the_servers(tmp_pa
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # the preset's, for every worker (kit/serve_config.py)
     cpu = max(os.sched_getaffinity(0))
     worker = {"cpus": [cpu], "threads": 1, "numa_node": 0}
-    layout = {"models": {
-        "lm": {"workers": [worker], "allocator": "default", "omp_wait_policy": "default"},  # libgomp's: unset
-        "spinner": {"workers": [worker], "allocator": "default", "omp_wait_policy": "active"},
-        "bert": {"workers": [worker], "allocator": "default", "omp_wait_policy": ""},
-    }}  # fmt: skip
+    layout = {
+        "models": {
+            "lm": {"workers": [worker], "allocator": "default", "omp_wait_policy": "default"},  # libgomp's: unset
+            "spinner": {"workers": [worker], "allocator": "default", "omp_wait_policy": "active"},
+            "bert": {"workers": [worker], "allocator": "default", "omp_wait_policy": ""},
+        }
+    }
     assert start_worker(tmp_path / "a", "lm", layout)["omp_wait"] == "unset"
     assert start_worker(tmp_path / "b", "spinner", layout)["omp_wait"] == "ACTIVE"
     assert start_worker(tmp_path / "c", "bert", layout)["omp_wait"] == "PASSIVE"
@@ -119,10 +133,12 @@ def test_a_language_models_worker_is_told_its_planned_sequences(tmp_path):
     assert pin_worker.SEQUENCES_VAR == PLANNED_SEQUENCES_VAR  # one name, spelled in two places
     cpu = max(os.sched_getaffinity(0))
     worker = {"cpus": [cpu], "threads": 1, "numa_node": 0}
-    layout = {"models": {
-        "lm": {"workers": [worker], "allocator": "default", "sequences": 3},
-        "bert": {"workers": [worker], "allocator": "default", "sequences": 0},
-    }}  # fmt: skip
+    layout = {
+        "models": {
+            "lm": {"workers": [worker], "allocator": "default", "sequences": 3},
+            "bert": {"workers": [worker], "allocator": "default", "sequences": 0},
+        }
+    }
     assert start_worker(tmp_path / "a", "lm", layout)["sequences"] == "3"
     assert start_worker(tmp_path / "b", "bert", layout)["sequences"] == "unset"
     assert planned_sequences({PLANNED_SEQUENCES_VAR: "3"}) == 3 and planned_sequences({}) is None

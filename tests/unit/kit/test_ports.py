@@ -74,16 +74,23 @@ def test_the_ephemeral_range_is_read_from_proc(tmp_path):
     "log, line",
     [
         # TorchServe 0.12's gRPC and HTTP servers, as they printed it here:
-        ("x\njava.io.IOException: Failed to bind to address /127.0.0.1:56545\n\tat io.grpc...\nCaused by: ... "
-         "bind(..) failed: Address already in use\n", "java.io.IOException: Failed to bind to address /127.0.0.1:56545"),
-        ("java.io.IOException: Failed to bind to address: http://127.0.0.1:53925\n",
-         "java.io.IOException: Failed to bind to address: http://127.0.0.1:53925"),
+        (
+            "x\njava.io.IOException: Failed to bind to address /127.0.0.1:56545\n\tat io.grpc...\nCaused by: ... "
+            "bind(..) failed: Address already in use\n",
+            "java.io.IOException: Failed to bind to address /127.0.0.1:56545",
+        ),
+        (
+            "java.io.IOException: Failed to bind to address: http://127.0.0.1:53925\n",
+            "java.io.IOException: Failed to bind to address: http://127.0.0.1:53925",
+        ),
         # uvicorn (the served peers):
-        ("ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 8000): address already in use\n",
-         "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 8000): address already in use"),
+        (
+            "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 8000): address already in use\n",
+            "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 8000): address already in use",
+        ),
         ("Torchserve stopped.\nUnrecognized VM option 'X'\n", ""),
     ],
-)  # fmt: skip
+)
 def test_a_lost_port_is_read_from_the_servers_log(log, line):
     assert bind_failure(log) == line
 

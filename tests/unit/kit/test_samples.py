@@ -21,8 +21,10 @@ def test_each_form_is_a_list_of_request_bodies(tmp_path):
     (photos / "notes.md").write_text("not an image: skipped")
     images = read_samples(photos, Medium.IMAGE)
     assert [(b.file_name, b.content_type) for b in images][:3] == [
-        ("a.jpg", "image/jpeg"), ("b.png", "image/png"), ("c.JPEG", "image/jpeg"),
-    ]  # fmt: skip
+        ("a.jpg", "image/jpeg"),
+        ("b.png", "image/png"),
+        ("c.JPEG", "image/jpeg"),
+    ]
     lines = tmp_path / "queries.txt"
     lines.write_text("first query\n\n  second  \nthird\nfourth\n")
     assert [b.data for b in read_samples(lines, Medium.TEXT)] == [b"first query", b"second", b"third", b"fourth"]

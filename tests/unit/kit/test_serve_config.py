@@ -205,17 +205,21 @@ def test_models_of_different_variants_get_their_archives_and_allocators():
     [
         ({"model_variants": {"vit": "openvino"}}, r"model_variants names \['vit'\], which are not served"),
         ({"model_variants": {"bert": "ipex"}}, "mixes variants of different Python environments"),
-        ({"model_variants": {"bert": "openvino"}, "placement": "launcher", "workers": 1, "threads": 1},
-         "use placement: plan"),
+        (
+            {"model_variants": {"bert": "openvino"}, "placement": "launcher", "workers": 1, "threads": 1},
+            "use placement: plan",
+        ),
         ({"model_variants": {"bert": "fastest"}}, "variant 'fastest' is unknown"),
         ({"model_variants": ["bert", "openvino"]}, "model_variants must be a mapping"),
         ({"model_sequences": {"vit": 4}}, r"model_sequences names \['vit'\], which are not served"),
         ({"model_sequences": {"bert": 0}}, r"a number of sequences >= 1 per model, got \{'bert': 0\}"),
         ({"model_sequences": {"bert": "many"}}, "model_sequences"),
-        ({"model_sequences": {"bert": 4}, "placement": "launcher", "workers": 1, "threads": 1},
-         "model_sequences needs placement: plan"),
+        (
+            {"model_sequences": {"bert": 4}, "placement": "launcher", "workers": 1, "threads": 1},
+            "model_sequences needs placement: plan",
+        ),
     ],
-)  # fmt: skip
+)
 def test_per_model_settings_errors_name_the_problem(overrides, message):
     with pytest.raises(ConfigError, match=message):
         ServeConfig.from_preset("optimized", **overrides)

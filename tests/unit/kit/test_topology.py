@@ -68,5 +68,8 @@ def test_kit_topology_describes_another_machines_memory(capsys):
     with pytest.raises(TopologyError, match="memory size '6 gigs' is not a size"):
         parse_size("6 gigs")
     assert (parse_size("8Gi"), parse_size("6GiB"), parse_size("512Mi"), parse_size("2G")) == (
-        8 * 2**30, 6 * 2**30, 512 * 2**20, 2 * 10**9,
-    )  # fmt: skip
+        8 * 2**30,
+        6 * 2**30,
+        512 * 2**20,
+        2 * 10**9,
+    )

@@ -45,8 +45,15 @@ def test_the_kits_api_takes_a_bare_text_or_json_with_parameters():
 def test_openai_names_and_the_chat_template():
     completion = parsed(Api.COMPLETIONS, {"prompt": ["once"], "max_tokens": 4, "stop": ["\n", "END"]})
     assert completion.generation.prompt == tuple(tokenize("once")) and completion.generation.stop == ("\n", "END")
-    chat = parsed(Api.CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-                             "max_completion_tokens": 2, "stream": True, "stream_options": {"include_usage": True}})  # fmt: skip
+    chat = parsed(
+        Api.CHAT,
+        {
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_completion_tokens": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
     assert chat.generation.prompt == tuple(tokenize("<user>hi<assistant>")) and chat.generation.max_new_tokens == 2
     assert chat.stream and chat.include_usage
 
@@ -87,8 +94,10 @@ def events(stream: bytes) -> list:
 
 
 def test_a_streamed_chat_answer_is_what_openais_client_parses():
-    request = parsed(Api.CHAT, {"messages": [{"role": "user", "content": "hi"}], "stream": True,
-                                "stream_options": {"include_usage": True}})  # fmt: skip
+    request = parsed(
+        Api.CHAT,
+        {"messages": [{"role": "user", "content": "hi"}], "stream": True, "stream_options": {"include_usage": True}},
+    )
     answer = ANSWERS[Api.CHAT]("r1", "lm", request)
     stream = answer.first() + answer.chunk("Hel") + answer.chunk("lo") + answer.end(Finish.LENGTH, Usage(5, 2))
     chunks = events(stream)
