@@ -17,7 +17,7 @@ import requests
 
 from bench import llama_cpp, openvino_genai
 from bench.completions import HEALTH_PATH, HOST
-from handlers.backends import DType
+from handlers.backends import Backend, DType
 from handlers.settings import GenerationSettings
 from kit.kv_cache import archive_settings
 from kit.models import Model
@@ -51,7 +51,7 @@ class System:
 KIT = "kit"
 FLOAT32, BFLOAT16 = DType.FLOAT32.value, DType.BFLOAT16.value
 INT8 = "int8"  # int8 weights: the kit's weight-only variants, llama.cpp's Q8_0, OpenVINO's compressed IR
-INDUCTOR, OPENVINO = "inductor", "openvino"  # the kit's backends for a language model (BACKENDS=)
+INDUCTOR, OPENVINO = Backend.INDUCTOR.value, Backend.OPENVINO.value  # the kit's LM backends measured (BACKENDS=)
 # The kit's variant per backend and precision. int8 weights are computed in bfloat16: in float32,
 # torch's int8 product is far slower than float32's own (docs/generation.md), so a CPU without
 # bf16 has no int8 row; OpenVINO's rows follow the same precisions.

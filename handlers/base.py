@@ -37,7 +37,7 @@ from handlers.backends.common import Inputs
 from handlers.diagnostics import RequestProfiler, op_ranges
 from handlers.itt import inference_range
 from handlers.loaders import load_model
-from handlers.optimize import graphs_compiled, optimize
+from handlers.optimize import RecompileWatch, optimize
 from handlers.payload import (
     JSON,
     STREAM_NEXT,
@@ -130,7 +130,7 @@ class OptimizedHandler(abc.ABC):
             checks,
             self.answer,
         )
-        self.graphs = graphs_compiled()
+        self.recompiles = RecompileWatch(self.model_name)
         self.shapes_served: set[tuple[int, ...]] = set()
         log.info(
             "%s ready: backend=%s load=%.1fs compile=%.1fs warmup=%.1fs batch_buckets=%s threads=%d "
@@ -255,7 +255,7 @@ class OptimizedHandler(abc.ABC):
             op_ranges(self.diagnostics.itt_ops),
         ):
             outputs = self.optimized(*inputs)[:count]
-        self.check_no_recompile(count, bucket)
+        self.recompiles.check(f"batch of {count} padded to {bucket}")
         shape = tuple(inputs[0].shape)
         if shape not in self.shapes_served:  # once per shape: shows batching and length buckets at work, cheaply
             self.shapes_served.add(shape)
@@ -263,21 +263,6 @@ class OptimizedHandler(abc.ABC):
                 "%s: first batch at bucket %d, shape %s (%d request(s))", self.model_name, bucket, list(shape), count
             )
         return outputs
-
-    def check_no_recompile(self, count: int, bucket: int) -> None:
-        # Every served shape was compiled in initialize(); a new graph here means a guard
-        # failed and a request waited for the compiler. Logged, so a test or a user sees it.
-        graphs = graphs_compiled()
-        if graphs != self.graphs:
-            log.warning(
-                "%s: recompiled while serving (%d new graph(s), batch of %d padded to %d); "
-                "run with TORCH_LOGS=recompiles to see which guard failed",
-                self.model_name,
-                graphs - self.graphs,
-                count,
-                bucket,
-            )
-            self.graphs = graphs
 
     def postprocess(self, batch: Batch) -> list[Any]:
         grpc = [over_grpc(self.context.get_all_request_header(index) or {}) for index in range(batch.size)]

@@ -86,6 +86,27 @@ def graphs_compiled() -> int:
     return dynamo_counters()["stats"]["unique_graphs"]
 
 
+class RecompileWatch:
+    """Graphs Dynamo compiles after warm-up: every shape served was compiled before the first
+    request, so a new graph while serving means a guard failed and a request waited for the
+    compiler. Logged, so a test or a user sees it (the classifiers' and the language model's)."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.graphs = graphs_compiled()
+
+    def check(self, during: str = "") -> None:
+        graphs = graphs_compiled()
+        if graphs != self.graphs:
+            log.warning(
+                "%s: recompiled while serving (%d new graph(s)%s); run with TORCH_LOGS=recompiles to see which guard failed",
+                self.model_name,
+                graphs - self.graphs,
+                f", {during}" if during else "",
+            )
+            self.graphs = graphs
+
+
 def warm_up(optimized: OptimizedModel, examples: Sequence[Inputs], iterations: int) -> OptimizedModel:
     compile_seconds = warmup_seconds = 0.0
     before = fx_graph_cache_counts()

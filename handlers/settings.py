@@ -294,11 +294,11 @@ class TensorSettings(OptimizationSettings):
             raise SettingsError(f"input_shapes need sizes >= 1, got {self.input_shapes}")
 
 
-# What a generative model's workers run: eager or Inductor-compiled PyTorch on the kit's engine, or
-# OpenVINO GenAI's continuous-batching pipeline on the IR `make archive` exports; float32 or
-# bfloat16, on weights in that dtype or in int8 (`weights`). AOTInductor and IPEX compile one
-# graph per request shape; a decode step's cache is state they do not carry (not yet).
-GENERATION_BACKENDS = frozenset({"eager", "inductor", "openvino"})
+# What a generative model's workers run: the backends with a generation engine (BackendTraits:
+# eager or Inductor-compiled PyTorch on the kit's engine, or OpenVINO GenAI's continuous-batching
+# pipeline on the IR `make archive` exports); float32 or bfloat16, on weights in that dtype or in
+# int8 (`weights`).
+GENERATION_BACKENDS = frozenset(b.value for b, traits in BACKENDS.items() if traits.generation_engine)
 GENERATION_DTYPES = frozenset({"float32", "bfloat16"})
 
 

@@ -7,9 +7,10 @@ kit's worker (handlers/worker.py) reads the frontend in a thread, handing each r
 `accept` as it reaches the worker, while the engine (`serve`, on the worker's main thread)
 answers it, token by token or whole; under continuousBatching the worker also learns of clients
 that went away (`cancel`), and the engine waits after each step for the frontend's batch that
-followed the step before (`after_step`). `initialize` makes the engine of the settings' backend
-(ENGINES): for eager and inductor, the model in its served dtype (a reduced one judged against
-float32 first: the accuracy guard, handlers/generation/agreement.py) on the kit's engine; for
+followed the step before (`after_step`). `initialize` makes the engine its backend's traits name
+(`generation_engine`, handlers/backends): for eager and inductor, the model in its served dtype
+(a reduced one judged against float32 first: the accuracy guard, handlers/generation/agreement.py)
+on the kit's engine; for
 openvino, the IR `make archive` exported and judged, on OpenVINO GenAI's pipeline. Either
 allocates the KV cache for `max_sequences` x `context_length`, and generates once through every
 path before the first request.
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 from ts.utils.util import PredictionException
 
-from handlers.backends import Backend
+from handlers.backends import BACKENDS, Backend
 from handlers.generation import agreement, api, openvino_engine
 from handlers.generation.cache import TORCH_DTYPES
 from handlers.generation.engine import SPAN_STEP, Discard, Engine, Generation, QueueFull, prompt_chunk
@@ -37,7 +38,7 @@ from handlers.generation.quantized import int8_weights
 from handlers.generation.respond import Responder, refuse
 from handlers.generation.sampling import Sampling
 from handlers.loaders import load_model
-from handlers.optimize import graphs_compiled
+from handlers.optimize import RecompileWatch
 from handlers.payload import HTTP_BAD_REQUEST, URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
 from handlers.replies import Transport
 from handlers.settings import GenerationSettings, Weights
@@ -89,7 +90,7 @@ class TextGenerationHandler(StreamingHandler):
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         eos, sampling = model_defaults(model_dir, AutoConfig.from_pretrained(str(model_dir), local_files_only=True))
         self.limits = api.Limits(settings.context_length, settings.max_new_tokens, sampling)
-        self.engine = ENGINES[settings.backend](self, model_dir, eos)
+        self.engine = getattr(self, BACKENDS[settings.backend].generation_engine)(model_dir, eos)
         load_seconds = time.perf_counter() - start
         warm_seconds = self.warm_up()
         log.info(
@@ -208,7 +209,7 @@ class TextGenerationHandler(StreamingHandler):
         if self.engine.mixes and self.settings.max_sequences > 1:
             for length in (1, SPAN_STEP + 1):
                 self.warm(self.warm_prompt(token, length), self.warm_prompt(token, length), arriving=1)
-        self.graphs = graphs_compiled()
+        self.recompiles = RecompileWatch(self.model_name)
         return time.perf_counter() - start
 
     def warm_prompt(self, token: int, length: int) -> Generation:
@@ -237,21 +238,9 @@ class TextGenerationHandler(StreamingHandler):
         self.engine.stop()
 
     def after_step(self) -> None:
-        self.check_no_recompile()
+        self.recompiles.check()
         if self.replies is not None:
             self.replies.settle()
-
-    def check_no_recompile(self) -> None:
-        # Every shape a step takes was compiled by warm_up; a new graph means a request waited
-        # for the compiler. Logged, so a test or a user sees it.
-        graphs = graphs_compiled()
-        if graphs != self.graphs:
-            log.warning(
-                "%s: recompiled while serving (%d new graph(s)); run with TORCH_LOGS=recompiles to see which guard failed",
-                self.model_name,
-                graphs - self.graphs,
-            )
-            self.graphs = graphs
 
     # -- TorchServe ---------------------------------------------------------------------------
     def handle(self, data, context):
@@ -309,11 +298,3 @@ class TextGenerationHandler(StreamingHandler):
             raise InvalidInput(f"the model's chat template refused the messages: {error}") from None
         # The template writes the special tokens (BOS) it wants.
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-# Which engine computes the steps, by the settings' backend (GENERATION_BACKENDS).
-ENGINES = {
-    Backend.EAGER: TextGenerationHandler.torch_engine,
-    Backend.INDUCTOR: TextGenerationHandler.torch_engine,
-    Backend.OPENVINO: TextGenerationHandler.openvino_engine,
-}

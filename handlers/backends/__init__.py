@@ -61,11 +61,15 @@ class BackendTraits:
     # the compiled graph keeps those dimensions dynamic. A TorchScript trace is not checked at
     # other lengths than its example, so IPEX pads to the one length it was traced at.
     varying_sizes: bool = True
+    # A language model on it: the TextGenerationHandler method that makes its engine (the kit's
+    # torch engine, or OpenVINO GenAI's pipeline); "": it serves none (AOTInductor and IPEX compile
+    # one graph per request shape, and a decode step's cache is state they do not carry).
+    generation_engine: str = ""
 
 
 BACKENDS: dict[Backend, BackendTraits] = {
-    Backend.EAGER: BackendTraits("eager", FLOATS),
-    Backend.INDUCTOR: BackendTraits("inductor", FLOATS),
+    Backend.EAGER: BackendTraits("eager", FLOATS, generation_engine="torch_engine"),
+    Backend.INDUCTOR: BackendTraits("inductor", FLOATS, generation_engine="torch_engine"),
     # IPEX 2.8 imports only with torch 2.8, hence its own environment. Its traced path serves bf16
     # (ipex.optimize's bf16 weights, traced under autocast); its compiled one, measured slower
     # than plain Inductor, stays float32 for comparison.
@@ -76,7 +80,13 @@ BACKENDS: dict[Backend, BackendTraits] = {
     Backend.AOTI: BackendTraits("aoti", FLOATS | {DType.INT8}, precompiled=True, batch_sizes=BatchSizes.PACKAGED),
     # OpenVINO's CPU plugin frees with glibc what a preloaded tcmalloc/jemalloc allocated
     # ("free(): invalid pointer" in compile_model): its workers keep glibc malloc.
-    Backend.OPENVINO: BackendTraits("openvino", FLOATS | {DType.INT8}, precompiled=True, preloaded_allocator=False),
+    Backend.OPENVINO: BackendTraits(
+        "openvino",
+        FLOATS | {DType.INT8},
+        precompiled=True,
+        preloaded_allocator=False,
+        generation_engine="openvino_engine",
+    ),
 }
 
 

@@ -35,6 +35,17 @@ def test_every_backend_has_traits_and_a_builder(backend):
         assert traits.batch_sizes is BatchSizes.BUCKETS  # packaged sizes exist only at archive time
 
 
+def test_a_language_models_backends_each_name_an_engine_the_handler_makes():
+    from handlers.settings import GENERATION_BACKENDS
+    from handlers.text_generation import TextGenerationHandler
+
+    engines = {b: t.generation_engine for b, t in BACKENDS.items() if t.generation_engine}
+    assert {b.value for b in engines} == GENERATION_BACKENDS
+    assert {"eager", "inductor", "openvino"} <= GENERATION_BACKENDS
+    for backend, method in engines.items():
+        assert inspect.isfunction(getattr(TextGenerationHandler, method, None)), f"{backend}: {method}"
+
+
 def test_every_backend_is_selected_by_a_variant():
     selected = {Variant.load(name).backend for name in variant_names()}
     assert selected == set(Backend), f"backends without a config/variants/*.yaml: {set(Backend) - selected}"
