@@ -160,16 +160,14 @@ require-model:
 SOAK_SECONDS ?= 300
 # Compare serving configurations with ab on the real server: bench/results/<time>/ (+ latest).
 # The bench builds the archives of the variants its plan names.
-# PLAN=generate: a language model of yours (MODELS=lm) streamed against FastAPI + generate,
-# llama.cpp's server and OpenVINO GenAI (bench/generate.py; llama.cpp is built, and OpenVINO
-# GenAI's environment made, in .cache/peers/ on first use).
+# A plan is bench/plans/PLAN.yaml. PLAN=generate (kind: generate): a language model of yours
+# (MODELS=lm) streamed against FastAPI + generate, llama.cpp's server and OpenVINO GenAI
+# (bench/generate.py; llama.cpp is built, and OpenVINO GenAI's environment made, in .cache/peers/
+# on first use), with ROUNDS= SECONDS= CONCURRENCY= PEERS= PRECISIONS= BACKENDS= over the file's.
 bench: install
-ifeq ($(PLAN),generate)
-	@test -n "$(MODELS)" || { echo "usage: make bench PLAN=generate MODELS=lm[,lm-other] [ROUNDS=3] [SECONDS=60] [PEERS=fastapi,llama.cpp,openvino|none] [CONCURRENCY=1,4,16] [PRECISIONS=float32,bfloat16,int8] [BACKENDS=inductor,openvino]"; exit 2; }
-	@$(PY) -m bench.generate --model $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(SECONDS),--seconds $(SECONDS)) $(if $(PEERS),--peers $(PEERS)) $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) $(if $(PRECISIONS),--precisions $(PRECISIONS)) $(if $(BACKENDS),--backends $(BACKENDS))
-else
-	@$(PY) -m bench --plan $(PLAN) $(if $(MODELS),--models $(MODELS))
-endif
+	@$(PY) -m bench --plan $(PLAN) $(if $(MODELS),--models $(MODELS)) $(if $(ROUNDS),--rounds $(ROUNDS)) \
+		$(if $(SECONDS),--seconds $(SECONDS)) $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) $(if $(PEERS),--peers $(PEERS)) \
+		$(if $(PRECISIONS),--precisions $(PRECISIONS)) $(if $(BACKENDS),--backends $(BACKENDS))
 
 # Search the layout and write the winner as config/presets/tuned.yaml: `make serve CONFIG=tuned`.
 # A language model among MODELS: its variant and sequences per worker, measured at STREAMS

@@ -2,6 +2,11 @@
 
     .venv/bin/python -m bench --plan default        # what `make bench` runs (PLAN=quick|full|path.yaml)
     .venv/bin/python -m bench --plan tune --write-preset tuned
+    .venv/bin/python -m bench --plan generate --models lm [--rounds 3 --seconds 60 --peers none ...]
+
+A plan is a file, bench/plans/NAME.yaml (or a path); its `kind` says which driver runs it: the
+serving rows below, or a language model against its peers (kind: generate, bench/generate.py),
+whose settings the generate options override.
 
 Builds the archives the plan needs first (model_store/build.py skips the up-to-date ones).
 Results go to bench/results/<timestamp>/ (results.json, report.md, throughput.png);
@@ -19,7 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from bench.plan import Plan, PlanError, load_plan
+from bench import generate
+from bench.plan import GENERATE, Plan, PlanError, load_plan, read_plan
 from bench.report import write_report
 from bench.results import BenchRun, RunEnvironment
 from bench.runner import log, run_plan
@@ -65,7 +71,24 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma list (default: inductor and openvino, and their bf16 and int8-weights variants where computed)",
     )
+    streamed = parser.add_argument_group("a generate plan's settings, over the plan file's (kind: generate)")
+    for option in GENERATE_OPTIONS:
+        streamed.add_argument(f"--{option}", default=None)
     args = parser.parse_args(argv)
+    try:
+        name, raw = read_plan(args.plan)
+    except PlanError as error:
+        print(f"[bench] ERROR: {error}", file=sys.stderr)
+        return 2
+    if raw.get("kind") == GENERATE:
+        return generate_plan(name, raw, args)
+    if given := [f"--{o}" for o in GENERATE_OPTIONS if getattr(args, o) is not None]:
+        print(
+            f"[bench] ERROR: {', '.join(given)} set a generate plan's settings; plan {name!r} is a serving plan "
+            "(its seconds and rounds are in its file)",
+            file=sys.stderr,
+        )
+        return 2
     command = "python -m bench " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     requested = [m for m in args.models.split(",") if m]
     try:
@@ -97,6 +120,30 @@ def main(argv: list[str] | None = None) -> int:
         base,
         args.out or RESULTS / f"tune-lm-{time.strftime('%Y%m%d-%H%M%S')}",
     )
+
+
+# What a generate plan's file sets and the command line may override (bench/generate.py's options).
+GENERATE_OPTIONS = ("rounds", "seconds", "concurrency", "peers", "precisions", "backends")
+
+
+def generate_plan(name: str, raw: dict, args: argparse.Namespace) -> int:
+    """A kind: generate plan, run by bench/generate.py with the file's settings under the command line's."""
+    if not args.models:
+        print(f"[bench] ERROR: plan {name!r} measures a language model of yours: give MODELS=lm", file=sys.stderr)
+        return 2
+    if unknown := sorted(set(raw) - {"description", "kind", *GENERATE_OPTIONS}):
+        print(
+            f"[bench] ERROR: plan {name!r}: unknown key(s) {unknown}; valid: {list(GENERATE_OPTIONS)}", file=sys.stderr
+        )
+        return 2
+    argv = ["--model", args.models]
+    for option in GENERATE_OPTIONS:
+        value = getattr(args, option)
+        if value is None and option in raw:
+            value = raw[option] if not isinstance(raw[option], list) else ",".join(map(str, raw[option]))
+        if value not in (None, ""):
+            argv += [f"--{option}", str(value)]
+    return generate.main(argv)
 
 
 def bench_plan(args: argparse.Namespace, models: list[str], command: str) -> tuple[int, Path | None]:

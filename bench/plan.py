@@ -291,9 +291,26 @@ def parse_plan(
     return Plan(name, run, tuple(rows), peers, served_peers)
 
 
-def load_plan(name_or_path: str, models: list[str] | None = None) -> Plan:
+# A plan's `kind`: which driver runs it. Serving plans (rows of configurations, ab) are the
+# default; a generate plan streams a language model against its peers (bench/generate.py).
+SERVE, GENERATE = "serve", "generate"
+
+
+def read_plan(name_or_path: str) -> tuple[str, dict]:
+    """A plan file's name and contents, by name (bench/plans/NAME.yaml) or path."""
     path = Path(name_or_path) if name_or_path.endswith((".yaml", ".yml")) else PLANS / f"{name_or_path}.yaml"
     if not path.is_file():
         choices = ", ".join(sorted(p.stem for p in PLANS.glob("*.yaml")))
         raise PlanError(f"plan {name_or_path!r} not found; choose one of: {choices}, or a path to a .yaml file")
-    return parse_plan(path.stem, yaml.safe_load(path.read_text()), models=models)
+    raw = yaml.safe_load(path.read_text())
+    if raw.get("kind", SERVE) not in (SERVE, GENERATE):
+        raise PlanError(f"plan {path.stem!r}: kind {raw['kind']!r} is unknown; choose {SERVE} (default) or {GENERATE}")
+    return path.stem, raw
+
+
+def load_plan(name_or_path: str, models: list[str] | None = None) -> Plan:
+    """A serving plan (kind: serve), parsed."""
+    name, raw = read_plan(name_or_path)
+    if raw.get("kind", SERVE) != SERVE:
+        raise PlanError(f"plan {name!r} is kind {raw['kind']}: `python -m bench --plan {name}` runs it")
+    return parse_plan(name, {k: v for k, v in raw.items() if k != "kind"}, models=models)

@@ -133,12 +133,14 @@ def test_server_latency_from_counter_deltas():
 
 def test_bundled_plans_are_valid():
     # Every plan loads; those comparing against TorchServe out of the box have one baseline per model.
-    from bench.plan import PLANS
+    from bench.plan import GENERATE, PLANS, read_plan
 
     with_baseline = {"quick", "default", "full", "tune", "placement", "backends"}
     names = {p.stem for p in PLANS.glob("*.yaml")}
     assert with_baseline | {"frontend", "phone"} <= names
-    for name in names:
+    serving = {name for name in names if read_plan(name)[1].get("kind") != GENERATE}
+    assert names - serving == {"generate"}
+    for name in serving:
         plan = load_plan(name)
         assert plan.rows, name
         if name in with_baseline:
@@ -217,7 +219,7 @@ def test_plan_errors_name_the_problem(raw, message):
 def test_unknown_plan_lists_choices():
     with pytest.raises(
         PlanError,
-        match="plan 'fast' not found; choose one of: backends, batching, default, frontend, full, lengths, phone, placement, quick, served, tune",
+        match="plan 'fast' not found; choose one of: backends, batching, default, frontend, full, generate, lengths, phone, placement, quick, served, tune",
     ):
         load_plan("fast")
 

@@ -72,3 +72,31 @@ def test_a_ratio_is_taken_round_by_round_not_between_medians(tmp_path):
     text = report({4: rows}, systems, tmp_path, "# header")
     (kit,) = [line.split(" | ") for line in text.splitlines() if line.startswith("| 4 | kit")]
     assert kit[3] == "0.75× (0.50–4.00)"  # the one peer's column
+
+
+def test_the_generate_plan_is_a_file_the_bench_reads_its_command_line_over_it(monkeypatch):
+    import bench.__main__ as bench_main
+
+    calls = []
+    monkeypatch.setattr(bench_main.generate, "main", lambda argv: calls.append(argv) or 0)
+    assert bench_main.main(["--plan", "generate", "--models", "lm", "--peers", "none", "--seconds", "30"]) == 0
+    (argv,) = calls
+    options = dict(zip(argv[::2], argv[1::2], strict=True))
+    # bench/plans/generate.yaml's rounds, concurrency and backends; the command line's peers and seconds.
+    assert options == {
+        "--model": "lm",
+        "--rounds": "3",
+        "--seconds": "30",
+        "--concurrency": "1,4,16",
+        "--peers": "none",
+        "--backends": "inductor",
+    }
+
+
+def test_a_serving_plan_refuses_a_generate_plans_settings_by_name(capsys):
+    import bench.__main__ as bench_main
+
+    assert bench_main.main(["--plan", "quick", "--rounds", "2"]) == 2
+    assert "--rounds set a generate plan's settings; plan 'quick' is a serving plan" in capsys.readouterr().err
+    assert bench_main.main(["--plan", "generate"]) == 2
+    assert "give MODELS=lm" in capsys.readouterr().err
