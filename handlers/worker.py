@@ -145,7 +145,7 @@ class KitWorker(TorchModelServiceWorker):
                     clock.record(Stage.WRITE, answered, sent, len(batch))
                     clock.flush_if_due()
             elif command == otf.LOAD_MSG:
-                service, result, code = self.load_model(otf._retrieve_load_msg(connection))
+                service, result, code = self.load(connection, cl_socket)
                 cl_socket.sendall(otf.create_load_model_response(code, result))
                 if code != 200:
                     raise RuntimeError(f"{code} - {result}")
@@ -157,6 +157,20 @@ class KitWorker(TorchModelServiceWorker):
             else:
                 raise ValueError(f"received unknown command: {command!r}")
 
+    def load(self, connection: BufferedConnection, cl_socket: socket.socket) -> tuple[Service, str, int]:
+        """TorchServe's load_model. A handler that raises in initialize is said in this worker's
+        output, flushed, before the frontend hears of it: once it does it stops relaying this
+        process's output, and a traceback written after that was lost (the reason never reached
+        the model log, under load: CI run of f2aba20)."""
+        try:
+            return self.load_model(otf._retrieve_load_msg(connection))
+        except Exception as error:
+            log.exception("Failed to load model: %s", error)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            cl_socket.sendall(otf.create_load_model_response(500, f"{type(error).__name__}: {error}"))
+            raise
+
     def handle_connection_async(self, cl_socket: socket.socket) -> None:
         """asyncCommunication: the model is loaded, then served (serve_generation), each request
         going to the handler's accept() as it arrives."""
@@ -164,7 +178,7 @@ class KitWorker(TorchModelServiceWorker):
         replies = Replies(cl_socket)
         if otf._retrieve_buffer(connection, 1) != otf.LOAD_MSG:
             raise RuntimeError("received an inference request before the model was loaded")
-        service, result, code = self.load_model(otf._retrieve_load_msg(connection))
+        service, result, code = self.load(connection, cl_socket)
         if code == 200 and not isinstance(handler_of(service), StreamingHandler):
             result, code = (
                 "asyncCommunication needs a StreamingHandler (handlers/streaming.py), as text generation's",
