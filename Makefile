@@ -118,8 +118,10 @@ test: test-unit test-ipex test-container test-e2e
 # A test process per CPU this process may use (its CPU set, capped by a cgroup quota: kit/topology.py).
 TEST_WORKERS ?= $(shell $(PY) -c 'from kit.topology import read_topology; t = read_topology(); \
 	print(max(1, min(len(t.cpus), int(t.quota or len(t.cpus)))))' 2>/dev/null || echo 1)
+# LEAN: Inductor's default cache, which only the unit tests fill (0.6 GB; servers use .cache/inductor).
 test-unit: install
 	@$(PY) -m pytest tests/unit -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	@$(if $(LEAN),rm -rf "$${TMPDIR:-/tmp}/torchinductor_$$(id -un)")
 
 # IPEX: its backend tests in .venv-ipex, and the e2e tests that serve from it (marker ipex), which
 # also build the archives they read (the bench's and your models' rows).

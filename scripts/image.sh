@@ -99,16 +99,32 @@ local_base() {
     rm -f "$tar"
 }
 
+# Where the build's temporaries go: podman stages each layer it commits under TMPDIR (/var/tmp by
+# default), 2.9 GB at the build's peak on top of the layers themselves. In memory (/dev/shm) when
+# it has room for them and the machine has memory to spare, the disk needs that much less.
+build_tmpdir() {
+    local shm_free_kb available_kb
+    shm_free_kb="$(df -Pk /dev/shm 2>/dev/null | awk 'NR == 2 {print $4}')"
+    available_kb="$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)"
+    if ((${shm_free_kb:-0} >= 4 * 1000 * 1000 && ${available_kb:-0} >= 8 * 1000 * 1000)); then
+        mktemp -d /dev/shm/kit-image-build.XXXXXX
+    else
+        echo "${TMPDIR:-/var/tmp}"
+    fi
+}
+
 build() {
-    local base="${BASE:-$LOCAL_BASE}" start=$SECONDS previous
+    local base="${BASE:-$LOCAL_BASE}" start=$SECONDS previous tmp
     [[ -n "$BASE" ]] || local_base
     previous="$("$BUILDER" image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
-    step "building $IMAGE from $base with $BUILDER"
+    tmp="$(build_tmpdir)"
+    step "building $IMAGE from $base with $BUILDER (temporaries in $tmp)"
     if [[ "$BUILDER" == podman ]]; then
         # --isolation=chroot: this sandbox cannot create the namespaces of podman's default
         # (OCI) isolation; where they exist, ISOLATION=oci builds the same image.
-        podman build --quiet --isolation="${ISOLATION:-chroot}" --build-arg BASE="$base" -t "$IMAGE" \
+        TMPDIR="$tmp" podman build --quiet --isolation="${ISOLATION:-chroot}" --build-arg BASE="$base" -t "$IMAGE" \
             -f "$CONTEXT/Containerfile" "$CONTEXT" >/dev/null || die "podman build failed; see the output above"
+        [[ "$tmp" == /dev/shm/* ]] && rm -rf "$tmp"
     else
         docker build --build-arg BASE="$base" -t "$IMAGE" "$CONTEXT" || die "docker build failed"
     fi
