@@ -90,17 +90,17 @@ image-context: archive
 # Container start to ready: compile at start, a warm Inductor cache volume, precompiled aoti-int8.
 image-start: IMAGE_VARIANTS := inductor,aoti-int8
 image-start: image
-	@$(PY) -m bench.container_start $(if $(MODELS),--models $(MODELS)) $(if $(ROUNDS),--rounds $(ROUNDS))
+	@$(PY) -m bench.studies.container_start $(if $(MODELS),--models $(MODELS)) $(if $(ROUNDS),--rounds $(ROUNDS))
 
 # The image handler's preprocessing per request, whole vs reduced JPEG decoding, by payload.
 bench-preprocess: install
-	@$(PY) -m bench.preprocess
+	@$(PY) -m bench.studies.preprocess
 
-# Which text length buckets pay: one mix of texts in-process per bucket set (bench/lengths.py).
+# Which text length buckets pay: one mix of texts in-process per bucket set (bench/studies/lengths.py).
 LENGTH_VARIANTS ?= inductor,openvino
 bench-lengths: VARIANTS = $(LENGTH_VARIANTS)
 bench-lengths: archive
-	@$(PY) -m bench.lengths $(if $(MODELS),--models $(MODELS)) $(if $(ROUNDS),--rounds $(ROUNDS)) --variants $(LENGTH_VARIANTS)
+	@$(PY) -m bench.studies.lengths $(if $(MODELS),--models $(MODELS)) $(if $(ROUNDS),--rounds $(ROUNDS)) --variants $(LENGTH_VARIANTS)
 
 # The archives the end-to-end part serves and checks. No test serves BERT's aoti-int8 (5 min to
 # build): MiniLM's covers a text model on that backend.
@@ -164,7 +164,7 @@ SOAK_SECONDS ?= 300
 # The bench builds the archives of the variants its plan names.
 # A plan is bench/plans/PLAN.yaml. PLAN=generate (kind: generate): a language model of yours
 # (MODELS=lm) streamed against FastAPI + generate, llama.cpp's server and OpenVINO GenAI
-# (bench/generate.py; llama.cpp is built, and OpenVINO GenAI's environment made, in .cache/peers/
+# (bench/generate/run.py; llama.cpp is built, and OpenVINO GenAI's environment made, in .cache/peers/
 # on first use), with ROUNDS= SECONDS= CONCURRENCY= PEERS= PRECISIONS= BACKENDS= over the file's.
 bench: install
 	@$(PY) -m bench --plan $(PLAN) $(if $(MODELS),--models $(MODELS)) $(if $(ROUNDS),--rounds $(ROUNDS)) \
@@ -179,7 +179,7 @@ tune: install
 
 # Soak at concurrency 8, kill -9 a worker under load, restart on a warm cache: bench/results/soak-<time>/.
 soak: archive
-	@$(PY) -m bench.soak --seconds $(SOAK_SECONDS) $(if $(MODELS),--models $(MODELS))
+	@$(PY) -m bench.soak.run --seconds $(SOAK_SECONDS) $(if $(MODELS),--models $(MODELS))
 
 # Which compiler stage breaks MODEL or changes its numbers; minified repro: logs/doctor/<model>-<time>/.
 doctor: VARIANTS := $(or $(VARIANT),inductor)

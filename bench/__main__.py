@@ -5,7 +5,7 @@
     .venv/bin/python -m bench --plan generate --models lm [--rounds 3 --seconds 60 --peers none ...]
 
 A plan is a file, bench/plans/NAME.yaml (or a path); its `kind` says which driver runs it: the
-serving rows below, or a language model against its peers (kind: generate, bench/generate.py),
+serving rows below, or a language model against its peers (kind: generate, bench/generate/run.py),
 whose settings the generate options override.
 
 Builds the archives the plan needs first (model_store/build.py skips the up-to-date ones).
@@ -24,21 +24,19 @@ from pathlib import Path
 
 import yaml
 
-from bench import generate
+from bench.generate import run as generate
+from bench.generate.tune import Tuning, tune_models
 from bench.plan import GENERATE, Plan, PlanError, load_plan, read_plan
 from bench.report import write_report
-from bench.results import BenchRun, RunEnvironment
+from bench.results import RESULTS, BenchRun, RunEnvironment
 from bench.runner import log, run_plan
 from bench.tune import write_tuned_preset
-from bench.tune_lm import Tuning, tune_models
-from bench.versus import run_rounds
-from bench.versus_report import write_versus_report
+from bench.versus.report import write_versus_report
+from bench.versus.rounds import run_rounds
 from handlers.typed_config import SettingsError
 from kit.models import Model, Task, check_models
 from kit.paths import ROOT
 from kit.variant import Variant
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def build_archives(plan: Plan) -> bool:
@@ -61,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="results directory (default: bench/results/<time>)")
     parser.add_argument("--models", default="", help="comma list: run the plan for these models instead of its own")
     parser.add_argument("--write-preset", default="", help="write the fastest layout as config/presets/NAME.yaml")
-    lm = parser.add_argument_group("language models (--write-preset): their variant and sequences (bench/tune_lm.py)")
+    lm = parser.add_argument_group(
+        "language models (--write-preset): their variant and sequences (bench/generate/tune.py)"
+    )
     lm.add_argument("--streams", type=int, default=Tuning.streams, help="the concurrent streams to tune for")
     lm.add_argument("--itl-ms", type=float, default=Tuning.itl_ms, help="the ITL p50 the choice must meet (0: none)")
     lm.add_argument("--lm-rounds", type=int, default=Tuning.rounds)
@@ -122,12 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     )
 
 
-# What a generate plan's file sets and the command line may override (bench/generate.py's options).
+# What a generate plan's file sets and the command line may override (bench/generate/run.py's options).
 GENERATE_OPTIONS = ("rounds", "seconds", "concurrency", "peers", "precisions", "backends")
 
 
 def generate_plan(name: str, raw: dict, args: argparse.Namespace) -> int:
-    """A kind: generate plan, run by bench/generate.py with the file's settings under the command line's."""
+    """A kind: generate plan, run by bench/generate/run.py with the file's settings under the command line's."""
     if not args.models:
         print(f"[bench] ERROR: plan {name!r} measures a language model of yours: give MODELS=lm", file=sys.stderr)
         return 2
@@ -162,7 +162,7 @@ def bench_plan(args: argparse.Namespace, models: list[str], command: str) -> tup
         f"(more on a cold compile cache); results in {out_dir}"
     )
     run = BenchRun(plan, command, RunEnvironment.capture())
-    # Rounds: the kit's rows and the served peers interleaved (bench/versus.py), their own report.
+    # Rounds: the kit's rows and the served peers interleaved (bench/versus/rounds.py), their own report.
     execute, report = (run_rounds, write_versus_report) if plan.run.rounds > 1 else (run_plan, write_report)
     try:
         execute(run, out_dir)

@@ -59,7 +59,7 @@ class Runtime(enum.StrEnum):
 
 
 class Framework(enum.StrEnum):
-    """The servers a user would write instead (bench/peer_apps.py; declared here, where plans
+    """The servers a user would write instead (bench/versus/apps.py; declared here, where plans
     name them, so reading a plan imports neither torch nor LitServe)."""
 
     FASTAPI = "fastapi"
@@ -68,7 +68,7 @@ class Framework(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class Peer:
-    """The same model in a runtime a user could pick instead of the kit (bench/peers.py runs it)."""
+    """The same model in a runtime a user could pick instead of the kit (bench/versus/runtimes.py runs it)."""
 
     runtime: Runtime
     precision: DType = DType.FLOAT32
@@ -85,7 +85,7 @@ SERVED_PEER_VARIANT = {DType.FLOAT32: "openvino", DType.BFLOAT16: "openvino-bf16
 
 @dataclasses.dataclass(frozen=True)
 class ServedPeer:
-    """A server a user would write instead of TorchServe (bench/peer_apps.py), on the kit's IR."""
+    """A server a user would write instead of TorchServe (bench/versus/apps.py), on the kit's IR."""
 
     framework: Framework
     precision: DType = DType.FLOAT32
@@ -121,7 +121,7 @@ class RunSettings:
     # Served rows record their workers' ITT ranges with the kit's collector (kit/itt.py): two
     # write(2)s per inference call (PLAN=versus measures its cost); a row's `itt` overrides it.
     itt: bool = True
-    # Interleaved rounds (bench/versus.py): each row and served peer once per round, medians reported.
+    # Interleaved rounds (bench/versus/rounds.py): each row and served peer once per round, medians reported.
     rounds: int = 1
     models: tuple[str, ...] = dataclasses.field(default_factory=lambda: tuple(model_names()))
     description: str = ""
@@ -195,7 +195,7 @@ class Plan:
         per_peer = 40 + self.run.in_process_seconds
         per_served_peer = 30 + self.run.seconds + self.run.warmup_seconds
         peers = len(self.peers) * per_peer + len(self.served_peers) * per_served_peer
-        if self.run.rounds > 1:  # bench/versus.py: served rows and served peers only, each once a round
+        if self.run.rounds > 1:  # bench/versus/rounds.py: served rows and served peers only, each once a round
             per_row = 45 + self.run.seconds + self.run.warmup_seconds
             peers = len(self.served_peers) * per_served_peer
         return self.run.rounds * (len(self.rows) * per_row + peers * len(self.run.models))
@@ -292,7 +292,7 @@ def parse_plan(
 
 
 # A plan's `kind`: which driver runs it. Serving plans (rows of configurations, ab) are the
-# default; a generate plan streams a language model against its peers (bench/generate.py).
+# default; a generate plan streams a language model against its peers (bench/generate/run.py).
 SERVE, GENERATE = "serve", "generate"
 
 

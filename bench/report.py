@@ -3,7 +3,7 @@
 write_report(out_dir, run)   # run: bench.results.BenchRun
 
 One module, because every table, target check and chart reads the same records (bench/results.py)
-and writes into the one report; the comparison with peers has its own (bench/versus_report.py).
+and writes into the one report; the comparison with peers has its own (bench/versus/report.py).
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING
 from kit.paths import ROOT
 from kit.topology import read_topology
 
+# Where every bench run writes: bench/results/<run>/ (not committed; latest links the newest).
+RESULTS = Path(__file__).resolve().parent / "results"
+
 if TYPE_CHECKING:  # the plan is what was run
     from bench.plan import Plan
 
@@ -102,9 +105,9 @@ class RowResult:
     worker_pss_mb: list[float] = dataclasses.field(default_factory=list)
     # The workers' time per stage of a call during the ab window (handlers/stages.py): stage ->
     # calls, requests, ms_per_request, cpu_ms_per_request, p50_ms, p99_ms; a served peer's decode,
-    # model and format (bench/peer_apps.py). Empty for in-process rows and TorchServe's own worker.
+    # model and format (bench/versus/apps.py). Empty for in-process rows and TorchServe's own worker.
     stages: dict[str, dict] = dataclasses.field(default_factory=dict)
-    round: int = 0  # interleaved rounds (bench/versus.py): which one measured this
+    round: int = 0  # interleaved rounds (bench/versus/rounds.py): which one measured this
 
 
 @dataclasses.dataclass

@@ -25,10 +25,10 @@ from bench.cpu_accounting import group_of
 from bench.inprocess import measure_in_process, worker_cpus
 from bench.metrics import requests_total, scrape, scrape_text, server_latency, worker_load_seconds
 from bench.payloads import Payload, write_payload
-from bench.peers import measure_peer
 from bench.plan import EAGER_VARIANT, Peer, Plan, Row, row_payload
 from bench.results import BenchRun, InProcessResult, Measured, RowFailure, RowResult, add_derived
-from bench.served_peers import peer_log, row_name, run_served_peer
+from bench.versus.runtimes import measure_peer
+from bench.versus.served import peer_log, row_name, run_served_peer
 from handlers.backends import cpu_refusal
 from handlers.itt import parse_range_name
 from handlers.stages import difference, summarize

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.soak import run_soak
-from bench.soak_report import SoakSettings
+from bench.soak.report import SoakSettings
+from bench.soak.run import run_soak
 
 pytestmark = pytest.mark.e2e
 

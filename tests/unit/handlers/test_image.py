@@ -126,7 +126,7 @@ def test_reduced_decoding_keeps_a_real_classifiers_answers():
     # 12 MP JPEGs. Every decisive answer of the whole decode (top-1 ahead by >= 0.05) is kept; a
     # view that changes is a near-tie, as under the noise floor (the whole decode resized bicubic)
     # that changes more (measured: 1 of 33 changed, margin 0.006; the floor 4, margin 0.009).
-    from bench.photo_agreement import compare, phone_views
+    from bench.studies.photo_agreement import compare, phone_views
 
     reduced, floor, _ = compare(phone_views(centred_only=True))
     assert reduced.views == 33 and reduced.decisive_views >= 20

@@ -1,0 +1,225 @@
+"""`make bench PLAN=generate MODELS=lm`: a language model served by the kit against what a user would
+run instead, streamed, at several concurrencies, in interleaved rounds.
+
+    .venv/bin/python -m bench.generate.run --model lm[,lm-other] [--rounds 3] [--seconds 60] [--concurrency 1,4,16]
+        [--peers fastapi,llama.cpp,openvino] [--precisions float32,bfloat16,int8] [--backends inductor,openvino]
+
+Rows, on the model file's own directory, at each precision (bench/generate/systems.py): the kit
+(TorchServe: `inductor`; where the CPU computes bf16, `inductor-bf16` and, on int8 weights,
+`inductor-bf16-woq`; with --backends openvino also on OpenVINO GenAI's pipeline in the kit's
+worker, `openvino`, `openvino-bf16`, `openvino-bf16-woq`); the FastAPI + transformers `generate` peer
+(bench/generate/fastapi_peer.py) at the float precisions; llama.cpp's server (bench/generate/llama_cpp.py: built
+from PyPI's llama-cpp-python source, the GGUF converted from the same directory; int8 is Q8_0),
+with as many parallel slots and as much context per slot as the kit serves; OpenVINO GenAI's
+continuous-batching pipeline (bench/generate/openvino_genai.py: exported from the same directory, in an
+environment of its own; int8 weights compressed at export), with as many sequences and as much
+KV cache. A kit precision whose worker does not start (its accuracy guard refused the model) is
+left out, said why. PEERS=none leaves the kit's rows alone. Several model files (the same
+directory with other handler settings, e.g. `prefill_chunk`) are each a kit row of their own, in
+the same rounds; the peers serve the first one's directory. Every server runs at once;
+each round measures every row at every concurrency, in a rotated order, with the same workload
+(bench/generate/streams.py): a mix of prompt and answer lengths, greedy, every answer its full length.
+The report gives medians over the rounds and their spread: output tokens/s, time to first token
+and inter-token latency (p50, p99), and each kit row against each peer's at its precision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.generate.streams import Ask, StreamStats, measure_streams
+from bench.generate.systems import FLOAT32, INDUCTOR, KIT, KIT_VARIANTS, PEERS, System, kit_system, kit_variants, log
+from bench.results import RESULTS
+from handlers.calibration import SENTENCES
+from kit.models import Model, Task
+from kit.paths import ROOT
+from kit.server import ServerError
+from kit.topology import read_topology
+
+WARMUP_S = 10
+# Prompts of about 20, 80 and 300 tokens, answers of 32 and 64: chat turns to RAG answers. A row
+# lasts until its last answer ends, and an unbatched peer writes 16 answers at once slowly.
+PROMPT_SENTENCES = (2, 8, 30)
+ANSWER_TOKENS = (32, 64)
+
+
+def workload() -> list[Ask]:
+    asks = []
+    for index, sentences in enumerate(PROMPT_SENTENCES):
+        prompt = " ".join(SENTENCES[(index + i) % len(SENTENCES)] for i in range(sentences))
+        asks += [Ask(prompt, tokens) for tokens in ANSWER_TOKENS]
+    return asks
+
+
+def median_stats(runs: list[StreamStats]) -> dict:
+    def spread(values: list[float]) -> dict:
+        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+    return {
+        "output_tokens_per_s": spread([r.output_tokens_per_s for r in runs]),
+        "ttft_ms_p50": spread([r.ttft_ms.p50 for r in runs]),
+        "ttft_ms_p99": spread([r.ttft_ms.p99 for r in runs]),
+        "itl_ms_p50": spread([r.itl_ms.p50 for r in runs]),
+        "itl_ms_p99": spread([r.itl_ms.p99 for r in runs]),
+        # Each round measures every row: a ratio between rows is taken round by round.
+        "output_tokens_per_s_by_round": [r.output_tokens_per_s for r in runs],
+        "requests": sum(r.requests for r in runs),
+        "errors": sum(r.errors for r in runs),
+    }
+
+
+def ratio(stats: dict, peer: dict | None) -> str:
+    """The median of the per-round ratios of output tokens/s, and their spread: hosts drift by
+    ±20 % over a run, and a ratio of medians can pair one row's good round with another's bad."""
+    if not peer:
+        return ""
+    # An interrupted run's last round may lack a row: pairs end with the shorter list.
+    pairs = zip(stats["output_tokens_per_s_by_round"], peer["output_tokens_per_s_by_round"], strict=False)
+    rounds = [ours / theirs for ours, theirs in pairs if theirs]
+    if not rounds:
+        return ""
+    return f"{statistics.median(rounds):.2f}× ({min(rounds):.2f}–{max(rounds):.2f})"
+
+
+NO_PEERS = "none"  # PEERS=none: the kit's rows alone (several model files, say)
+
+
+def report(results: dict, systems: dict[str, System], out: Path, header: str) -> str:
+    """A row per server and concurrency; each kit row against each peer's row at its precision."""
+    peers = [peer for peer in PEERS if any(system.server == peer for system in systems.values())]
+    ratios = "".join(f" × {PEERS[peer].title}, by round (min–max) |" for peer in peers)
+    lines = [
+        header,
+        "",
+        f"| concurrency | row | output tokens/s (min–max) |{ratios} TTFT p50 ms | ITL p50 ms | ITL p99 ms | errors |",
+        "|---|---|---|" + "---|" * len(peers) + "---|---|---|---|",
+    ]
+    for concurrency, rows in results.items():
+        for name, stats in rows.items():
+            precision = systems[name].precision
+            same = {systems[row].server: rows[row] for row in rows if systems[row].precision == precision}
+            kit = systems[name].server == KIT
+            tps = stats["output_tokens_per_s"]
+            against = "".join(f" {ratio(stats, same.get(peer)) if kit else ''} |" for peer in peers)
+            lines.append(
+                f"| {concurrency} | {name} | {tps['median']:.1f} ({tps['min']:.1f}–{tps['max']:.1f}) |{against} "
+                f"{stats['ttft_ms_p50']['median']:.0f} | {stats['itl_ms_p50']['median']:.0f} | {stats['itl_ms_p99']['median']:.0f} | {stats['errors']} |"
+            )
+    text = "\n".join(lines) + "\n"
+    (out / "report.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--model", required=True, help="text-generation model files, comma-separated (make model NAME=... SRC=...)"
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument(
+        "--precisions", default="", help=f"rows of {', '.join(KIT_VARIANTS[INDUCTOR])} (default: each this CPU serves)"
+    )
+    parser.add_argument(
+        "--backends", default=INDUCTOR, help=f"the kit's rows on {', '.join(KIT_VARIANTS)} (each at every precision)"
+    )
+    parser.add_argument("--peers", default=",".join(PEERS), help=f"of {', '.join(PEERS)}; none: the kit's rows alone")
+    args = parser.parse_args(argv)
+    models = [Model.load(name) for name in args.model.split(",") if name]
+    if others := [f"{m.name} ({m.task.value})" for m in models if m.task is not Task.TEXT_GENERATION]:
+        log(f"ERROR: PLAN=generate measures text-generation models, not {', '.join(others)}")
+        return 2
+    model = models[0]  # the peers serve its directory
+    peers = [peer for peer in args.peers.split(",") if peer and peer != NO_PEERS]
+    if unknown := sorted(set(peers) - set(PEERS)):
+        log(f"ERROR: no peer {unknown}; PEERS= takes {', '.join(PEERS)}")
+        return 2
+    backends = [b for b in args.backends.split(",") if b]
+    if unknown := sorted(set(backends) - set(KIT_VARIANTS)):
+        log(f"ERROR: no kit backend {unknown}; BACKENDS= takes {', '.join(KIT_VARIANTS)}")
+        return 2
+    served = kit_variants()
+    precisions = [p for p in args.precisions.split(",") if p] if args.precisions else list(served)
+    if unserved := [p for p in precisions if p not in served]:
+        log(f"ERROR: no kit variant serves {unserved} on this CPU; it serves {', '.join(served)}")
+        return 2
+    rows = [(kit_variants(backend)[p], p) for backend in backends for p in precisions]
+    # The inductor float32 archive is built whatever is measured: the peers take its settings.
+    variants = dict.fromkeys([KIT_VARIANTS[INDUCTOR][FLOAT32]] + [variant for variant, _ in rows])
+    build = [
+        sys.executable,
+        "-m",
+        "model_store.build",
+        "--models",
+        ",".join(m.name for m in models),
+        "--variants",
+        ",".join(variants),
+    ]
+    if subprocess.run(build, cwd=ROOT).returncode != 0:
+        return 1
+    out = RESULTS / f"generate-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True)
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    systems: list[System] = []
+    results: dict[int, dict[str, list[StreamStats]]] = {c: {} for c in concurrencies}
+    asks = workload()
+    try:
+        for kit_model in models:
+            for variant, precision in rows:
+                started_at = time.monotonic()
+                try:
+                    systems.append(kit_system(kit_model, variant, precision, out, named=len(models) > 1))
+                except ServerError as error:
+                    # The accuracy guard refused the precision on this model: no row, said why.
+                    log(f"kit {variant} for {kit_model.name} did not start, left out: {error}")
+                    continue
+                log(f"{systems[-1].name}: its worker started in {time.monotonic() - started_at:.0f} s")
+        for peer in peers:
+            for precision in [p for p in precisions if p in PEERS[peer].precisions]:
+                log(f"starting {peer} at {precision}")
+                systems.append(PEERS[peer].start(model, precision, out))
+        for system in systems:
+            log(f"warming up {system.name}")
+            measure_streams(system.url, system.model, asks, 2, WARMUP_S)
+        for round_ in range(args.rounds):
+            order = systems[round_ % len(systems) :] + systems[: round_ % len(systems)]
+            for concurrency in concurrencies:
+                for system in order:
+                    stats = measure_streams(system.url, system.model, asks, concurrency, args.seconds)
+                    results[concurrency].setdefault(system.name, []).append(stats)
+                    log(f"round {round_ + 1}/{args.rounds} c={concurrency} {system.name}: {stats.summary()}")
+    except KeyboardInterrupt:
+        log("interrupted: the report has the rows measured so far")
+    finally:
+        for system in systems:
+            system.stop()
+    summary = {c: {name: median_stats(runs) for name, runs in rows.items()} for c, rows in results.items() if rows}
+    by_name = {system.name: system for system in systems}
+    topology = read_topology()
+    header = (
+        f"# PLAN=generate: {', '.join(m.name for m in models)} ({model.source.location})\n\n`{' '.join(sys.argv)}`; {args.rounds} rounds of "
+        f"{args.seconds:.0f} s per row and concurrency; CPU: {topology.model_name} ({len(topology.cpus)} CPUs usable)."
+    )
+    (out / "results.json").write_text(
+        json.dumps(
+            {
+                "command": sys.argv,
+                "rows": {s.name: {"server": s.server, "precision": s.precision} for s in systems},
+                "summary": summary,
+            },
+            indent=2,
+        )
+    )
+    print(report(summary, by_name, out, header))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""A streaming load generator for generative servers: concurrent clients of OpenAI's completions API.
+
+    stats = measure_streams(url, model, workload, concurrency=4, seconds=60)
+    stats.output_tokens_per_s, stats.ttft_ms.p50, stats.itl_ms.p99
+
+Each client sends the workload's requests in turn (`stream: true`, usage included, `ignore_eos`
+so every server writes the same number of tokens), keeping `concurrency` streams open for
+`seconds`. Measured per request: time to first token (request sent -> first text chunk), the gaps
+between text chunks (inter-token latency: a chunk is a token, or the few a held-back character
+needed), and the output tokens the server's usage reports. Tokens per second are every answered
+request's tokens over the window, which lasts until the last request ends (a request is never
+abandoned: its server would go on generating into the next measurement). What every server here
+speaks: the kit, the FastAPI peer (bench/generate/fastapi_peer.py) and llama.cpp's server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import statistics
+import threading
+import time
+from collections.abc import Sequence
+
+import requests
+
+TIMEOUT_S = 600
+SERIALS = itertools.count()  # every request's number in this process (Ask.body)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ask:
+    """One request of a workload: a prompt and how many tokens to write."""
+
+    prompt: str
+    max_tokens: int
+
+    def body(self, model: str, serial: int) -> dict:
+        # The request's number in this process opens its prompt: no two prompts of a run share a
+        # prefix, so no server answers from what it cached of an earlier one (llama.cpp keeps
+        # earlier prompts and reuses a matching prefix), as no server could for users' prompts.
+        return {
+            "model": model,
+            "prompt": f"{serial}. {self.prompt}",
+            "max_tokens": self.max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Spread:
+    p50: float
+    p99: float
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        if not values:
+            return cls(float("nan"), float("nan"))
+        ordered = sorted(values)
+        return cls(statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))])
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamStats:
+    concurrency: int
+    seconds: float
+    requests: int
+    output_tokens: int
+    ttft_ms: Spread
+    itl_ms: Spread
+    errors: int
+    first_error: str = ""  # what the first failed request got, to say why a row has errors
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+    def summary(self) -> str:
+        """One line for a log: what a measurement gave, and why its failed requests failed."""
+        text = (
+            f"{self.output_tokens_per_s:.1f} tokens/s, TTFT p50 {self.ttft_ms.p50:.0f} ms, "
+            f"ITL p50 {self.itl_ms.p50:.0f} ms, {self.errors} errors"
+        )
+        return text + (f" (the first: {self.first_error[:200]})" if self.errors else "")
+
+
+@dataclasses.dataclass
+class Record:
+    started: float
+    first: float | None = None
+    ended: float | None = None
+    gaps: list[float] = dataclasses.field(default_factory=list)
+    tokens: int = 0
+    error: str = ""
+
+
+def stream_one(session: requests.Session, url: str, body: dict) -> Record:
+    record = Record(time.perf_counter())
+    last = None
+    try:
+        with session.post(url, json=body, stream=True, timeout=TIMEOUT_S) as response:
+            if response.status_code != 200:
+                record.error = f"{response.status_code}: {response.text[:200]}"
+                return record
+            for line in response.iter_lines():
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                event = json.loads(line[len(b"data: ") :])
+                now = time.perf_counter()
+                if event.get("usage"):
+                    record.tokens = int(event["usage"]["completion_tokens"])
+                if any(choice.get("text") for choice in event.get("choices") or ()):
+                    if last is None:
+                        record.first = now
+                    else:
+                        record.gaps.append(now - last)
+                    last = now
+    except requests.RequestException as error:
+        record.error = str(error)
+    record.ended = time.perf_counter()
+    return record
+
+
+def measure_streams(url: str, model: str, workload: Sequence[Ask], concurrency: int, seconds: float) -> StreamStats:
+    """`concurrency` clients streaming the workload for `seconds`; requests ending inside count."""
+    start = time.perf_counter()
+    deadline = start + seconds
+    records: list[Record] = []
+    lock = threading.Lock()
+
+    def client(offset: int) -> None:
+        index = offset
+        while time.perf_counter() < deadline:
+            # A connection per request: llama.cpp's HTTP server closes a kept-alive connection after
+            # a few requests, and a request sent as it closes fails with no answer at all.
+            with requests.Session() as session:
+                body = workload[index % len(workload)].body(model, next(SERIALS))
+                record = stream_one(session, url, body)
+            with lock:
+                records.append(record)
+            index += concurrency
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    window = time.perf_counter() - start  # the last requests run past the deadline: the window holds them
+    done = [r for r in records if not r.error]
+    return StreamStats(
+        concurrency=concurrency,
+        seconds=window,
+        requests=len(done),
+        output_tokens=sum(r.tokens for r in done),
+        ttft_ms=Spread.of([1000 * (r.first - r.started) for r in done if r.first is not None]),
+        itl_ms=Spread.of([1000 * gap for r in done for gap in r.gaps]),
+        errors=len(records) - len(done),
+        first_error=next((r.error for r in records if r.error), ""),
+    )

@@ -1,0 +1,1 @@
+"""bench/soak/: soak, worker kill and restart under load (make soak)."""

@@ -1,0 +1,1 @@
+"""bench/studies/: one-off measurements that decide a setting (preprocessing, length buckets, container start)."""

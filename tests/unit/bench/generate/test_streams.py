@@ -1,0 +1,89 @@
+"""bench/generate/streams.py against a real HTTP server that streams OpenAI completion events at a known pace."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+
+import pytest
+
+from bench.generate.streams import Ask, Spread, StreamStats, measure_streams
+
+# Far apart: the bounds below tell the first chunk from the second, and one gap from two.
+TOKENS, GAP_S, FIRST_S = 5, 0.1, 0.2
+
+
+class Completions(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    prompts: list[str] = []
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.prompts.append(body["prompt"])
+        if body["prompt"].endswith("bad"):
+            self.send_response(400)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+            return
+        assert body["stream"] and body["ignore_eos"] and body["stream_options"] == {"include_usage": True}
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        time.sleep(FIRST_S)
+        events = [{"choices": [{"text": f"t{i}"}]} for i in range(TOKENS)] + [
+            {"choices": [], "usage": {"completion_tokens": TOKENS}}
+        ]
+        for index, event in enumerate(events):
+            data = b"data: " + json.dumps(event).encode() + b"\n\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+            if index < TOKENS - 1:
+                time.sleep(GAP_S)
+        done = b"data: [DONE]\n\n"
+        self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+
+@pytest.fixture(scope="module")
+def url():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Completions)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
+    server.shutdown()
+
+
+def test_first_token_gaps_and_tokens_are_measured_per_stream(url):
+    stats = measure_streams(url, "m", [Ask("hello", TOKENS)], concurrency=2, seconds=0.8)
+    assert stats.requests >= 2 and stats.errors == 0
+    assert stats.output_tokens == TOKENS * stats.requests  # the server's usage, not a count of chunks
+    assert FIRST_S * 1000 <= stats.ttft_ms.p50 < (FIRST_S + GAP_S) * 1000
+    assert GAP_S * 1000 <= stats.itl_ms.p50 < 2 * GAP_S * 1000
+    assert stats.output_tokens_per_s == pytest.approx(stats.output_tokens / stats.seconds)
+
+
+def test_a_refused_request_is_an_error_not_a_measurement(url):
+    stats = measure_streams(url, "m", [Ask("bad", TOKENS)], concurrency=1, seconds=0.2)
+    assert stats.requests == 0 and stats.errors >= 1 and stats.output_tokens == 0
+    assert stats.first_error == "400: {}"
+
+
+def test_no_two_requests_of_a_run_send_the_same_prompt_and_each_ends_with_the_workloads(url):
+    Completions.prompts.clear()
+    for _ in range(2):  # a row measured again (the next round) sends new prompts too
+        measure_streams(url, "m", [Ask("one", 1), Ask("two", 1)], concurrency=2, seconds=0.8)
+    assert len(Completions.prompts) >= 8  # each client sent at least twice per row, and both asks went out
+    assert len(set(Completions.prompts)) == len(Completions.prompts)
+    assert {prompt.split(" ", 1)[1] for prompt in Completions.prompts} == {"one", "two"}
+
+
+def test_a_measurement_says_in_one_line_what_it_gave_and_why_requests_failed():
+    ok = StreamStats(4, 10.0, 8, 125, Spread(210.4, 400.0), Spread(49.6, 90.0), 0)
+    assert ok.summary() == "12.5 tokens/s, TTFT p50 210 ms, ITL p50 50 ms, 0 errors"
+    failed = StreamStats(4, 10.0, 8, 125, Spread(210.4, 400.0), Spread(49.6, 90.0), 2, "503: " + "x" * 300)
+    assert failed.summary().endswith(f"2 errors (the first: 503: {'x' * 195})")
