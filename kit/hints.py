@@ -16,16 +16,15 @@ from kit.models import Model, Task
 from kit.server import Server
 from kit.server_api import KEY_FILE
 
-Hint = Callable[[str, str], list[str]]  # (the model's URL, curl's auth option) -> lines
+Hint = Callable[[str, str, str], list[str]]  # (the model's name, its URL, curl's auth option) -> lines
 
 
 def curl(body: str) -> Hint:
     # curl needs a Content-Type with --data: its default is a form, which TorchServe answers 500.
-    return lambda url, auth: [f"curl{auth} {body} {url}"]
+    return lambda name, url, auth: [f"curl{auth} {body} {url}"]
 
 
-def chat(url: str, auth: str) -> list[str]:
-    name = url.rsplit("/", 1)[-1]
+def chat(name: str, url: str, auth: str) -> list[str]:
     message = json.dumps({"model": name, "messages": [{"role": "user", "content": "Hello"}], "stream": True})
     # The Python line reads the key from $KEY (export it, as above), else sends none.
     return [
@@ -59,5 +58,5 @@ def print_endpoints(server: Server) -> None:
     auth = ' -H "Authorization: Bearer $KEY"' if c.token_auth_enabled else ""
     print("[serve] try:")
     for name in c.models:
-        for line in HINTS[Model.load(name).task](server.api.url("inference", f"/predictions/{name}"), auth):
+        for line in HINTS[Model.load(name).task](name, server.api.url("inference", f"/predictions/{name}"), auth):
             print(f"  {line}")

@@ -1,7 +1,7 @@
 """A serving layout's records: what the plan (kit/plan.py) decides, and what a server reads back.
 
     layout = Layout.from_dict(json.loads(Path("logs/layout.json").read_text()))
-    layout.models["bert"].workers[0]        # WorkerPlan(cpus=(4,), threads=1, numa_node=0)
+    layout.models[name].workers[0]          # WorkerPlan(cpus=(4,), threads=1, numa_node=0)
 
 A model's demand on the machine (Demand), each worker's CPUs (WorkerPlan), each model's workers
 (ModelPlan), the memory the layout is expected to hold against its budget (MemoryPlan), and the
@@ -79,7 +79,7 @@ INTERLEAVED = -1
 @dataclasses.dataclass(frozen=True)
 class Demand:
     model: str
-    share: float = 1.0  # relative traffic: bert=2 gets twice resnet50's cores
+    share: float = 1.0  # relative traffic: a model with share 2 gets twice the cores of one with 1
     allocator: str = PREFERRED_ALLOCATOR.value  # preloaded into its workers (its backend's; OpenVINO: "default")
     footprint: Footprint | None = None  # one warmed worker's memory; None: never measured
     grouping: Grouping = Grouping.OBJECTIVE
@@ -88,14 +88,15 @@ class Demand:
 
     @classmethod
     def parse(cls, text: str) -> Demand:
-        """ "bert=2" or "bert"."""
+        """ "NAME=2" or "NAME"."""
         name, _, share = text.partition("=")
+        example = f"{name.strip() or 'NAME'}=2"  # the right spelling of what was given
         try:
             demand = cls(name.strip(), float(share) if share else 1.0)
         except ValueError:
-            raise PlanError(f"model {text!r}: the traffic share after '=' must be a number, e.g. bert=2") from None
+            raise PlanError(f"model {text!r}: the traffic share after '=' must be a number, e.g. {example}") from None
         if not demand.model or not demand.share > 0:
-            raise PlanError(f"model {text!r}: need a name and a share > 0, e.g. bert=2")
+            raise PlanError(f"model {text!r}: need a name and a share > 0, e.g. {example}")
         return demand
 
 

@@ -16,7 +16,7 @@ def test_every_task_has_a_call_to_try():
 
 
 def test_a_language_model_is_tried_with_openai_calls_and_the_key_when_auth_is_on():
-    curl, python = HINTS[Task.TEXT_GENERATION](URL, ' -H "Authorization: Bearer $KEY"')
+    curl, python = HINTS[Task.TEXT_GENERATION]("mine", URL, ' -H "Authorization: Bearer $KEY"')
     argv = shlex.split(curl)
     assert argv[-1] == f"{URL}/1.0/v1/chat/completions" and "Authorization: Bearer $KEY" in argv
     body = json.loads(argv[argv.index("--data") + 1])
@@ -27,5 +27,5 @@ def test_a_language_model_is_tried_with_openai_calls_and_the_key_when_auth_is_on
 
 
 def test_a_classifier_is_tried_with_a_content_type():
-    (line,) = HINTS[Task.TEXT_CLASSIFICATION](URL, "")
+    (line,) = HINTS[Task.TEXT_CLASSIFICATION]("mine", URL, "")
     assert "Content-Type: text/plain" in line and line.endswith(URL)

@@ -90,7 +90,7 @@ def test_latency_runs_one_worker_per_l3_domain():
 
 
 def test_bad_plan_inputs_name_the_problem():
-    with pytest.raises(PlanError, match="bert=two.*must be a number"):
+    with pytest.raises(PlanError, match="bert=two.*must be a number, e.g. bert=2"):
         Demand.parse("bert=two")
     with pytest.raises(PlanError, match="named twice"):
         plan_layout(MACHINES["this-vm"], [Demand("bert"), Demand("bert")])
