@@ -335,18 +335,21 @@ class GenerationSettings(OptimizationSettings):
     # per sequence. `make model` sets the model's own (config.json, the tokenizer); lower it to
     # fit more sequences into memory.
     context_length: int = 2048
-    # Sequences generated at once by each worker: the KV cache has this many rows.
-    max_sequences: int = 8
+    # Sequences generated at once by each worker (a step computes them all); more wait in the
+    # queue. The KV cache holds this many whole contexts, in blocks handed out as sequences grow
+    # (handlers/generation/engine.py): memory grows with the tokens in flight, not this number.
+    max_sequences: int = 16
     # A request that names no max_new_tokens (max_tokens) gets this many at most.
     max_new_tokens: int = 256
     # Requests waiting for a free sequence beyond which a request gets a 503.
     max_waiting: int = 64
     # Prompt tokens a step computes at most, between the decode steps of the sequences in flight
-    # (chunked prefill, handlers/generation/engine.py): a long prompt, or many at once, then delays
-    # every stream by this many tokens' compute a step, not by all of them. 0: each prompt whole,
-    # the default: a sequence whose prompt is in parts holds its slot through steps that give it no
-    # token, and cost tokens/s at 16 streams (`make bench PLAN=generate`, docs/generation.md).
-    prefill_chunk: int = 0
+    # (chunked prefill): a long prompt, or many at once, then delays every stream by this many
+    # tokens' compute a step, not by all of them. 0: each prompt whole as it is admitted.
+    prefill_chunk: int = 256
+    # A prompt that begins with blocks of tokens another request left in the cache (a shared
+    # system prompt, a conversation's earlier turns) computes only the rest (prefix caching).
+    prefix_caching: bool = True
     # TorchServe's protocol for the requests (Batching): `continuous` ends a sequence whose client
     # went away, with one worker; `async` runs it to its end, with a worker per L3 domain.
     batching: Batching = Batching.CONTINUOUS

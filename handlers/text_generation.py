@@ -12,8 +12,8 @@ followed the step before (`after_step`). `initialize` makes the engine its backe
 (a reduced one judged against float32 first: the accuracy guard, handlers/generation/agreement.py)
 on the kit's engine; for
 openvino, the IR `make archive` exported and judged, on OpenVINO GenAI's pipeline. Either
-allocates the KV cache for `max_sequences` x `context_length`, and generates once through every
-path before the first request.
+sizes its paged KV cache for `max_sequences` x `context_length` positions, and generates once
+through every path before the first request.
 """
 
 from __future__ import annotations
@@ -31,12 +31,14 @@ from ts.utils.util import PredictionException
 from handlers.backends import BACKENDS, Backend
 from handlers.generation import agreement, api, openvino_engine
 from handlers.generation.cache import TORCH_DTYPES
-from handlers.generation.engine import SPAN_STEP, Discard, Engine, Generation, QueueFull, prompt_chunk
+from handlers.generation.engine import Engine, prompt_chunk
 from handlers.generation.openvino_engine import OpenVinoEngine, Pipeline
 from handlers.generation.packed_linear import can_pack, pack_linears
 from handlers.generation.quantized import int8_weights
 from handlers.generation.respond import Responder, refuse
+from handlers.generation.runner import SPAN_STEP
 from handlers.generation.sampling import Sampling
+from handlers.generation.scheduler import Discard, Generation, QueueFull
 from handlers.loaders import load_model
 from handlers.optimize import RecompileWatch
 from handlers.payload import HTTP_BAD_REQUEST, URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
@@ -94,13 +96,16 @@ class TextGenerationHandler(StreamingHandler):
         load_seconds = time.perf_counter() - start
         warm_seconds = self.warm_up()
         log.info(
-            "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB weights=%s eos=%s load=%.1fs warmup=%.1fs",
+            "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB (paged, resident as used) "
+            "prefill_chunk=%d prefix_caching=%s weights=%s eos=%s load=%.1fs warmup=%.1fs",
             self.model_name,
             settings.backend.value,
             settings.dtype.value,
             settings.max_sequences,
             settings.context_length,
             self.engine.cache_bytes / 1e6,
+            self.engine.prefill_chunk,
+            "on" if settings.prefix_caching else "off",
             settings.weights.value,
             sorted(eos),
             load_seconds,
@@ -146,6 +151,7 @@ class TextGenerationHandler(StreamingHandler):
             self.model_name,
             settings.itt,
             settings.prefill_chunk,
+            prefix_caching=settings.prefix_caching,
         )
 
     def openvino_engine(self, model_dir: Path, eos: set[int]) -> OpenVinoEngine:
@@ -158,6 +164,7 @@ class TextGenerationHandler(StreamingHandler):
             settings.context_length,
             prompt_chunk(settings.prefill_chunk),
             torch.get_num_threads(),  # the launcher's
+            settings.prefix_caching,
         )
         return OpenVinoEngine(
             pipeline,

@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from handlers import openai_shapes
-from handlers.generation.engine import Finish, Generation
 from handlers.generation.sampling import Sampling, integer
+from handlers.generation.scheduler import Finish, Generation
 from handlers.payload import InvalidInput
 from handlers.payload import error_body as kit_error_body
 

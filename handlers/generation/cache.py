@@ -1,20 +1,26 @@
-"""A KV cache of fixed slots, allocated once: one row per sequence in flight, `context` positions each.
+"""The KV cache in blocks (blocks.py says who holds which): what transformers' layers write and read.
 
-    cache = SlotCache(slots=8, context=2048, dtype=torch.float32)
-    cache.select(rows=slice(0, 4), positions=torch.tensor([[17], [3], [0], [40]]), kv_length=64)
+    cache = PagedCache(KvShape.of(config), blocks=512, block_size=16, dtype=torch.float32)
+    cache.select(write=torch.tensor([35, 36]), read=torch.tensor([[16, 17, ..., 36]]))
     model(input_ids, position_ids=positions, attention_mask=mask, past_key_values=cache)
 
-transformers' attention layers call `update(keys, values, layer)` with this step's keys and values
-and attend over what it returns. Each row writes at its own positions (sequences of different
-lengths share one forward), and the layers attend over the first `kv_length` positions of the
-selected rows: views of the buffers, never a copy. Positions past a row's own length hold stale
-values; the caller's mask hides them (engine.py), and the row's next tokens overwrite them.
-The buffers take their shape from the first update (kv heads and head size as the model computes
-them), which the engine's warm-up makes before serving.
+Each layer's keys and values are one buffer of blocks x block_size positions, a cache slot
+each. transformers' attention layers call `update(keys, values, layer)` with this step's keys
+and values: token i of the step (rows flattened) is written at slot `write[i]`, and the layer
+attends over `read` [rows, kv]: row r's kv positions, gathered from the slots its block table
+names. Positions past a row's own length read a slot the caller's mask hides (engine.py).
+
+The buffers are allocated at the start but not touched (calloc: the kernel maps a page when it
+is first written), so the worker's memory grows with the blocks the load uses, not with the
+cache's size; the blocks are handed out lowest first (blocks.py) to keep it so.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
+import numpy
 import torch
 
 from handlers.backends import DType
@@ -28,52 +34,69 @@ with torchao_import():  # transformers' modeling code imports torchao when it is
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16}
 
 
+@dataclasses.dataclass(frozen=True)
+class KvShape:
+    """What one position of a sequence holds in every layer, as the model's attention computes it."""
+
+    layers: int
+    kv_heads: int
+    head_size: int
+
+    @classmethod
+    def of(cls, config: PretrainedConfig) -> KvShape:
+        text = config.get_text_config()
+        heads = text.num_attention_heads
+        kv_heads = getattr(text, "num_key_value_heads", None) or heads
+        head_size = getattr(text, "head_dim", None) or text.hidden_size // heads
+        return cls(text.num_hidden_layers, kv_heads, head_size)
+
+    def token_bytes(self, dtype: torch.dtype) -> int:
+        """Keys and values of every layer, for one position."""
+        return self.layers * 2 * self.kv_heads * self.head_size * dtype.itemsize
+
+
 def row_bytes(config: PretrainedConfig, context: int, dtype: torch.dtype) -> int:
-    """What one sequence's row of a SlotCache holds: keys and values of every layer, as the
-    model's attention computes them (kv heads x head size), for `context` positions."""
-    text = config.get_text_config()
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_size = getattr(text, "head_dim", None) or text.hidden_size // heads
-    return text.num_hidden_layers * 2 * kv_heads * head_size * context * dtype.itemsize
+    """What one sequence of `context` positions holds: the plan's count of a sequence's KV."""
+    return KvShape.of(config).token_bytes(dtype) * context
 
 
-class SlotCache(Cache):
-    def __init__(self, slots: int, context: int, dtype: torch.dtype):
+def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeros whose pages are mapped when first written: numpy's zeros are calloc's (torch's
+    would write every byte, making the whole cache resident at once)."""
+    raw = numpy.zeros(math.prod(shape) * dtype.itemsize, dtype=numpy.uint8)
+    return torch.from_numpy(raw).view(dtype).view(shape)
+
+
+class PagedCache(Cache):
+    def __init__(self, shape: KvShape, blocks: int, block_size: int, dtype: torch.dtype):
         super().__init__(layers=[])
-        self.slots, self.context, self.dtype = slots, context, dtype
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-        self.rows = slice(0, slots)
-        self.row_index = torch.arange(slots)[:, None]
-        self.positions = torch.zeros(slots, 1, dtype=torch.long)
-        self.kv_length = context
+        self.shape, self.dtype = shape, dtype
+        slots = blocks * block_size
+        self.keys = [untouched_zeros((slots, shape.kv_heads, shape.head_size), dtype) for _ in range(shape.layers)]
+        self.values = [untouched_zeros((slots, shape.kv_heads, shape.head_size), dtype) for _ in range(shape.layers)]
+        self.write = torch.zeros(1, dtype=torch.long)
+        self.read = torch.zeros(1, 1, dtype=torch.long)
 
-    def select(self, rows: slice, positions: torch.Tensor, kv_length: int) -> None:
-        """What the next forward computes: these slots, at these positions [rows, tokens], attending
-        over the first kv_length positions."""
-        self.rows, self.positions, self.kv_length = rows, positions, kv_length
-        self.row_index = torch.arange(rows.start, rows.stop)[:, None]
-
-    def select_tokens(self, slots: torch.Tensor, positions: torch.Tensor, kv_length: int) -> None:
-        """A forward of one row whose tokens go to several slots (attention.Mixed): token i to
-        slot slots[0, i] at positions[0, i]; layers get every slot's first kv_length positions."""
-        self.rows, self.row_index, self.positions, self.kv_length = slice(0, self.slots), slots, positions, kv_length
+    def select(self, write: torch.Tensor, read: torch.Tensor) -> None:
+        """What the next forward computes: its tokens' slots [tokens] (rows flattened), and the
+        slots each row attends over [rows, kv]."""
+        self.write, self.read = write, read
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        # key_states, value_states: [rows, kv_heads, tokens, head_dim]
-        if layer_idx == len(self.keys):
-            shape = (self.slots, key_states.shape[1], self.context, key_states.shape[3])
-            self.keys.append(torch.zeros(shape, dtype=self.dtype))
-            self.values.append(torch.zeros(shape, dtype=self.dtype))
+        # key_states, value_states: [rows, kv_heads, tokens, head_dim] -> [rows x tokens, kv_heads, head_dim]
         keys, values = self.keys[layer_idx], self.values[layer_idx]
-        # [rows, 1] (or [1, tokens]) and [rows, tokens] index [rows, tokens, kv_heads, head_dim]
-        keys[self.row_index, :, self.positions] = key_states.transpose(1, 2).to(self.dtype)
-        values[self.row_index, :, self.positions] = value_states.transpose(1, 2).to(self.dtype)
-        return keys[self.rows, :, : self.kv_length], values[self.rows, :, : self.kv_length]
+        if key_states.shape[1] != keys.shape[1] or key_states.shape[3] != keys.shape[2]:
+            raise ValueError(
+                f"layer {layer_idx} computes keys of {key_states.shape[1]} heads x {key_states.shape[3]}, "
+                f"not the {keys.shape[1]} x {keys.shape[2]} its config.json says: the kit's cache cannot hold them"
+            )
+        keys[self.write] = key_states.transpose(1, 2).flatten(0, 1).to(self.dtype)
+        values[self.write] = value_states.transpose(1, 2).flatten(0, 1).to(self.dtype)
+        # [rows, kv, kv_heads, head_dim] -> [rows, kv_heads, kv, head_dim]
+        return keys[self.read].transpose(1, 2), values[self.read].transpose(1, 2)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.kv_length
+        return self.read.shape[-1]
 
     @property
     def is_compileable(self) -> bool:
@@ -81,4 +104,5 @@ class SlotCache(Cache):
 
     @property
     def bytes(self) -> int:
+        """The cache's size (its resident part is what the blocks in use have touched)."""
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))

@@ -1,132 +1,42 @@
-"""Continuous batching: every sequence in flight advances one token per step; new ones join between steps.
+"""Continuous batching on a torch model: every sequence in flight advances a token a step; new ones join between steps.
 
-    engine = Engine(model, decode=tokenizer.decode, eos={2}, slots=8, context=2048, dtype=torch.float32)
+    engine = Engine(model, decode=tokenizer.decode, eos={2}, slots=16, context=2048, dtype=torch.float32,
+                    prefill_chunk=128)
     sequence = engine.submit(Generation(prompt_ids, max_new_tokens=64, sampling=Sampling()), sink, key="r1")
     engine.run_forever()           # in a thread of its own (handlers/text_generation.py)
-    engine.cancel("r1")            # the client went away: its slot is free at the next step
+    engine.cancel("r1")            # the client went away: its blocks are free at the next step
 
-A step admits waiting sequences into free slots, computes prompts ("prefill": a forward per
-sequence, whose last position yields its first token), at most `prefill_chunk` prompt tokens a
-step, and advances the sequences whose prompts are done by one token ("decode": row r feeds slot
-r's last token at its own position and attends over its own cache row). Where the model's
-attention is transformers' pluggable kind (attention.py), the first prompt's part and the decode
-rows are one forward (a mixed step): on CPU a decode step costs mostly the read of the weights,
-which the prompt's forward makes anyway. A prompt longer than what is left of a step's chunk is
-computed over several steps, a part each, attending over the parts before it: a long prompt
-delays the streams in flight by a chunk a step, not by its whole length at once (chunked
-prefill; 0 computes each prompt whole as it is admitted). A sequence leaves when it meets an
-end-of-sequence token, a stop string, its max_new_tokens or the context, or is cancelled; its
-slot is free for the next step. The KV cache is allocated once (cache.py), for `slots`
-sequences of `context` tokens.
+The KV cache is paged (blocks.py, cache.py): `kv_tokens` positions in blocks of `block_size`,
+handed out as sequences grow. A waiting sequence is admitted when a slot is free (`slots`: the
+most sequences a step computes) and the cache has blocks for its text; a prompt whose first
+blocks another prompt left in the cache (a shared system prompt) takes those and computes only
+the rest (prefix caching). A step computes prompts, at most `prefill_chunk` tokens of them (a
+longer prompt takes several steps, a part each: chunked prefill, so a long prompt delays the
+streams in flight by a chunk a step, not by its whole length; 0 computes each prompt whole), and
+advances every sequence whose prompt is done by one token, in one forward with the first prompt
+part where the model allows it (runner.py). When a sequence needs a block and none is left, the
+youngest sequence is preempted: its blocks are released and it waits, first in line, to compute
+its prompt and the tokens it has sent again (they are in the prefix cache unless evicted) and go
+on where it was. The answers are the same; no request fails for want of cache.
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import enum
 import logging
+import math
 import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import torch
 from torch import nn
 
-from handlers.generation import attention
-from handlers.generation.cache import SlotCache
-from handlers.generation.sampling import Sampling
-from handlers.generation.stream import TextStream
-from handlers.itt import inference_range
+from handlers.generation.blocks import BlockPool
+from handlers.generation.cache import KvShape, PagedCache
+from handlers.generation.runner import PROMPT_STEP, Part, Row, Runner
+from handlers.generation.scheduler import Finish, Running, Scheduler
 
 log = logging.getLogger(__name__)
-# A decode step's attention span is rounded up to a multiple of this: the masked positions cost
-# little (a cache read), and the span changes once in SPAN_STEP steps.
-SPAN_STEP = 64
-# A prompt is padded to a multiple of this. The forward is compiled for any length (dynamic
-# shapes), so padding only has to keep out a length of 1, which a compiler specialises; each
-# padded position costs a prefill a whole position's compute (64 here computed a 20-token
-# prompt as 64).
-PROMPT_STEP = 8
-DECODE_KEEP = torch.tensor([0])  # a decode step feeds one token per row: its logits are all there are
-
-
-class Finish(enum.StrEnum):
-    """Why a sequence ended, in OpenAI's words (finish_reason)."""
-
-    STOP = "stop"  # an end-of-sequence token or a stop string
-    LENGTH = "length"  # max_new_tokens, or the context is full
-    CANCELLED = "cancelled"  # the client went away, or the server stopped
-
-
-class QueueFull(Exception):
-    """Every slot is taken and the queue is at its limit: the client should retry later (a 503)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Generation:
-    """What one request asks for: its prompt's token ids, checked, and how to continue it."""
-
-    prompt: tuple[int, ...]
-    max_new_tokens: int
-    sampling: Sampling = Sampling()
-    stop: tuple[str, ...] = ()
-    # Generate max_new_tokens whatever comes (vLLM's and llama.cpp's option): a benchmark's
-    # answers then have the same length on every server.
-    ignore_eos: bool = False
-
-
-class Sink(Protocol):
-    """Where a sequence's text goes (the handler answers its client from these calls)."""
-
-    def text(self, delta: str) -> None: ...
-
-    def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None: ...
-
-
-class Discard:
-    """A sink for text nobody reads (the warm-up's)."""
-
-    def text(self, delta: str) -> None:
-        pass
-
-    def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None:
-        pass
-
-
-@dataclasses.dataclass(eq=False)
-class Running:
-    """A request's sequence from submit to its end: waiting for a slot (slot -1), then in one."""
-
-    generation: Generation
-    sink: Sink
-    stream: TextStream
-    generator: torch.Generator | None
-    slot: int = -1
-    tokens: list[int] = dataclasses.field(default_factory=list)  # generated so far
-    prefilled: int = 0  # prompt tokens in its cache row
-    cancelled: bool = False
-    submitted: float = dataclasses.field(default_factory=time.perf_counter)
-    key: str = ""  # what Engine.cancel finds it by
-
-    @property
-    def prefilling(self) -> bool:
-        return self.prefilled < len(self.generation.prompt)
-
-    @property
-    def position(self) -> int:
-        """Where the last generated token goes in the cache (it is fed in the next decode)."""
-        return len(self.generation.prompt) + len(self.tokens) - 1
-
-    def cancel(self) -> None:
-        self.cancelled = True  # read by the engine's thread at its next step
-
-
-def span(length: int, limit: int, step: int = SPAN_STEP) -> int:
-    """length rounded up to the next multiple of step, at most limit."""
-    return min(limit, -(-length // step) * step)
+BLOCK_SIZE = 16  # positions per cache block: vLLM's; the prefix cache's unit
 
 
 def prompt_chunk(asked: int) -> int:
@@ -135,143 +45,14 @@ def prompt_chunk(asked: int) -> int:
     return max(PROMPT_STEP, asked // PROMPT_STEP * PROMPT_STEP) if asked else 0
 
 
-class Scheduler:
-    """What every engine shares: the queue of submitted sequences, admission into `slots`, the
-    choice made for each new token (end of sequence, stop string, length), cancel and stop. An
-    engine computes the steps (`step`, with `_admit` and `_accept`): Engine below with a torch
-    model, openvino_engine.py with OpenVINO GenAI's pipeline."""
-
-    def __init__(
-        self,
-        decode: Callable[[Sequence[int]], str],
-        eos: set[int],
-        slots: int,
-        context: int,
-        max_waiting: int = 64,
-        name: str = "",
-    ):
-        self.decode, self.eos = decode, frozenset(eos)
-        self.name, self.slots, self.context, self.max_waiting = name, slots, context, max_waiting
-        self.active: dict[int, Running] = {}
-        self.waiting: collections.deque[Running] = collections.deque()
-        self.keyed: dict[str, Running] = {}  # submitted with a key (a request id), until they end
-        self.lock = threading.Condition()
-        self.stopping = False
-
-    # -- any thread --------------------------------------------------------------------------
-    def submit(self, generation: Generation, sink: Sink, key: str = "") -> Running:
-        sequence = Running(generation, sink, TextStream(self.decode, generation.stop), generation.sampling.generator())
-        with self.lock:
-            if len(self.waiting) >= self.max_waiting:
-                raise QueueFull(
-                    f"all {self.slots} sequences are generating and {len(self.waiting)} requests wait; retry later"
-                )
-            self.waiting.append(sequence)
-            if key:
-                sequence.key, self.keyed[key] = key, sequence
-            self.lock.notify()
-        return sequence
-
-    def cancel(self, key: str) -> bool:
-        """Ends the sequence submitted with `key` at the next step (its slot, or its place in the
-        queue, is free then); False when there is none (it has ended)."""
-        with self.lock:
-            sequence = self.keyed.get(key)
-        if sequence is None:
-            return False
-        sequence.cancel()
-        return True
-
-    def stop(self) -> None:
-        with self.lock:
-            self.stopping = True
-            self.lock.notify()
-
-    @property
-    def busy(self) -> bool:
-        return bool(self.active or self.waiting)
-
-    @property
-    def cache_bytes(self) -> int:
-        """The KV cache's size (allocated once, for `slots` sequences of `context` tokens)."""
-        raise NotImplementedError
-
-    # -- the engine's thread -----------------------------------------------------------------
-    def run_forever(self, after_step: Callable[[], None] = lambda: None) -> None:
-        while True:
-            with self.lock:
-                while not self.busy and not self.stopping:
-                    self.lock.wait()
-                if self.stopping:
-                    break
-            try:
-                self.step()
-                after_step()
-            except Exception:  # noqa: BLE001 - the engine must outlive one bad step
-                log.exception("generation step failed; its sequences are ended")
-                for sequence in list(self.active.values()):
-                    self._end(sequence, Finish.CANCELLED)
-        for sequence in [*self.active.values(), *self.waiting]:
-            self._end(sequence, Finish.CANCELLED)
-
-    def step(self) -> None:
-        raise NotImplementedError
-
-    def _admit(self) -> list[Running]:
-        """Ends the cancelled sequences, then moves waiting ones into free slots: those admitted."""
-        for sequence in list(self.active.values()):
-            if sequence.cancelled:
-                self._end(sequence, Finish.CANCELLED)
-        admitted = []
-        while len(self.active) < self.slots:
-            with self.lock:
-                if not self.waiting:
-                    break
-                sequence = self.waiting.popleft()
-            if sequence.cancelled:
-                self._end(sequence, Finish.CANCELLED)
-                continue
-            sequence.slot = min(set(range(self.slots)) - set(self.active))
-            self.active[sequence.slot] = sequence
-            admitted.append(sequence)
-        return admitted
-
-    def _accept(self, sequence: Running, token: int) -> None:
-        """The sequence's next token: its text sent, or the sequence ended."""
-        generation = sequence.generation
-        if token in self.eos and not generation.ignore_eos:
-            self._end(sequence, Finish.STOP)
-            return
-        sequence.tokens.append(token)
-        delta = sequence.stream.push(token)
-        if delta:
-            sequence.sink.text(delta)
-        if sequence.stream.stopped:
-            self._end(sequence, Finish.STOP)
-        elif len(sequence.tokens) >= generation.max_new_tokens or sequence.position >= self.context:
-            self._end(sequence, Finish.LENGTH)
-
-    def _end(self, sequence: Running, reason: Finish) -> None:
-        if sequence.slot >= 0:
-            self.active.pop(sequence.slot, None)
-        with self.lock:
-            self.keyed.pop(sequence.key, None)
-        if sequence.cancelled:
-            log.info(
-                "%s: request %s cancelled after %d token(s); %d of %d sequences generating",
-                self.name,
-                sequence.key or "-",
-                len(sequence.tokens),
-                len(self.active),
-                self.slots,
-            )
-        if rest := sequence.stream.finish():
-            sequence.sink.text(rest)
-        sequence.sink.finish(reason, len(sequence.generation.prompt), len(sequence.tokens))
+def pool_blocks(kv_tokens: int, context: int, block_size: int) -> int:
+    """Blocks for `kv_tokens` positions, never fewer than one whole context (a sequence alone
+    always fits), and the null block."""
+    return 1 + math.ceil(max(kv_tokens, context) / block_size)
 
 
 class Engine(Scheduler):
-    """The steps computed by a torch model (eager or compiled) on the kit's own KV cache."""
+    """The steps computed by a torch model (eager or compiled) on the kit's paged KV cache."""
 
     def __init__(
         self,
@@ -285,13 +66,19 @@ class Engine(Scheduler):
         name: str = "",
         itt: bool = False,
         prefill_chunk: int = 0,
+        kv_tokens: int = 0,
+        block_size: int = BLOCK_SIZE,
+        prefix_caching: bool = True,
     ):
+        """`kv_tokens`: the cache's positions (0: `slots` whole contexts)."""
         super().__init__(decode, eos, slots, context, max_waiting, name)
-        self.model = model
-        self.itt = itt  # one ITT range per forward (prefill, decode or mixed step), for VTune
         self.prefill_chunk = prompt_chunk(prefill_chunk)
-        self.cache = SlotCache(slots, context, dtype)
-        self.mixes = attention.use(model)  # decode rows and a prompt's part in one forward
+        blocks = pool_blocks(kv_tokens or slots * context, context, block_size)
+        self.pool = BlockPool(blocks, block_size, prefix_caching)
+        self.cache = PagedCache(KvShape.of(model.config), blocks, block_size, dtype)
+        self.runner = Runner(model, self.cache, block_size, context, name, itt)
+        self.model, self.mixes = model, self.runner.mixes
+        self.preemptions = 0
 
     @property
     def cache_bytes(self) -> int:
@@ -300,126 +87,108 @@ class Engine(Scheduler):
     def step(self) -> None:
         """Admit what fits, compute prompts (a chunk's worth), and advance every sequence whose
         prompt is done by one token: in one forward with the first prompt's part where the model
-        allows it (attention.py), else in a decode after the prompts."""
+        allows it, else in a decode forward after the prompts."""
         with torch.inference_mode():
             self._admit()
+            rows = self._decoding()
             parts = self._prompt_parts()
-            mixed = bool(parts) and self.mixes and self._decoding()
-            if mixed:
-                self._mixed(*parts.pop(0))
-            for sequence, take in parts:
-                logits = self._prefill(sequence, take)
-                if not sequence.prefilling:
-                    self._advance(sequence, logits)
-            if not mixed and self._decoding():
-                self._decode()
+            if parts and rows and self.mixes:
+                sequence, part = parts.pop(0)
+                row_logits, part_logits = self.runner.mixed([self._row(s) for s in rows], part)
+                self._computed(sequence, len(part.tokens), part_logits)
+                self._computed_rows(rows, row_logits)
+                rows = []
+            for sequence, part in parts:
+                self._computed(sequence, len(part.tokens), self.runner.part(part))
+            if rows:
+                self._computed_rows(rows, self.runner.decode([self._row(s) for s in rows]))
 
-    def _decoding(self) -> bool:
-        return any(not sequence.prefilling for sequence in self.active.values())
+    # -- admission, growth and preemption -------------------------------------------------------
+    def _place(self, sequence: Running) -> bool:
+        """Blocks for the sequence's whole text (its first ones from the prefix cache when there)."""
+        known = sequence.known
+        table, keys = self.pool.match(known)
+        more = self.pool.allocate(self.pool.needed(len(known), len(table)))
+        if more is None:
+            self.pool.release(table)
+            return False
+        self.pool.stats.count(len(known), len(table) * self.pool.block_size)
+        sequence.table, sequence.keys, sequence.computed = table + more, keys, len(table) * self.pool.block_size
+        return True
 
-    def _forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, **mixed
-    ) -> torch.Tensor:
-        """Logits [rows, len(keep), vocab] at the positions `keep` of each row: the vocabulary
-        projection (151936 columns for Qwen) is made only where a token is chosen. The cache's
-        selection (SlotCache.select) is the caller's."""
-        with inference_range(self.name, ids.numel(), self.itt):
-            out = self.model(
-                input_ids=ids,
-                position_ids=positions,
-                attention_mask=mask,
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=keep,
-                **mixed,
-            )
-        return out.logits.float()
+    def _decoding(self) -> list[Running]:
+        """The sequences that feed one token this step (oldest first), each with a block for it."""
+        rows = []
+        for sequence in sorted(self.active.values(), key=lambda s: s.admitted):
+            if sequence.slot >= 0 and not sequence.prefilling and self._grow(sequence):
+                rows.append(sequence)
+        return rows
 
-    def _prompt_parts(self) -> list[tuple[Running, int]]:
-        """The prompt tokens this step computes, (sequence, how many), in the order the sequences
-        were admitted, up to the step's chunk."""
+    def _grow(self, sequence: Running) -> bool:
+        """A block for the sequence's next position when it needs one: when none is left, the
+        youngest sequences are preempted until there is; False when that was this one."""
+        need = self.pool.needed(sequence.computed + 1, len(sequence.table))
+        while need:
+            more = self.pool.allocate(need)
+            if more is not None:
+                sequence.table += more
+                return True
+            youngest = max(self.active.values(), key=lambda s: s.admitted)
+            self._preempt(youngest)
+            if youngest is sequence:
+                return False
+        return True
+
+    def _preempt(self, sequence: Running) -> None:
+        """Frees the sequence's blocks; it waits first in line to compute its text again."""
+        self.active.pop(sequence.slot)
+        self.pool.release(sequence.table)
+        sequence.slot, sequence.table, sequence.keys, sequence.computed = -1, [], [], 0
+        with self.lock:
+            self.waiting.appendleft(sequence)
+        self.preemptions += 1
+        log.info(
+            "%s: preempted a sequence of %d tokens (the cache is full: %d blocks); %d generating",
+            self.name,
+            len(sequence.known),
+            self.pool.blocks,
+            len(self.active),
+        )
+
+    def _end(self, sequence: Running, reason: Finish) -> None:
+        self.pool.release(sequence.table)
+        sequence.table = []
+        super()._end(sequence, reason)
+
+    # -- what a step computes ---------------------------------------------------------------------
+    def _row(self, sequence: Running) -> Row:
+        return Row(sequence.token_at(sequence.computed), sequence.computed, sequence.table)
+
+    def _prompt_parts(self) -> list[tuple[Running, Part]]:
+        """The prompt tokens this step computes, in the order the sequences were admitted, up to
+        the step's chunk."""
         budget, parts = self.prefill_chunk or sys.maxsize, []
-        for sequence in [s for s in self.active.values() if s.prefilling]:
-            remaining = len(sequence.generation.prompt) - sequence.prefilled
-            take = remaining if remaining <= budget else budget // PROMPT_STEP * PROMPT_STEP
+        for sequence in sorted(self.active.values(), key=lambda s: s.admitted):
+            if not sequence.prefilling:
+                continue
+            take = sequence.pending if sequence.pending <= budget else budget // PROMPT_STEP * PROMPT_STEP
             if take <= 0:
                 break
-            parts.append((sequence, take))
+            start = sequence.computed
+            tokens = sequence.known[start : start + take]
+            parts.append((sequence, Part(tokens, start, sequence.table, take == sequence.pending)))
             budget -= take
         return parts
 
-    def _part(self, sequence: Running, take: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The prompt's next `take` tokens (only its last part padded): ids and positions
-        [1, length], and the mask [1, 1, length, kv] over its parts before them."""
-        prompt, start = sequence.generation.prompt, sequence.prefilled
-        last = start + take == len(prompt)
-        length = span(take, self.context - start, PROMPT_STEP) if last else take
-        ids = torch.zeros(1, length, dtype=torch.long)
-        ids[0, :take] = torch.tensor(prompt[start : start + take])
-        positions = torch.arange(start, start + length)[None]
-        mask = (torch.arange(start + length)[None, :] <= positions[0][:, None])[None, None]
-        return ids, positions, mask
+    def _computed_rows(self, rows: list[Running], logits: torch.Tensor) -> None:
+        for index, sequence in enumerate(rows):
+            self._computed(sequence, 1, logits[index])
 
-    def _prefill(self, sequence: Running, take: int) -> torch.Tensor:
-        """The prompt's next `take` tokens into the sequence's cache row, attending over its parts
-        before them; the logits at the last of them (its first new token's, after the last part)."""
-        ids, positions, mask = self._part(sequence, take)
-        self.cache.select(slice(sequence.slot, sequence.slot + 1), positions, mask.shape[-1])
-        logits = self._forward(ids, positions, mask, torch.tensor([take - 1]))[0, -1]
-        sequence.prefilled += take
-        return logits
-
-    def _decode_rows(
-        self, mixing: Running | None = None, part_end: int = 0
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Ids and positions [rows, 1] feeding slot r's last token at row r, and the mask
-        [rows, 1, 1, kv] over each row's cache. A slot holding no decoding sequence gets a row too
-        (rows are the slots up to the last one taken); what it writes is never read: a prefilling
-        slot's goes where its prompt's next part overwrites it, or, for the one whose part a mixed
-        step computes (`mixing`), just past that part (part_end)."""
-        rows = max(self.active) + 1
-        ids = torch.zeros(rows, 1, dtype=torch.long)
-        positions = torch.zeros(rows, 1, dtype=torch.long)
-        for slot, sequence in self.active.items():
-            if not sequence.prefilling:
-                ids[slot, 0], positions[slot, 0] = sequence.tokens[-1], sequence.position
-            elif sequence is mixing:
-                # Past a last part's padding is the context's end at most: then its last padding.
-                positions[slot, 0] = min(part_end, self.context - 1)
-            else:
-                positions[slot, 0] = sequence.prefilled
-        kv_length = span(int(positions.max()) + 1, self.context)
-        mask = (torch.arange(kv_length)[None, :] <= positions)[:, None, None, :]
-        return ids, positions, mask
-
-    def _decode(self) -> None:
-        ids, positions, mask = self._decode_rows()
-        self.cache.select(slice(0, ids.shape[0]), positions, mask.shape[-1])
-        logits = self._forward(ids, positions, mask, DECODE_KEEP)
-        for slot, sequence in list(self.active.items()):
-            if not sequence.prefilling:
-                self._advance(sequence, logits[slot, -1])
-
-    def _mixed(self, sequence: Running, take: int) -> None:
-        """One forward: a decode row per slot (as _decode) and `take` tokens of `sequence`'s prompt
-        (as _prefill), flattened into one row of tokens; attention.py splits its attention."""
-        ids, positions, mask = self._part(sequence, take)
-        decode_ids, decode_positions, decode_mask = self._decode_rows(sequence, int(positions[0, -1]) + 1)
-        rows = decode_ids.shape[0]
-        slots = torch.cat([torch.arange(rows), torch.full((ids.shape[1],), sequence.slot)])[None]
-        positions = torch.cat([decode_positions.T, positions], 1)
-        self.cache.select_tokens(slots, positions, max(decode_mask.shape[-1], mask.shape[-1]))
-        keep = torch.cat([torch.arange(rows), torch.tensor([rows + take - 1])])
-        mixed = attention.Mixed(decode_mask, mask, torch.tensor([sequence.slot]))
-        logits = self._forward(torch.cat([decode_ids.T, ids], 1), positions, mask, keep, mixed=mixed)[0]
-        sequence.prefilled += take
-        for slot, running in list(self.active.items()):
-            if running is sequence:
-                if not sequence.prefilling:
-                    self._advance(sequence, logits[rows])
-            elif not running.prefilling:
-                self._advance(running, logits[slot])
-
-    def _advance(self, sequence: Running, logits: torch.Tensor) -> None:
-        """Choose the sequence's next token from its logits."""
-        self._accept(sequence, sequence.generation.sampling.choose(logits, sequence.generator))
+    def _computed(self, sequence: Running, count: int, logits: torch.Tensor) -> None:
+        """`count` more of the sequence's tokens are in its cache: its full blocks findable, and
+        its next token chosen from `logits` when they were the last pending."""
+        sequence.computed += count
+        if sequence.computed // self.pool.block_size > len(sequence.keys):
+            self.pool.register(sequence.known[: sequence.computed], sequence.table, sequence.keys)
+        if not sequence.pending:
+            self._accept(sequence, sequence.generation.sampling.choose(logits, sequence.generator))

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from handlers.backends import DType
-from handlers.generation.engine import Finish, Running, Scheduler
 from handlers.generation.sampling import Sampling
+from handlers.generation.scheduler import Finish, Running, Scheduler
 from handlers.itt import inference_range
 
 log = logging.getLogger(__name__)
@@ -53,15 +53,18 @@ class Pipeline:
     pipeline: object  # openvino_genai.ContinuousBatchingPipeline
 
     @classmethod
-    def load(cls, ir_dir: Path, dtype: DType, slots: int, context: int, chunk: int, threads: int) -> Pipeline:
+    def load(
+        cls, ir_dir: Path, dtype: DType, slots: int, context: int, chunk: int, threads: int, prefix_caching: bool
+    ) -> Pipeline:
         """`slots` sequences of `context` tokens at most; `chunk` prompt tokens a step at most
-        (0: each prompt whole as it is admitted)."""
+        (0: each prompt whole as it is admitted); a prompt's cached first blocks reused or not."""
         import openvino_genai
 
         scheduler = openvino_genai.SchedulerConfig()
         scheduler.max_num_seqs = slots
         scheduler.num_kv_blocks = slots * math.ceil(context / BLOCK)
         scheduler.dynamic_split_fuse = bool(chunk)
+        scheduler.enable_prefix_caching = prefix_caching
         # A step's tokens: a chunk, and a decode row per sequence; whole, a prompt the context holds.
         scheduler.max_num_batched_tokens = (chunk + slots) if chunk else context * slots
         properties = {**precision_properties(dtype), "INFERENCE_NUM_THREADS": threads}  # the launcher's, as torch's

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 
 from handlers.generation.api import JSON, Answer, Api, Usage, encode, error_body
-from handlers.generation.engine import Finish
+from handlers.generation.scheduler import Finish
 from handlers.replies import Transport
 
 

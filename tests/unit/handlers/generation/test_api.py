@@ -15,8 +15,8 @@ from handlers.generation.api import (
     error_body,
     parse,
 )
-from handlers.generation.engine import Finish
 from handlers.generation.sampling import Sampling
+from handlers.generation.scheduler import Finish
 from handlers.payload import InvalidInput
 
 LIMITS = Limits(context=32, max_new_tokens=10, sampling=Sampling())

@@ -7,8 +7,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from handlers.generation.engine import Engine, Finish, Generation, QueueFull, prompt_chunk
+from handlers.generation.engine import Engine, prompt_chunk
 from handlers.generation.sampling import Sampling
+from handlers.generation.scheduler import Finish, Generation, QueueFull
 from tests.hf_models import gpt2_lm, qwen2_lm
 
 FAMILIES = {"qwen2": qwen2_lm, "gpt2": gpt2_lm}
@@ -37,10 +38,29 @@ def lm(request, tmp_path_factory):
 
 
 def engine(
-    model, tokenizer, slots: int = 3, context: int = 256, eos: set[int] | None = None, waiting: int = 16, chunk: int = 0
+    model,
+    tokenizer,
+    slots: int = 3,
+    context: int = 256,
+    eos: set[int] | None = None,
+    waiting: int = 16,
+    chunk: int = 0,
+    block_size: int = 16,
+    kv_tokens: int = 0,
 ):
     eos = set() if eos is None else eos
-    return Engine(model, tokenizer.decode, eos, slots, context, torch.float32, waiting, prefill_chunk=chunk)
+    return Engine(
+        model,
+        tokenizer.decode,
+        eos,
+        slots,
+        context,
+        torch.float32,
+        waiting,
+        prefill_chunk=chunk,
+        block_size=block_size,
+        kv_tokens=kv_tokens,
+    )
 
 
 def reference(model, ids: list[int], new: int) -> list[int]:
@@ -141,7 +161,7 @@ def test_a_full_queue_refuses_with_the_numbers(lm):
     eng = engine(model, tokenizer, slots=1, waiting=2)
     for _ in range(2):
         eng.submit(Generation((1, 2), 4), Recorder())
-    with pytest.raises(QueueFull, match="all 1 sequences are generating and 2 requests wait"):
+    with pytest.raises(QueueFull, match="0 sequences are generating and 2 requests wait"):
         eng.submit(Generation((1, 2), 4), Recorder())
 
 
@@ -189,18 +209,18 @@ def test_a_long_prompt_is_computed_a_chunk_a_step_while_the_streams_in_flight_ad
     eng = engine(model, tokenizer, slots=2, chunk=48)
     computed: list[list[int]] = []
     forwards: list[int] = []
-    parts, forward = eng._prompt_parts, eng._forward
+    parts, forward = eng._prompt_parts, eng.runner._forward
 
     def recording_parts():
         planned = parts()
-        computed.append([take for _, take in planned])
+        computed.append([len(part.tokens) for _, part in planned])
         return planned
 
     def counting_forward(*args, **kwargs):
         forwards[-1] += 1
         return forward(*args, **kwargs)
 
-    eng._prompt_parts, eng._forward = recording_parts, counting_forward
+    eng._prompt_parts, eng.runner._forward = recording_parts, counting_forward
     first = eng.submit(Generation(tuple(short), 12), Recorder())
     forwards.append(0)
     eng.step()
@@ -229,7 +249,7 @@ def test_a_chunk_is_shared_by_the_prompts_waiting_in_the_order_they_came(lm):
     eng.step()
     # The first two whole; of the third, what is left in multiples of 8 (only a prompt's end is padded).
     left = 32 - len(ids[0]) - len(ids[1])
-    assert [s.prefilled for s in sequences] == [len(ids[0]), len(ids[1]), left // 8 * 8]
+    assert [s.computed for s in sequences] == [len(ids[0]), len(ids[1]), left // 8 * 8]
     while eng.busy:
         eng.step()
     assert [s.tokens for s in sequences] == [reference(model, list(i), 4) for i in ids]
@@ -255,3 +275,72 @@ def test_a_model_loaded_with_eager_attention_is_served_with_the_kits_and_answers
     while eng.busy:
         eng.step()
     assert [first.tokens, second.tokens] == [reference(reference_model, i, 8) for i in ids]
+
+
+def counted(eng: Engine) -> list[int]:
+    """The tokens each forward of `eng` computes (padding included), as it runs."""
+    tokens: list[int] = []
+    forward = eng.runner._forward
+
+    def counting(ids, *args, **kwargs):
+        tokens.append(ids.numel())
+        return forward(ids, *args, **kwargs)
+
+    eng.runner._forward = counting
+    return tokens
+
+
+def test_a_shared_prefix_is_computed_once_and_later_answers_are_still_transformers(lm):
+    """Prefix caching: a second prompt that begins with the first's 6 full blocks (a system prompt)
+    computes only what follows them; so does the first prompt asked again."""
+    model, tokenizer = lm
+    system = tokenizer(PROMPTS[2])["input_ids"]
+    first, second = system + tokenizer(" Why?")["input_ids"], system + tokenizer(" And then")["input_ids"]
+    eng = engine(model, tokenizer, slots=2, block_size=16)
+    forwards = counted(eng)
+    answers = []
+    for ids in (first, second, first):
+        sequence = eng.submit(Generation(tuple(ids), 6), Recorder())
+        forwards.clear()
+        while eng.busy:
+            eng.step()
+        answers.append((sequence.tokens, forwards[0]))
+    assert [tokens for tokens, _ in answers] == [reference(model, i, 6) for i in (first, second, first)]
+    shared = len(system) // 16 * 16
+    assert answers[0][1] >= len(first)  # computed whole
+    assert answers[1][1] < len(second) - shared + 8  # the rest after the shared blocks (padded to 8)
+    assert answers[2][1] <= 16  # all but its last block found (its answer's blocks too)
+    assert eng.pool.stats.hits >= 2 * shared and eng.pool.stats.queries == len(first) * 2 + len(second)
+
+
+@pytest.mark.parametrize("chunk", [0, 8])
+def test_when_blocks_run_out_the_youngest_is_preempted_and_every_answer_is_still_transformers(lm, chunk):
+    """A cache of 18 blocks of 4 positions (one context, 64, and a few) for three sequences that
+    grow to 70 positions together: the youngest are preempted, wait and compute their text again,
+    and every greedy answer is the one they would have had alone. Blocks end inside prompts and
+    answers."""
+    model, tokenizer = lm
+    ids = [tokenizer(p)["input_ids"] for p in (PROMPTS[0], PROMPTS[3], PROMPTS[0] + " and")]
+    new = 26
+    eng = engine(model, tokenizer, slots=3, context=64, block_size=4, kv_tokens=70, chunk=chunk)
+    sequences = [eng.submit(Generation(tuple(i), new), Recorder()) for i in ids]
+    while eng.busy:
+        eng.step()
+    assert eng.preemptions > 0
+    assert [s.tokens for s in sequences] == [reference(model, i, new) for i in ids]
+    assert all(s.sink.usage == (len(i), new) for s, i in zip(sequences, ids, strict=True))
+    assert eng.pool.used == 0  # every block back
+
+
+def test_a_sequence_waits_for_blocks_when_its_prompt_does_not_fit_beside_the_others(lm):
+    model, tokenizer = lm
+    long = tuple(tokenizer(PROMPTS[2])["input_ids"])[:60]
+    eng = engine(model, tokenizer, slots=3, context=64, block_size=4, kv_tokens=64)
+    first = eng.submit(Generation(long, 3), Recorder())
+    eng.step()
+    second = eng.submit(Generation(long[:40], 3), Recorder())
+    eng.step()
+    assert second.slot == -1 and first.slot >= 0  # 16 blocks: the first holds 16 of them
+    while eng.busy:
+        eng.step()
+    assert second.tokens == reference(model, list(long[:40]), 3)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import openvino_genai
 import pytest
 
-from handlers.generation.engine import Finish, Generation, QueueFull
 from handlers.generation.openvino_engine import SEED_BITS, OpenVinoEngine, Pipeline
 from handlers.generation.sampling import Sampling
+from handlers.generation.scheduler import Finish, Generation, QueueFull
 from tests.unit.handlers.generation.test_engine import Recorder
 
 RUNNING, FINISHED, IGNORED = (
@@ -166,7 +166,7 @@ def test_slots_admit_in_order_a_full_queue_refuses_and_a_cancel_frees_a_slot_at_
     e.submit(Generation((3,), 2, ignore_eos=True), recorders[2], key="c")
     e.step()
     assert [asked[1] for asked in pipeline.asked] == [(1,), (2,)]  # "c" waits for a slot
-    with pytest.raises(QueueFull, match="all 2 sequences are generating and 1 requests wait"):
+    with pytest.raises(QueueFull, match="2 sequences are generating and 1 requests wait"):
         e.submit(Generation((4,), 2), Recorder())
     assert e.cancel("a")
     e.step()

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from handlers.generation.api import Api, ChatAnswer, KitAnswer, Limits, Usage, parse
-from handlers.generation.engine import Finish
 from handlers.generation.respond import Responder
 from handlers.generation.sampling import Sampling
+from handlers.generation.scheduler import Finish
 
 
 class Recorded:

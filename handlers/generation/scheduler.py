@@ -1,0 +1,266 @@
+"""What every generation engine shares: the queue, admission, each new token's fate, cancel and stop.
+
+    scheduler.submit(Generation(prompt_ids, max_new_tokens=64), sink, key="r1")   # any thread
+    scheduler.cancel("r1")          # the client went away: it ends at the next step
+    scheduler.run_forever()         # the engine's thread: step() while anything is in flight
+
+A request's sequence waits in a queue (bounded: a full one refuses with QueueFull, a 503), is
+admitted into one of `slots` places when there is room (`_place` says whether the engine's
+cache has it), and gets its tokens from the engine's steps (`_accept`): it ends at an
+end-of-sequence token, a stop string, its max_new_tokens or the context's end, or when
+cancelled. engine.py computes the steps with a torch model, openvino_engine.py with OpenVINO
+GenAI's pipeline.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import torch
+
+from handlers.generation.sampling import Sampling
+from handlers.generation.stream import TextStream
+
+log = logging.getLogger(__name__)
+
+
+class Finish(enum.StrEnum):
+    """Why a sequence ended, in OpenAI's words (finish_reason)."""
+
+    STOP = "stop"  # an end-of-sequence token or a stop string
+    LENGTH = "length"  # max_new_tokens, or the context is full
+    CANCELLED = "cancelled"  # the client went away, or the server stopped
+
+
+class QueueFull(Exception):
+    """Every slot is taken and the queue is at its limit: the client should retry later (a 503)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """What one request asks for: its prompt's token ids, checked, and how to continue it."""
+
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    sampling: Sampling = Sampling()
+    stop: tuple[str, ...] = ()
+    # Generate max_new_tokens whatever comes (vLLM's and llama.cpp's option): a benchmark's
+    # answers then have the same length on every server.
+    ignore_eos: bool = False
+
+
+class Sink(Protocol):
+    """Where a sequence's text goes (the handler answers its client from these calls)."""
+
+    def text(self, delta: str) -> None: ...
+
+    def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None: ...
+
+
+class Discard:
+    """A sink for text nobody reads (the warm-up's)."""
+
+    def text(self, delta: str) -> None:
+        pass
+
+    def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None:
+        pass
+
+
+@dataclasses.dataclass(eq=False)
+class Running:
+    """A request's sequence from submit to its end: waiting for a slot (slot -1), then in one."""
+
+    generation: Generation
+    sink: Sink
+    stream: TextStream
+    generator: torch.Generator | None
+    slot: int = -1
+    tokens: list[int] = dataclasses.field(default_factory=list)  # generated so far
+    computed: int = 0  # tokens (prompt, then generated) whose keys and values are in the cache
+    table: list[int] = dataclasses.field(default_factory=list)  # its cache blocks (blocks.py)
+    keys: list[bytes] = dataclasses.field(default_factory=list)  # its full blocks' prefix-cache keys
+    cancelled: bool = False
+    submitted: float = dataclasses.field(default_factory=time.perf_counter)
+    admitted: int = 0  # the order of its (last) admission: the youngest is preempted first
+    key: str = ""  # what Engine.cancel finds it by
+
+    @property
+    def known(self) -> tuple[int, ...]:
+        """Its prompt and the tokens generated: what its cache is to hold."""
+        return self.generation.prompt + tuple(self.tokens)
+
+    def token_at(self, index: int) -> int:
+        """known[index], without making `known`."""
+        prompt = self.generation.prompt
+        return prompt[index] if index < len(prompt) else self.tokens[index - len(prompt)]
+
+    @property
+    def pending(self) -> int:
+        """Tokens not yet in its cache: its prompt's rest, or 1 (the last token, fed next)."""
+        return len(self.generation.prompt) + len(self.tokens) - self.computed
+
+    @property
+    def prefilling(self) -> bool:
+        """More than one token to compute (a prompt, or a preempted sequence's text) before its next."""
+        return self.pending > 1
+
+    @property
+    def position(self) -> int:
+        """Where the last generated token goes in the cache (it is fed in the next decode)."""
+        return len(self.generation.prompt) + len(self.tokens) - 1
+
+    def cancel(self) -> None:
+        self.cancelled = True  # read by the engine's thread at its next step
+
+
+class Scheduler:
+    """What every engine shares: the queue of submitted sequences, admission into `slots`, the
+    choice made for each new token (end of sequence, stop string, length), cancel and stop. An
+    engine computes the steps (`step`, with `_admit` and `_accept`): Engine below with a torch
+    model, openvino_engine.py with OpenVINO GenAI's pipeline."""
+
+    def __init__(
+        self,
+        decode: Callable[[Sequence[int]], str],
+        eos: set[int],
+        slots: int,
+        context: int,
+        max_waiting: int = 64,
+        name: str = "",
+    ):
+        self.decode, self.eos = decode, frozenset(eos)
+        self.name, self.slots, self.context, self.max_waiting = name, slots, context, max_waiting
+        self.active: dict[int, Running] = {}
+        self.waiting: collections.deque[Running] = collections.deque()
+        self.keyed: dict[str, Running] = {}  # submitted with a key (a request id), until they end
+        self.lock = threading.Condition()
+        self.stopping = False
+        self.admissions = 0
+
+    # -- any thread --------------------------------------------------------------------------
+    def submit(self, generation: Generation, sink: Sink, key: str = "") -> Running:
+        sequence = Running(generation, sink, TextStream(self.decode, generation.stop), generation.sampling.generator())
+        with self.lock:
+            if len(self.waiting) >= self.max_waiting:
+                raise QueueFull(
+                    f"{len(self.active)} sequences are generating and {len(self.waiting)} requests wait; retry later"
+                )
+            self.waiting.append(sequence)
+            if key:
+                sequence.key, self.keyed[key] = key, sequence
+            self.lock.notify()
+        return sequence
+
+    def cancel(self, key: str) -> bool:
+        """Ends the sequence submitted with `key` at the next step (its slot, or its place in the
+        queue, is free then); False when there is none (it has ended)."""
+        with self.lock:
+            sequence = self.keyed.get(key)
+        if sequence is None:
+            return False
+        sequence.cancel()
+        return True
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopping = True
+            self.lock.notify()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.active or self.waiting)
+
+    @property
+    def cache_bytes(self) -> int:
+        """The KV cache's size."""
+        raise NotImplementedError
+
+    # -- the engine's thread -----------------------------------------------------------------
+    def run_forever(self, after_step: Callable[[], None] = lambda: None) -> None:
+        while True:
+            with self.lock:
+                while not self.busy and not self.stopping:
+                    self.lock.wait()
+                if self.stopping:
+                    break
+            try:
+                self.step()
+                after_step()
+            except Exception:  # noqa: BLE001 - the engine must outlive one bad step
+                log.exception("generation step failed; its sequences are ended")
+                for sequence in list(self.active.values()):
+                    self._end(sequence, Finish.CANCELLED)
+        for sequence in [*self.active.values(), *self.waiting]:
+            self._end(sequence, Finish.CANCELLED)
+
+    def step(self) -> None:
+        raise NotImplementedError
+
+    def _admit(self) -> list[Running]:
+        """Ends the cancelled sequences, then moves waiting ones into free slots: those admitted."""
+        for sequence in list(self.active.values()):
+            if sequence.cancelled:
+                self._end(sequence, Finish.CANCELLED)
+        admitted = []
+        while len(self.active) < self.slots:
+            with self.lock:
+                if not self.waiting:
+                    break
+                sequence = self.waiting.popleft()
+            if sequence.cancelled:
+                self._end(sequence, Finish.CANCELLED)
+                continue
+            if not self._place(sequence):
+                with self.lock:
+                    self.waiting.appendleft(sequence)  # first in line when there is room
+                break
+            sequence.slot = min(set(range(self.slots)) - set(self.active))
+            sequence.admitted, self.admissions = self.admissions, self.admissions + 1
+            self.active[sequence.slot] = sequence
+            admitted.append(sequence)
+        return admitted
+
+    def _place(self, sequence: Running) -> bool:
+        """Whether the engine's cache has room for the sequence (taking it); a slot is free."""
+        return True
+
+    def _accept(self, sequence: Running, token: int) -> None:
+        """The sequence's next token: its text sent, or the sequence ended."""
+        generation = sequence.generation
+        if token in self.eos and not generation.ignore_eos:
+            self._end(sequence, Finish.STOP)
+            return
+        sequence.tokens.append(token)
+        delta = sequence.stream.push(token)
+        if delta:
+            sequence.sink.text(delta)
+        if sequence.stream.stopped:
+            self._end(sequence, Finish.STOP)
+        elif len(sequence.tokens) >= generation.max_new_tokens or sequence.position >= self.context:
+            self._end(sequence, Finish.LENGTH)
+
+    def _end(self, sequence: Running, reason: Finish) -> None:
+        if sequence.slot >= 0:
+            self.active.pop(sequence.slot, None)
+        with self.lock:
+            self.keyed.pop(sequence.key, None)
+        if sequence.cancelled:
+            log.info(
+                "%s: request %s cancelled after %d token(s); %d of %d sequences generating",
+                self.name,
+                sequence.key or "-",
+                len(sequence.tokens),
+                len(self.active),
+                self.slots,
+            )
+        if rest := sequence.stream.finish():
+            sequence.sink.text(rest)
+        sequence.sink.finish(reason, len(sequence.generation.prompt), len(sequence.tokens))
