@@ -19,6 +19,7 @@ through every path before the first request.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import time
@@ -39,6 +40,7 @@ from handlers.generation.respond import Responder, refuse
 from handlers.generation.runner import SPAN_STEP
 from handlers.generation.sampling import Sampling
 from handlers.generation.scheduler import Discard, Generation, QueueFull
+from handlers.generation.weights import own_memory, weight_parts
 from handlers.loaders import load_model
 from handlers.optimize import RecompileWatch
 from handlers.payload import HTTP_BAD_REQUEST, URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
@@ -77,6 +79,7 @@ class TextGenerationHandler(StreamingHandler):
     settings_class = GenerationSettings
     initialized = False
     replies: Transport | None = None  # the worker's, once it has loaded the model
+    weight_bytes: dict[str, int] = {}  # the model's weights by part, where the kit holds them (torch_engine)
 
     def initialize(self, context) -> None:
         from transformers import AutoConfig, AutoTokenizer
@@ -97,7 +100,7 @@ class TextGenerationHandler(StreamingHandler):
         warm_seconds = self.warm_up()
         log.info(
             "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB (paged, resident as used) "
-            "prefill_chunk=%d prefix_caching=%s weights=%s eos=%s load=%.1fs warmup=%.1fs",
+            "prefill_chunk=%d prefix_caching=%s weights=%s%s eos=%s load=%.1fs warmup=%.1fs",
             self.model_name,
             settings.backend.value,
             settings.dtype.value,
@@ -107,6 +110,7 @@ class TextGenerationHandler(StreamingHandler):
             self.engine.prefill_chunk,
             "on" if settings.prefix_caching else "off",
             settings.weights.value,
+            "".join(f" ({part} {size / 1e6:.0f}MB)" for part, size in self.weight_bytes.items()),
             sorted(eos),
             load_seconds,
             warm_seconds,
@@ -127,6 +131,8 @@ class TextGenerationHandler(StreamingHandler):
             # Also in float32: a packed weight sums its products in another order than F.linear's,
             # as compiled code does; the greedy answers the tests compare stay transformers'.
             log.info("%s: %d linear layers on prepacked weights", self.model_name, pack_linears(model))
+        own_memory(model)  # nothing left that maps the checkpoint's file
+        self.weight_bytes = weight_parts(model)
         if reference is not None:
             # Judged as it will serve (packed or quantized), before the compiler: it computes the same.
             agreed = agreement.measure(model, reference)
@@ -199,12 +205,16 @@ class TextGenerationHandler(StreamingHandler):
         for one sequence alone, then for every slot at once (a compiler specialises a size of 1),
         each over two lengths (prompts padded to 8 and 72 positions; decode spans of 64 and 128,
         then 128 and 192), then a prompt computed in parts (chunked prefill), then a prompt
-        arriving while another sequence decodes (a mixed step), over the same two lengths. Should
-        the first length be specialised (a length equal to one of the model's sizes was, before
-        duck shapes were turned off: 64, Qwen2.5-0.5B's head size, cost its first requests 3
-        graphs more), the second makes it compile the general step too."""
+        arriving while one, then two, sequences decode (a mixed step), over the same two lengths, then
+        prompts whose first blocks are in the prefix cache, alone and arriving. Should the first
+        length be specialised (a length equal to one of the model's sizes was, before duck shapes
+        were turned off: 64, Qwen2.5-0.5B's head size, cost its first requests 3 graphs more),
+        the second makes it compile the general step too. Each prompt is of a token of its own,
+        so that none finds another's blocks but where meant to."""
         start = time.perf_counter()
-        token = (self.tokenizer("Hello")["input_ids"] or [0])[0]
+        tokens = itertools.count((self.tokenizer("Hello")["input_ids"] or [0])[0])
+        vocabulary = len(self.tokenizer)
+        prompt = lambda length: self.warm_prompt(next(tokens) % vocabulary, length)  # noqa: E731
         context = self.settings.context_length
         lengths = [(1, 1), (self.settings.max_sequences, SPAN_STEP + 1)]
         if (chunk := self.engine.prefill_chunk) and chunk + 1 < context:
@@ -212,10 +222,16 @@ class TextGenerationHandler(StreamingHandler):
             # hold (two such shapes, when the context has room, for the same reason as above).
             lengths.append((1, min(2 * chunk + 1, context - 2)))
         for count, length in lengths:
-            self.warm(*(self.warm_prompt(token, length) for _ in range(count)))
-        if self.engine.mixes and self.settings.max_sequences > 1:
-            for length in (1, SPAN_STEP + 1):
-                self.warm(self.warm_prompt(token, length), self.warm_prompt(token, length), arriving=1)
+            self.warm(*(prompt(length) for _ in range(count)))
+        mixing = self.engine.mixes and self.settings.max_sequences > 1
+        for length in (2, SPAN_STEP + 1) if mixing else ():
+            for decoding in (1, 2):  # one decode row is a size the compiler specialises
+                self.warm(*(prompt(length) for _ in range(decoding + 1)), arriving=1)
+        cached = prompt(SPAN_STEP + 1)
+        self.warm(cached)
+        self.warm(self.longer(cached))  # its first 4 blocks found: a part from position 64
+        if mixing:
+            self.warm(prompt(2), self.longer(cached), arriving=1)
         self.recompiles = RecompileWatch(self.model_name)
         return time.perf_counter() - start
 
@@ -224,6 +240,10 @@ class TextGenerationHandler(StreamingHandler):
         prompt = (token,) * min(length, self.settings.context_length - 1)
         new = max(1, min(SPAN_STEP + 1, self.settings.context_length - len(prompt)))
         return Generation(prompt, new, ignore_eos=True)
+
+    def longer(self, generation: Generation) -> Generation:
+        """The prompt and 8 tokens more (what the context holds): it begins with the other's blocks."""
+        return self.warm_prompt(generation.prompt[0], len(generation.prompt) + 8)
 
     def warm(self, *generations: Generation, arriving: int = 0) -> None:
         """Step the engine until `generations` are answered; the last `arriving` of them are

@@ -15,7 +15,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from handlers.generation.linears import replace_linears
+from handlers.generation.linears import replace_linears, tied_to_input
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Packed:
     @classmethod
     def of(cls, linear: nn.Linear) -> Packed:
         weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
-        return cls(weight, None if linear.bias is None else linear.bias.detach(), linear.out_features)
+        return cls(weight, None if linear.bias is None else linear.bias.detach().clone(), linear.out_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
@@ -39,5 +39,7 @@ def can_pack() -> bool:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Every nn.Linear of the model replaced by its packed twin; how many there were."""
-    return replace_linears(model, Packed.of)
+    """Every nn.Linear of the model replaced by its packed twin, but a head tied to the input
+    embedding: packed, it would be a second copy of the largest weight (Qwen3-0.6B's 151936 x
+    1024), where plain it is the embedding's; how many were replaced."""
+    return replace_linears(model, Packed.of, keep=lambda linear: tied_to_input(model, linear))

@@ -47,7 +47,7 @@ class Int8:
     def of(cls, linear: nn.Linear) -> Int8:
         quantized = linear.weight  # torchao's Int8Tensor
         scale = quantized.scale.reshape(-1).to(quantized.dtype)
-        bias = None if linear.bias is None else linear.bias.detach()
+        bias = None if linear.bias is None else linear.bias.detach().clone()  # not a view of the checkpoint
         return cls(quantized.qdata.contiguous(), scale, bias, linear.out_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

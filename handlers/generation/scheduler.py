@@ -124,8 +124,8 @@ class Running:
 class Scheduler:
     """What every engine shares: the queue of submitted sequences, admission into `slots`, the
     choice made for each new token (end of sequence, stop string, length), cancel and stop. An
-    engine computes the steps (`step`, with `_admit` and `_accept`): Engine below with a torch
-    model, openvino_engine.py with OpenVINO GenAI's pipeline."""
+    engine computes the steps (`step`, with `_admit`, `_place` and `_accept`): engine.py with a
+    torch model, openvino_engine.py with OpenVINO GenAI's pipeline."""
 
     def __init__(
         self,

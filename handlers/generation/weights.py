@@ -1,0 +1,43 @@
+"""A served language model's weights held once, and counted by part for the READY line.
+
+    own_memory(model)          # after packing: nothing left that maps the checkpoint's file
+    weight_parts(model)        # {"linear kernels": 1.9e9, "other": 6.2e8}
+
+transformers maps a safetensors checkpoint and, where its dtype is the served one, hands the
+model views of the mapping: the file's pages stay resident (and counted in the worker's memory)
+for as long as any of them is referenced, though packing (packed_linear.py, quantized.py) has
+replaced most of them with copies of their own. Copying what is left (embeddings, norms) into
+memory of its own lets the mapping go.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from handlers.generation.linears import OpaqueLinear
+
+
+def own_memory(model: nn.Module) -> None:
+    """Every parameter and buffer of the model copied into memory of its own (a tied head and its
+    embedding stay one tensor)."""
+    copies: dict[int, torch.Tensor] = {}
+    with torch.no_grad():
+        for module in model.modules():
+            for _, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+                if tensor is None:
+                    continue
+                copy = copies.setdefault(id(tensor), tensor.detach().clone())
+                tensor.data = copy
+
+
+def kernel_bytes(module: OpaqueLinear) -> int:
+    tensors = [v for v in vars(module.kernel).values() if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def weight_parts(model: nn.Module) -> dict[str, int]:
+    """Bytes of the linear layers' kernels (packed or int8) and of the other weights, each counted once."""
+    kernels = sum(kernel_bytes(m) for m in model.modules() if isinstance(m, OpaqueLinear))
+    others = {id(t): t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]}
+    return {"linear kernels": kernels, "other": sum(others.values())}
