@@ -336,8 +336,8 @@ class GenerationSettings(OptimizationSettings):
     # fit more sequences into memory.
     context_length: int = 2048
     # Sequences generated at once by each worker (a step computes them all); more wait in the
-    # queue. The KV cache holds this many whole contexts, in blocks handed out as sequences grow
-    # (handlers/generation/engine.py): memory grows with the tokens in flight, not this number.
+    # queue. The KV cache has a row of context_length positions for each, resident as written
+    # (handlers/generation/cache.py): memory grows with the tokens the load holds.
     max_sequences: int = 16
     # A request that names no max_new_tokens (max_tokens) gets this many at most.
     max_new_tokens: int = 256

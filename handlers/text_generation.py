@@ -12,7 +12,7 @@ followed the step before (`after_step`). `initialize` makes the engine its backe
 (a reduced one judged against float32 first: the accuracy guard, handlers/generation/agreement.py)
 on the kit's engine; for
 openvino, the IR `make archive` exported and judged, on OpenVINO GenAI's pipeline. Either
-sizes its paged KV cache for `max_sequences` x `context_length` positions, and generates once
+sizes its KV cache for `max_sequences` x `context_length` positions, and generates once
 through every path before the first request.
 """
 
@@ -99,7 +99,7 @@ class TextGenerationHandler(StreamingHandler):
         load_seconds = time.perf_counter() - start
         warm_seconds = self.warm_up()
         log.info(
-            "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB (paged, resident as used) "
+            "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB (resident as used) "
             "prefill_chunk=%d prefix_caching=%s weights=%s%s eos=%s load=%.1fs warmup=%.1fs",
             self.model_name,
             settings.backend.value,

@@ -1,8 +1,8 @@
-"""The engine's attention over its paged cache: transformers' sdpa, shaped for the steps runner.py
+"""The engine's attention over its slot cache: transformers' sdpa, shaped for the steps engine.py
 computes. Registered with transformers' AttentionInterface as NAME; `use(model)` sets it.
 
     use(model)
-    model(input_ids=ids, ..., past_key_values=cache, mixed=Mixed(decode_mask, part_mask))
+    model(input_ids=ids, ..., past_key_values=cache, mixed=Mixed(decode_mask, part_mask, part_slot))
 
 It differs from transformers' sdpa in two ways.
 
@@ -16,9 +16,8 @@ head instead (transformers does this too, but only uncompiled). A prompt's query
 A mixed step is one forward of decode rows and a prompt's part (`Mixed`). Decode rows are [R, 1]
 tokens and a part is [1, C]: the step flattens them into one row of R + C tokens, so every
 projection and MLP reads its weights once for both (a decode step's cost on CPU is mostly that
-read). Only attention is split: the first R queries are R decode rows, each over its own
-sequence's keys (rows 0..R-1 of what the cache returns, cache.py); the others are the part over
-row R's.
+read). Only attention is split: the first R queries are R decode rows, each over its own cache
+row; the others are the part over its slot's row.
 """
 
 from __future__ import annotations
@@ -36,15 +35,16 @@ with torchao_import():  # transformers' modeling code imports torchao when it is
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-NAME = "kit_paged"
+NAME = "kit_slots"
 
 
 @dataclasses.dataclass(frozen=True)
 class Mixed:
     """A mixed step's layout: shapes say where decode rows end and how far each part attends."""
 
-    decode_mask: torch.Tensor  # [R, 1, 1, kv]: row r's first kv positions, True where attended
-    part_mask: torch.Tensor  # [1, 1, C, kv']: the part's C tokens over its sequence's first kv' positions
+    decode_mask: torch.Tensor  # [R, 1, 1, kv]: row r's first kv cache positions, True where attended
+    part_mask: torch.Tensor  # [1, 1, C, kv']: the part's C tokens over its slot's first kv' positions
+    part_slot: torch.Tensor  # [1]: the part's slot
 
 
 def use(model: PreTrainedModel) -> bool:
@@ -57,7 +57,7 @@ def use(model: PreTrainedModel) -> bool:
 def attention(
     module: nn.Module,
     query: torch.Tensor,  # [batch, heads, tokens, head_dim]
-    key: torch.Tensor,  # [batch, kv_heads, kv, head_dim]; a mixed step's: [R + 1, ...], the part's last
+    key: torch.Tensor,  # [batch, kv_heads, kv, head_dim]
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,  # [batch, 1, tokens, kv], bool
     scaling: float | None = None,
@@ -78,7 +78,7 @@ def attention(
         return _attend(query, key, value, attention_mask, scaling, group), None
     rows = mixed.decode_mask.shape[0]
     decode_kv, part_kv = mixed.decode_mask.shape[-1], mixed.part_mask.shape[-1]
-    # [1, heads, R, d] -> [R, heads, 1, d]: a row each, over its own sequence's keys
+    # [1, heads, R, d] -> [R, heads, 1, d]: a row each, over its own slot's cache row
     decode = _attend(
         query[0, :, :rows, None].transpose(0, 1),
         key[:rows, :, :decode_kv],
@@ -89,8 +89,8 @@ def attention(
     )
     part = _attend(
         query[:, :, rows:],
-        key[rows:, :, :part_kv],
-        value[rows:, :, :part_kv],
+        key[:, :, :part_kv].index_select(0, mixed.part_slot),
+        value[:, :, :part_kv].index_select(0, mixed.part_slot),
         mixed.part_mask,
         scaling,
         group,

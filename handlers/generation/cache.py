@@ -1,18 +1,21 @@
-"""The KV cache in blocks (blocks.py says who holds which): what transformers' layers write and read.
+"""The KV cache: a row of positions per sequence in flight, allocated untouched, read as views.
 
-    cache = PagedCache(KvShape.of(config), blocks=512, block_size=16, dtype=torch.float32)
-    cache.select(write=torch.tensor([35, 36]), read=torch.tensor([[16, 17, ..., 36]]))
+    cache = SlotCache(KvShape.of(config), slots=16, context=2048, dtype=torch.float32)
+    cache.select(rows=slice(0, 4), positions=torch.tensor([[17], [3], [0], [40]]), kv_length=64)
     model(input_ids, position_ids=positions, attention_mask=mask, past_key_values=cache)
 
-Each layer's keys and values are one buffer of blocks x block_size positions, a cache slot
-each. transformers' attention layers call `update(keys, values, layer)` with this step's keys
-and values: token i of the step (rows flattened) is written at slot `write[i]`, and the layer
-attends over `read` [rows, kv]: row r's kv positions, gathered from the slots its block table
-names. Positions past a row's own length read a slot the caller's mask hides (engine.py).
+transformers' attention layers call `update(keys, values, layer)` with this step's keys and values
+and attend over what it returns. Each row writes at its own positions (sequences of different
+lengths share one forward), and the layers attend over the first `kv_length` positions of the
+selected rows: views of the buffers, never a copy (a gather from scattered blocks, tried, made a
+decode step of 16 sequences 2.4x slower: docs/generation.md). Positions past a row's own length
+hold stale values; the caller's mask hides them (runner.py). Past the context is one position
+more, the scratch position, where a row with nothing to compute writes, so that what a free row
+holds (a prefix for the prefix cache, prefix.py) is never overwritten by another's step.
 
 The buffers are allocated at the start but not touched (calloc: the kernel maps a page when it
-is first written), so the worker's memory grows with the blocks the load uses, not with the
-cache's size; the blocks are handed out lowest first (blocks.py) to keep it so.
+is first written), so the worker's memory grows with the positions the load uses, not with the
+cache's size.
 """
 
 from __future__ import annotations
@@ -67,36 +70,55 @@ def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(raw).view(dtype).view(shape)
 
 
-class PagedCache(Cache):
-    def __init__(self, shape: KvShape, blocks: int, block_size: int, dtype: torch.dtype):
+class SlotCache(Cache):
+    def __init__(self, shape: KvShape, slots: int, context: int, dtype: torch.dtype):
         super().__init__(layers=[])
-        self.shape, self.dtype = shape, dtype
-        slots = blocks * block_size
-        self.keys = [untouched_zeros((slots, shape.kv_heads, shape.head_size), dtype) for _ in range(shape.layers)]
-        self.values = [untouched_zeros((slots, shape.kv_heads, shape.head_size), dtype) for _ in range(shape.layers)]
-        self.write = torch.zeros(1, dtype=torch.long)
-        self.read = torch.zeros(1, 1, dtype=torch.long)
+        self.shape, self.slots, self.context, self.dtype = shape, slots, context, dtype
+        size = (slots, shape.kv_heads, context + 1, shape.head_size)  # and the scratch position
+        self.keys = [untouched_zeros(size, dtype) for _ in range(shape.layers)]
+        self.values = [untouched_zeros(size, dtype) for _ in range(shape.layers)]
+        self.rows = slice(0, slots)
+        self.row_index = torch.arange(slots)[:, None]
+        self.positions = torch.zeros(slots, 1, dtype=torch.long)
+        self.kv_length = context
 
-    def select(self, write: torch.Tensor, read: torch.Tensor) -> None:
-        """What the next forward computes: its tokens' slots [tokens] (rows flattened), and the
-        slots each row attends over [rows, kv]."""
-        self.write, self.read = write, read
+    @property
+    def scratch(self) -> int:
+        """The position a row writes at when it has nothing to compute (never read)."""
+        return self.context
+
+    def select(self, rows: slice, positions: torch.Tensor, kv_length: int) -> None:
+        """What the next forward computes: these slots, at these positions [rows, tokens], attending
+        over the first kv_length positions."""
+        self.rows, self.positions, self.kv_length = rows, positions, kv_length
+        self.row_index = torch.arange(rows.start, rows.stop)[:, None]
+
+    def select_tokens(self, slots: torch.Tensor, positions: torch.Tensor, kv_length: int) -> None:
+        """A forward of one row whose tokens go to several slots (attention.Mixed): token i to
+        slot slots[0, i] at positions[0, i]; layers get every slot's first kv_length positions."""
+        self.rows, self.row_index, self.positions, self.kv_length = slice(0, self.slots), slots, positions, kv_length
+
+    def copy(self, source: int, target: int, positions: slice) -> None:
+        """Row `source`'s keys and values at `positions` written into row `target` (a prefix found
+        in another row)."""
+        for tensor in (*self.keys, *self.values):
+            tensor[target, :, positions] = tensor[source, :, positions]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        # key_states, value_states: [rows, kv_heads, tokens, head_dim] -> [rows x tokens, kv_heads, head_dim]
+        # key_states, value_states: [rows, kv_heads, tokens, head_dim]
         keys, values = self.keys[layer_idx], self.values[layer_idx]
-        if key_states.shape[1] != keys.shape[1] or key_states.shape[3] != keys.shape[2]:
+        if key_states.shape[1] != keys.shape[1] or key_states.shape[3] != keys.shape[3]:
             raise ValueError(
                 f"layer {layer_idx} computes keys of {key_states.shape[1]} heads x {key_states.shape[3]}, "
-                f"not the {keys.shape[1]} x {keys.shape[2]} its config.json says: the kit's cache cannot hold them"
+                f"not the {keys.shape[1]} x {keys.shape[3]} its config.json says: the kit's cache cannot hold them"
             )
-        keys[self.write] = key_states.transpose(1, 2).flatten(0, 1).to(self.dtype)
-        values[self.write] = value_states.transpose(1, 2).flatten(0, 1).to(self.dtype)
-        # [rows, kv, kv_heads, head_dim] -> [rows, kv_heads, kv, head_dim]
-        return keys[self.read].transpose(1, 2), values[self.read].transpose(1, 2)
+        # [rows, 1] (or [1, tokens]) and [rows, tokens] index [rows, tokens, kv_heads, head_dim]
+        keys[self.row_index, :, self.positions] = key_states.transpose(1, 2).to(self.dtype)
+        values[self.row_index, :, self.positions] = value_states.transpose(1, 2).to(self.dtype)
+        return keys[self.rows, :, : self.kv_length], values[self.rows, :, : self.kv_length]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.read.shape[-1]
+        return self.kv_length
 
     @property
     def is_compileable(self) -> bool:
@@ -104,5 +126,5 @@ class PagedCache(Cache):
 
     @property
     def bytes(self) -> int:
-        """The cache's size (its resident part is what the blocks in use have touched)."""
+        """The cache's size (its resident part is what the load has written)."""
         return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))

@@ -1,42 +1,39 @@
 """Continuous batching on a torch model: every sequence in flight advances a token a step; new ones join between steps.
 
     engine = Engine(model, decode=tokenizer.decode, eos={2}, slots=16, context=2048, dtype=torch.float32,
-                    prefill_chunk=128)
+                    prefill_chunk=256)
     sequence = engine.submit(Generation(prompt_ids, max_new_tokens=64, sampling=Sampling()), sink, key="r1")
     engine.run_forever()           # in a thread of its own (handlers/text_generation.py)
-    engine.cancel("r1")            # the client went away: its blocks are free at the next step
+    engine.cancel("r1")            # the client went away: its slot is free at the next step
 
-The KV cache is paged (blocks.py, cache.py): `kv_tokens` positions in blocks of `block_size`,
-handed out as sequences grow. A waiting sequence is admitted when a slot is free (`slots`: the
-most sequences a step computes) and the cache has blocks for its text; a prompt whose first
-blocks another prompt left in the cache (a shared system prompt) takes those and computes only
-the rest (prefix caching). A step computes prompts, at most `prefill_chunk` tokens of them (a
-longer prompt takes several steps, a part each: chunked prefill, so a long prompt delays the
-streams in flight by a chunk a step, not by its whole length; 0 computes each prompt whole), and
-advances every sequence whose prompt is done by one token, in one forward with the first prompt
-part where the model allows it (runner.py). When a sequence needs a block and none is left, the
-youngest sequence is preempted: its blocks are released and it waits, first in line, to compute
-its prompt and the tokens it has sent again (they are in the prefix cache unless evicted) and go
-on where it was. The answers are the same; no request fails for want of cache.
+A waiting sequence is admitted into a free slot (`slots`: the most sequences a step computes),
+one whose cache row holds the beginning of its prompt, else the lowest (prefix.py): it computes
+only the rest (prefix caching; blocks another slot holds are copied in). A step computes prompts, at
+most `prefill_chunk` tokens of them (a longer prompt takes several steps, a part each: chunked
+prefill, so a long prompt delays the streams in flight by a chunk a step, not by its whole
+length; 0 computes each prompt whole), and advances every sequence whose prompt is done by one
+token, in one forward with the first prompt part where the model allows it (runner.py). A
+sequence leaves at an end-of-sequence token, a stop string, its max_new_tokens or the context's
+end, or when cancelled; its slot is free for the next step, and what its row holds stays
+findable until the slot is taken again.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import sys
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
-from handlers.generation.blocks import BlockPool
-from handlers.generation.cache import KvShape, PagedCache
-from handlers.generation.runner import PROMPT_STEP, Part, Row, Runner
-from handlers.generation.scheduler import Finish, Running, Scheduler
+from handlers.generation.cache import KvShape, SlotCache
+from handlers.generation.prefix import PrefixCache
+from handlers.generation.runner import PROMPT_STEP, Part, Runner
+from handlers.generation.scheduler import Running, Scheduler
 
 log = logging.getLogger(__name__)
-BLOCK_SIZE = 16  # positions per cache block: vLLM's; the prefix cache's unit
+BLOCK_SIZE = 16  # tokens per prefix-cache block: vLLM's
 
 
 def prompt_chunk(asked: int) -> int:
@@ -45,14 +42,8 @@ def prompt_chunk(asked: int) -> int:
     return max(PROMPT_STEP, asked // PROMPT_STEP * PROMPT_STEP) if asked else 0
 
 
-def pool_blocks(kv_tokens: int, context: int, block_size: int) -> int:
-    """Blocks for `kv_tokens` positions, never fewer than one whole context (a sequence alone
-    always fits), and the null block."""
-    return 1 + math.ceil(max(kv_tokens, context) / block_size)
-
-
 class Engine(Scheduler):
-    """The steps computed by a torch model (eager or compiled) on the kit's paged KV cache."""
+    """The steps computed by a torch model (eager or compiled) on the kit's KV cache."""
 
     def __init__(
         self,
@@ -66,19 +57,15 @@ class Engine(Scheduler):
         name: str = "",
         itt: bool = False,
         prefill_chunk: int = 0,
-        kv_tokens: int = 0,
         block_size: int = BLOCK_SIZE,
         prefix_caching: bool = True,
     ):
-        """`kv_tokens`: the cache's positions (0: `slots` whole contexts)."""
         super().__init__(decode, eos, slots, context, max_waiting, name)
         self.prefill_chunk = prompt_chunk(prefill_chunk)
-        blocks = pool_blocks(kv_tokens or slots * context, context, block_size)
-        self.pool = BlockPool(blocks, block_size, prefix_caching)
-        self.cache = PagedCache(KvShape.of(model.config), blocks, block_size, dtype)
-        self.runner = Runner(model, self.cache, block_size, context, name, itt)
+        self.prefix = PrefixCache(slots, block_size, prefix_caching)
+        self.cache = SlotCache(KvShape.of(model.config), slots, context, dtype)
+        self.runner = Runner(model, self.cache, context, name, itt)
         self.model, self.mixes = model, self.runner.mixes
-        self.preemptions = 0
 
     @property
     def cache_bytes(self) -> int:
@@ -90,79 +77,38 @@ class Engine(Scheduler):
         allows it, else in a decode forward after the prompts."""
         with torch.inference_mode():
             self._admit()
-            rows = self._decoding()
             parts = self._prompt_parts()
-            if parts and rows and self.mixes:
+            decoding = [s for s in self.active.values() if not s.prefilling]
+            if parts and decoding and self.mixes:
                 sequence, part = parts.pop(0)
-                row_logits, part_logits = self.runner.mixed([self._row(s) for s in rows], part)
+                rows, part_logits = self.runner.mixed(*self._decode_rows(), part)
                 self._computed(sequence, len(part.tokens), part_logits)
-                self._computed_rows(rows, row_logits)
-                rows = []
+                self._computed_rows(decoding, rows)
+                decoding = []
             for sequence, part in parts:
                 self._computed(sequence, len(part.tokens), self.runner.part(part))
-            if rows:
-                self._computed_rows(rows, self.runner.decode([self._row(s) for s in rows]))
+            if decoding:
+                self._computed_rows(decoding, self.runner.decode(*self._decode_rows()))
 
-    # -- admission, growth and preemption -------------------------------------------------------
-    def _place(self, sequence: Running) -> bool:
-        """Blocks for the sequence's whole text (its first ones from the prefix cache when there)."""
-        known = sequence.known
-        table, keys = self.pool.match(known)
-        more = self.pool.allocate(self.pool.needed(len(known), len(table)))
-        if more is None:
-            self.pool.release(table)
-            return False
-        self.pool.stats.count(len(known), len(table) * self.pool.block_size)
-        sequence.table, sequence.keys, sequence.computed = table + more, keys, len(table) * self.pool.block_size
-        return True
-
-    def _decoding(self) -> list[Running]:
-        """The sequences that feed one token this step (oldest first), each with a block for it."""
-        rows = []
-        for sequence in sorted(self.active.values(), key=lambda s: s.admitted):
-            if sequence.slot >= 0 and not sequence.prefilling and self._grow(sequence):
-                rows.append(sequence)
-        return rows
-
-    def _grow(self, sequence: Running) -> bool:
-        """A block for the sequence's next position when it needs one: when none is left, the
-        youngest sequences are preempted until there is; False when that was this one."""
-        need = self.pool.needed(sequence.computed + 1, len(sequence.table))
-        while need:
-            more = self.pool.allocate(need)
-            if more is not None:
-                sequence.table += more
-                return True
-            youngest = max(self.active.values(), key=lambda s: s.admitted)
-            self._preempt(youngest)
-            if youngest is sequence:
-                return False
-        return True
-
-    def _preempt(self, sequence: Running) -> None:
-        """Frees the sequence's blocks; it waits first in line to compute its text again."""
-        self.active.pop(sequence.slot)
-        self.pool.release(sequence.table)
-        sequence.slot, sequence.table, sequence.keys, sequence.computed = -1, [], [], 0
-        with self.lock:
-            self.waiting.appendleft(sequence)
-        self.preemptions += 1
-        log.info(
-            "%s: preempted a sequence of %d tokens (the cache is full: %d blocks); %d generating",
-            self.name,
-            len(sequence.known),
-            self.pool.blocks,
-            len(self.active),
-        )
-
-    def _end(self, sequence: Running, reason: Finish) -> None:
-        self.pool.release(sequence.table)
-        sequence.table = []
-        super()._end(sequence, reason)
+    def _place(self, sequence: Running) -> int | None:
+        """The free slot prefix.py picks; what another row holds of the sequence's text copied in."""
+        free = set(range(self.slots)) - set(self.active)
+        place = self.prefix.place(sequence.known, free)
+        if place.source is not None:
+            self.cache.copy(place.source, place.row, slice(place.held, place.found))
+        sequence.computed = place.found
+        return place.row
 
     # -- what a step computes ---------------------------------------------------------------------
-    def _row(self, sequence: Running) -> Row:
-        return Row(sequence.token_at(sequence.computed), sequence.computed, sequence.table)
+    def _decode_rows(self) -> tuple[list[int], list[int]]:
+        """A token and a position per slot up to the last one taken: a decoding sequence's next,
+        else the cache's scratch position (a prompt's slot too: its part has rows of its own)."""
+        rows = max(self.active) + 1
+        tokens, positions = [0] * rows, [self.cache.scratch] * rows
+        for slot, sequence in self.active.items():
+            if not sequence.prefilling:
+                tokens[slot], positions[slot] = sequence.token_at(sequence.computed), sequence.computed
+        return tokens, positions
 
     def _prompt_parts(self) -> list[tuple[Running, Part]]:
         """The prompt tokens this step computes, in the order the sequences were admitted, up to
@@ -176,19 +122,19 @@ class Engine(Scheduler):
                 break
             start = sequence.computed
             tokens = sequence.known[start : start + take]
-            parts.append((sequence, Part(tokens, start, sequence.table, take == sequence.pending)))
+            parts.append((sequence, Part(sequence.slot, tokens, start, take == sequence.pending)))
             budget -= take
         return parts
 
-    def _computed_rows(self, rows: list[Running], logits: torch.Tensor) -> None:
-        for index, sequence in enumerate(rows):
-            self._computed(sequence, 1, logits[index])
+    def _computed_rows(self, decoding: list[Running], logits: torch.Tensor) -> None:
+        for sequence in decoding:
+            self._computed(sequence, 1, logits[sequence.slot])
 
     def _computed(self, sequence: Running, count: int, logits: torch.Tensor) -> None:
-        """`count` more of the sequence's tokens are in its cache: its full blocks findable, and
-        its next token chosen from `logits` when they were the last pending."""
+        """`count` more of the sequence's tokens are in its cache row: its full blocks findable,
+        and its next token chosen from `logits` when they were the last pending."""
         sequence.computed += count
-        if sequence.computed // self.pool.block_size > len(sequence.keys):
-            self.pool.register(sequence.known[: sequence.computed], sequence.table, sequence.keys)
+        if self.prefix.behind(sequence.slot, sequence.computed):
+            self.prefix.computed(sequence.slot, sequence.known[: sequence.computed])
         if not sequence.pending:
             self._accept(sequence, sequence.generation.sampling.choose(logits, sequence.generator))

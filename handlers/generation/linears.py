@@ -51,22 +51,14 @@ class OpaqueLinear(nn.Module):
         return opaque_linear(x, self.key)
 
 
-def tied_to_input(model: nn.Module, linear: nn.Linear) -> bool:
-    """Whether the linear layer's weight is the model's input embedding's (a tied head)."""
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    return embeddings is not None and linear.weight is embeddings.weight
-
-
-def replace_linears(
-    model: nn.Module, kernel_of: Callable[[nn.Linear], Kernel], keep: Callable[[nn.Linear], bool] = lambda _: False
-) -> int:
-    """Every nn.Linear of the model but those `keep` says replaced by its kernel, its plain weight
-    dropped; how many were replaced."""
+def replace_linears(model: nn.Module, kernel_of: Callable[[nn.Linear], Kernel]) -> int:
+    """Every nn.Linear of the model replaced by its kernel, its plain weight dropped (a head tied
+    to the embedding keeps the embedding); how many there were."""
     linears = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
-        if type(child) is nn.Linear and not keep(child)
+        if type(child) is nn.Linear
     ]
     for parent, name, linear in linears:
         with torch.no_grad():

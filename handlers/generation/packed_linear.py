@@ -15,7 +15,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from handlers.generation.linears import replace_linears, tied_to_input
+from handlers.generation.linears import replace_linears
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,5 @@ def can_pack() -> bool:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Every nn.Linear of the model replaced by its packed twin, but a head tied to the input
-    embedding: packed, it would be a second copy of the largest weight (Qwen3-0.6B's 151936 x
-    1024), where plain it is the embedding's; how many were replaced."""
-    return replace_linears(model, Packed.of, keep=lambda linear: tied_to_input(model, linear))
+    """Every nn.Linear of the model replaced by its packed twin; how many there were."""
+    return replace_linears(model, Packed.of)

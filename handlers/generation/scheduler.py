@@ -5,8 +5,8 @@
     scheduler.run_forever()         # the engine's thread: step() while anything is in flight
 
 A request's sequence waits in a queue (bounded: a full one refuses with QueueFull, a 503), is
-admitted into one of `slots` places when there is room (`_place` says whether the engine's
-cache has it), and gets its tokens from the engine's steps (`_accept`): it ends at an
+admitted into one of `slots` places when one is free (`_place` says which: the engine's
+choice), and gets its tokens from the engine's steps (`_accept`): it ends at an
 end-of-sequence token, a stop string, its max_new_tokens or the context's end, or when
 cancelled. engine.py computes the steps with a torch model, openvino_engine.py with OpenVINO
 GenAI's pipeline.
@@ -84,12 +84,10 @@ class Running:
     generator: torch.Generator | None
     slot: int = -1
     tokens: list[int] = dataclasses.field(default_factory=list)  # generated so far
-    computed: int = 0  # tokens (prompt, then generated) whose keys and values are in the cache
-    table: list[int] = dataclasses.field(default_factory=list)  # its cache blocks (blocks.py)
-    keys: list[bytes] = dataclasses.field(default_factory=list)  # its full blocks' prefix-cache keys
+    computed: int = 0  # tokens (prompt, then generated) whose keys and values are in its cache row
     cancelled: bool = False
     submitted: float = dataclasses.field(default_factory=time.perf_counter)
-    admitted: int = 0  # the order of its (last) admission: the youngest is preempted first
+    admitted: int = 0  # the order of its admission: prompts are computed in this order
     key: str = ""  # what Engine.cancel finds it by
 
     @property
@@ -109,7 +107,7 @@ class Running:
 
     @property
     def prefilling(self) -> bool:
-        """More than one token to compute (a prompt, or a preempted sequence's text) before its next."""
+        """More than one token to compute (its prompt's rest) before its next."""
         return self.pending > 1
 
     @property
@@ -218,19 +216,15 @@ class Scheduler:
             if sequence.cancelled:
                 self._end(sequence, Finish.CANCELLED)
                 continue
-            if not self._place(sequence):
-                with self.lock:
-                    self.waiting.appendleft(sequence)  # first in line when there is room
-                break
-            sequence.slot = min(set(range(self.slots)) - set(self.active))
+            sequence.slot = self._place(sequence)
             sequence.admitted, self.admissions = self.admissions, self.admissions + 1
             self.active[sequence.slot] = sequence
             admitted.append(sequence)
         return admitted
 
-    def _place(self, sequence: Running) -> bool:
-        """Whether the engine's cache has room for the sequence (taking it); a slot is free."""
-        return True
+    def _place(self, sequence: Running) -> int:
+        """The free slot the sequence takes (there is one)."""
+        return min(set(range(self.slots)) - set(self.active))
 
     def _accept(self, sequence: Running, token: int) -> None:
         """The sequence's next token: its text sent, or the sequence ended."""

@@ -8,6 +8,10 @@ model views of the mapping: the file's pages stay resident (and counted in the w
 for as long as any of them is referenced, though packing (packed_linear.py, quantized.py) has
 replaced most of them with copies of their own. Copying what is left (embeddings, norms) into
 memory of its own lets the mapping go.
+
+A head tied to the input embedding is packed too, a second copy of the largest weight (Qwen3-0.6B:
+151936 x 1024, 0.62 GB in float32): the plain weight's product took 61-76 ms at 16 rows and 29 ms
+at one, the packed one's 18 and 13 ms (2-core AMD EPYC, float32), every decode step.
 """
 
 from __future__ import annotations

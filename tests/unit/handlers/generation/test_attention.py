@@ -40,18 +40,16 @@ def test_grouped_heads_attend_as_repeated_keys_and_values(cache, tokens):
     torch.testing.assert_close(out, repeated(query, key, value, mask), atol=TOLERANCE, rtol=0)
 
 
-def test_a_mixed_step_attends_each_decode_row_over_its_keys_and_the_part_over_its_own(cache):
+def test_a_mixed_step_attends_each_decode_row_over_its_slot_and_the_part_over_its_own(cache):
     key, value = cache
-    rows, part, slot, part_kv, decode_kv = 3, 6, 3, 24, 32
+    rows, part, slot, part_kv, decode_kv = 3, 6, 2, 24, 32
     query = torch.randn(1, HEADS, rows + part, SIZE, generator=torch.Generator().manual_seed(2))
     decode_positions = torch.tensor([[9], [31], [4]])
     decode_mask = (torch.arange(decode_kv)[None, :] <= decode_positions)[:, None, None, :]
     part_positions = torch.arange(part_kv - part, part_kv)
     part_mask = (torch.arange(part_kv)[None, :] <= part_positions[:, None])[None, None]
-    mixed = Mixed(decode_mask, part_mask)
-    # What the cache gives a mixed step: the decode rows' keys, then the part's.
-    rows_key, rows_value = (torch.cat([t[:rows], t[slot : slot + 1]]) for t in (key, value))
-    out, _ = attention(Layer(), query, rows_key, rows_value, part_mask, mixed=mixed)
+    mixed = Mixed(decode_mask, part_mask, torch.tensor([slot]))
+    out, _ = attention(Layer(), query, key, value, part_mask, mixed=mixed)
     decode = repeated(
         query[0, :, :rows, None].transpose(0, 1), key[:rows, :, :decode_kv], value[:rows, :, :decode_kv], decode_mask
     )

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from handlers.generation.cache import KvShape, PagedCache, row_bytes, untouched_zeros
+from handlers.generation.cache import KvShape, SlotCache, row_bytes, untouched_zeros
 from handlers.generation.engine import Engine
 from handlers.generation.scheduler import Discard, Generation
 from tests.hf_models import gpt2_lm, qwen2_lm
@@ -27,17 +27,16 @@ def resident() -> int:
 
 @pytest.mark.parametrize("family", [qwen2_lm, gpt2_lm], ids=["qwen2", "gpt2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_a_positions_bytes_are_what_the_engine_keeps_per_position(family, dtype, tmp_path):
+def test_a_rows_bytes_are_what_the_engine_allocates_per_sequence(family, dtype, tmp_path):
     directory = family(tmp_path)
     model = AutoModelForCausalLM.from_pretrained(directory).eval().to(dtype)
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    engine = Engine(model, tokenizer.decode, set(), slots=3, context=192, dtype=dtype, block_size=16)
+    engine = Engine(model, tokenizer.decode, set(), slots=3, context=192, dtype=dtype)
     engine.submit(Generation((1, 2, 3), 2), Discard())
     while engine.busy:
         engine.step()
-    blocks = 1 + 3 * 192 // 16  # three contexts, and the null block
-    assert engine.cache.bytes == blocks * 16 * row_bytes(model.config, 1, dtype) > 0
-    assert engine.cache.bytes == row_bytes(model.config, blocks * 16, dtype)
+    # Three rows of the context and the scratch position: what the plan counts, and one position.
+    assert engine.cache.bytes == 3 * row_bytes(model.config, 192 + 1, dtype) > 0
 
 
 def test_the_cache_is_resident_only_where_written():
@@ -53,8 +52,8 @@ def test_the_cache_is_resident_only_where_written():
 def test_a_layer_whose_keys_differ_from_its_config_is_refused_by_name(tmp_path):
     config = AutoConfig.from_pretrained(qwen2_lm(tmp_path))
     shape = KvShape.of(config)
-    cache = PagedCache(shape, blocks=4, block_size=4, dtype=torch.float32)
-    cache.select(torch.tensor([4]), torch.tensor([[4]]))
+    cache = SlotCache(shape, slots=2, context=8, dtype=torch.float32)
+    cache.select(slice(0, 1), torch.tensor([[4]]), 8)
     wrong = torch.zeros(1, shape.kv_heads + 1, 1, shape.head_size)
     with pytest.raises(ValueError, match=f"layer 0 computes keys of {shape.kv_heads + 1} heads"):
         cache.update(wrong, wrong, 0)

@@ -46,7 +46,7 @@ def engine(
     waiting: int = 16,
     chunk: int = 0,
     block_size: int = 16,
-    kv_tokens: int = 0,
+    prefix_caching: bool = True,
 ):
     eos = set() if eos is None else eos
     return Engine(
@@ -59,7 +59,7 @@ def engine(
         waiting,
         prefill_chunk=chunk,
         block_size=block_size,
-        kv_tokens=kv_tokens,
+        prefix_caching=prefix_caching,
     )
 
 
@@ -292,55 +292,93 @@ def counted(eng: Engine) -> list[int]:
 
 def test_a_shared_prefix_is_computed_once_and_later_answers_are_still_transformers(lm):
     """Prefix caching: a second prompt that begins with the first's 6 full blocks (a system prompt)
-    computes only what follows them; so does the first prompt asked again."""
+    computes only what follows them; the same prompt asked again, all but its last block."""
     model, tokenizer = lm
     system = tokenizer(PROMPTS[2])["input_ids"]
     first, second = system + tokenizer(" Why?")["input_ids"], system + tokenizer(" And then")["input_ids"]
     eng = engine(model, tokenizer, slots=2, block_size=16)
     forwards = counted(eng)
     answers = []
-    for ids in (first, second, first):
+    for ids in (first, second, second):
         sequence = eng.submit(Generation(tuple(ids), 6), Recorder())
         forwards.clear()
         while eng.busy:
             eng.step()
         answers.append((sequence.tokens, forwards[0]))
-    assert [tokens for tokens, _ in answers] == [reference(model, i, 6) for i in (first, second, first)]
+    assert [tokens for tokens, _ in answers] == [reference(model, i, 6) for i in (first, second, second)]
     shared = len(system) // 16 * 16
     assert answers[0][1] >= len(first)  # computed whole
     assert answers[1][1] < len(second) - shared + 8  # the rest after the shared blocks (padded to 8)
-    assert answers[2][1] <= 16  # all but its last block found (its answer's blocks too)
-    assert eng.pool.stats.hits >= 2 * shared and eng.pool.stats.queries == len(first) * 2 + len(second)
+    assert answers[2][1] <= 16  # all but its last block found
+    assert eng.prefix.stats.hits >= 2 * shared and eng.prefix.stats.queries == len(first) + 2 * len(second)
 
 
-@pytest.mark.parametrize("chunk", [0, 8])
-def test_when_blocks_run_out_the_youngest_is_preempted_and_every_answer_is_still_transformers(lm, chunk):
-    """A cache of 18 blocks of 4 positions (one context, 64, and a few) for three sequences that
-    grow to 70 positions together: the youngest are preempted, wait and compute their text again,
-    and every greedy answer is the one they would have had alone. Blocks end inside prompts and
-    answers."""
+def test_a_prefix_another_slot_holds_while_generating_is_copied_and_answers_are_transformers(lm):
+    """Two requests with one system prompt, the second arriving while the first generates: its
+    slot is another, the shared blocks are copied from the first's row, and both answers are the
+    ones each would have alone. Blocks of 4 positions: they end inside prompts and answers."""
     model, tokenizer = lm
-    ids = [tokenizer(p)["input_ids"] for p in (PROMPTS[0], PROMPTS[3], PROMPTS[0] + " and")]
-    new = 26
-    eng = engine(model, tokenizer, slots=3, context=64, block_size=4, kv_tokens=70, chunk=chunk)
-    sequences = [eng.submit(Generation(tuple(i), new), Recorder()) for i in ids]
+    system = tokenizer(PROMPTS[2])["input_ids"]
+    first, second = system + tokenizer(" Why?")["input_ids"], system + tokenizer(" And then")["input_ids"]
+    eng = engine(model, tokenizer, slots=2, block_size=4, chunk=16)
+    forwards = counted(eng)
+    one = eng.submit(Generation(tuple(first), 30), Recorder())
+    while not one.tokens:
+        eng.step()
+    forwards.clear()
+    two = eng.submit(Generation(tuple(second), 30), Recorder())
+    eng.step()
+    assert two.slot != one.slot and two.computed > len(system) - 4
+    assert forwards[0] < 16 + 2  # the rest of the second prompt and the first's decode row: one mixed forward
     while eng.busy:
         eng.step()
-    assert eng.preemptions > 0
-    assert [s.tokens for s in sequences] == [reference(model, i, new) for i in ids]
-    assert all(s.sink.usage == (len(i), new) for s, i in zip(sequences, ids, strict=True))
-    assert eng.pool.used == 0  # every block back
+    assert [one.tokens, two.tokens] == [reference(model, first, 30), reference(model, second, 30)]
 
 
-def test_a_sequence_waits_for_blocks_when_its_prompt_does_not_fit_beside_the_others(lm):
+def test_without_prefix_caching_every_prompt_is_computed_whole(lm):
     model, tokenizer = lm
-    long = tuple(tokenizer(PROMPTS[2])["input_ids"])[:60]
-    eng = engine(model, tokenizer, slots=3, context=64, block_size=4, kv_tokens=64)
-    first = eng.submit(Generation(long, 3), Recorder())
+    ids = tokenizer(PROMPTS[2])["input_ids"]
+    eng = engine(model, tokenizer, slots=1, prefix_caching=False)
+    forwards = counted(eng)
+    for _ in range(2):
+        forwards.clear()
+        sequence = eng.submit(Generation(tuple(ids), 3), Recorder())
+        while eng.busy:
+            eng.step()
+        assert forwards[0] >= len(ids) and sequence.tokens == reference(model, ids, 3)
+    assert eng.prefix.stats.hits == 0
+
+
+def test_a_free_slots_prefix_is_not_overwritten_by_other_slots_steps(lm):
+    """A slot with nothing to compute writes at the cache's scratch position: a prompt left in a
+    free slot's row is found whole after another sequence generated beside it for many steps."""
+    model, tokenizer = lm
+    long = tokenizer(PROMPTS[2])["input_ids"]
+    eng = engine(model, tokenizer, slots=2)
+    beside = eng.submit(Generation(tuple(tokenizer(PROMPTS[0])["input_ids"]), 60), Recorder())
+    kept = eng.submit(Generation(tuple(long), 2), Recorder())
+    while kept.slot in eng.active:
+        eng.step()
+    for _ in range(20):
+        eng.step()  # the kept row idle in each decode step
+    again = eng.submit(Generation(tuple(long), 8), Recorder())
     eng.step()
-    second = eng.submit(Generation(long[:40], 3), Recorder())
-    eng.step()
-    assert second.slot == -1 and first.slot >= 0  # 16 blocks: the first holds 16 of them
+    assert again.slot == kept.slot == 1 and beside.slot == 0
+    assert again.computed >= (len(long) - 1) // 16 * 16  # every full block of its prompt found
     while eng.busy:
         eng.step()
-    assert second.tokens == reference(model, list(long[:40]), 3)
+    assert again.tokens == reference(model, long, 8) and beside.tokens == reference(model, beside.generation.prompt, 60)
+
+
+def test_a_context_as_long_as_the_models_positions_serves_idle_slots_beside_busy_ones(lm):
+    """A slot with nothing to compute writes past the context in the cache, but the model is told
+    a position it has (GPT-2's learned positions end at its max_position_embeddings)."""
+    model, tokenizer = lm
+    context = model.config.max_position_embeddings
+    eng = engine(model, tokenizer, slots=3, context=context)
+    ids = [tokenizer(p)["input_ids"] for p in PROMPTS[:2]]
+    eng.submit(Generation(tuple(ids[0]), 1), Recorder())
+    sequences = [eng.submit(Generation(tuple(i), 6), Recorder()) for i in ids]
+    while eng.busy:
+        eng.step()  # slot 0 idle once its one token is out
+    assert [s.tokens for s in sequences] == [reference(model, i, 6) for i in ids]

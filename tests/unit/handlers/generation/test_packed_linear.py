@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from handlers.generation.linears import OpaqueLinear, tied_to_input
+from handlers.generation.linears import OpaqueLinear
 from handlers.generation.packed_linear import Packed, can_pack, pack_linears
 from tests.hf_models import gpt2_lm, qwen2_lm
 
@@ -34,11 +34,10 @@ BOUNDS = {torch.bfloat16: bf16_bound, torch.float32: fp32_bound}
 @pytest.mark.parametrize("family", [qwen2_lm, gpt2_lm], ids=["qwen2", "gpt2"])
 def test_a_packed_model_gives_the_plain_models_logits_eager_and_compiled(family, dtype, tmp_path):
     plain = AutoModelForCausalLM.from_pretrained(family(tmp_path)).eval().to(dtype)
-    # GPT-2's projections are Conv1D and its head is tied: it packs nothing, and answers as before.
-    linears = sum(type(m) is nn.Linear and not tied_to_input(plain, m) for m in plain.modules())
+    linears = sum(type(m) is nn.Linear for m in plain.modules())
     packed = copy.deepcopy(plain)
-    assert pack_linears(packed) == linears
-    assert not any(type(m) is nn.Linear and not tied_to_input(packed, m) for m in packed.modules())
+    assert pack_linears(packed) == linears > 0  # GPT-2's projections are Conv1D: only its head is a Linear
+    assert not any(type(m) is nn.Linear for m in packed.modules())
     assert sum(isinstance(m, OpaqueLinear) and isinstance(m.kernel, Packed) for m in packed.modules()) == linears
     ids = torch.randint(0, plain.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
@@ -47,16 +46,6 @@ def test_a_packed_model_gives_the_plain_models_logits_eager_and_compiled(family,
             expected, got = run(plain).logits.float(), run(packed).logits.float()
             assert (got - expected).abs().max() <= BOUNDS[dtype](expected, exact)
             assert torch.equal(got.argmax(-1), expected.argmax(-1))
-
-
-def test_a_head_tied_to_the_embedding_stays_the_embeddings_weight(tmp_path):
-    model = AutoModelForCausalLM.from_pretrained(qwen2_lm(tmp_path), tie_word_embeddings=True).to(torch.bfloat16)
-    assert model.lm_head.weight is model.get_input_embeddings().weight
-    before = sum(p.numel() for p in model.parameters())
-    projections = sum(type(m) is nn.Linear for m in model.modules()) - 1
-    assert pack_linears(model) == projections > 0
-    assert type(model.lm_head) is nn.Linear and model.lm_head.weight is model.get_input_embeddings().weight
-    assert sum(p.numel() for p in model.parameters()) < before  # the projections' plain weights, dropped
 
 
 def test_the_plain_weights_are_dropped(tmp_path):

@@ -1,6 +1,5 @@
 """handlers/generation/weights.py: after packing, nothing of the model maps its checkpoint's file
-(read from /proc/self/maps), a tied head stays its embedding, the answers stay, and the parts
-are counted once."""
+(read from /proc/self/maps), the answers stay, and the parts are counted."""
 
 from __future__ import annotations
 
@@ -34,10 +33,9 @@ def test_the_checkpoint_is_no_longer_mapped_and_the_model_answers_as_before(tmp_
     own_memory(model)
     gc.collect()
     assert not mapped(checkpoint)
-    assert model.lm_head.weight is model.get_input_embeddings().weight
     with torch.inference_mode():
         torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=0, atol=1e-4)
     parts = weight_parts(model)
     embedding = model.get_input_embeddings().weight
-    assert parts["other"] >= embedding.numel() * 4 > 0  # the tied head counted once, with the embedding
-    assert parts["linear kernels"] > 0
+    assert parts["other"] >= embedding.numel() * 4 > 0
+    assert parts["linear kernels"] >= embedding.numel() * 4  # the head packed, and the projections
