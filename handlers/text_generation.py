@@ -214,7 +214,10 @@ class TextGenerationHandler(StreamingHandler):
         start = time.perf_counter()
         tokens = itertools.count((self.tokenizer("Hello")["input_ids"] or [0])[0])
         vocabulary = len(self.tokenizer)
-        prompt = lambda length: self.warm_prompt(next(tokens) % vocabulary, length)  # noqa: E731
+
+        def prompt(length: int) -> Generation:
+            return self.warm_prompt(next(tokens) % vocabulary, length)
+
         context = self.settings.context_length
         lengths = [(1, 1), (self.settings.max_sequences, SPAN_STEP + 1)]
         if (chunk := self.engine.prefill_chunk) and chunk + 1 < context:

@@ -8,7 +8,8 @@ transformers' attention layers call `update(keys, values, layer)` with this step
 and attend over what it returns. Each row writes at its own positions (sequences of different
 lengths share one forward), and the layers attend over the first `kv_length` positions of the
 selected rows: views of the buffers, never a copy (a gather from scattered blocks, tried, made a
-compiled decode step of 16 sequences 275 ms against 114 ms, Qwen3-0.6B's shape, 2-core EPYC). Positions past a row's own length
+compiled decode step of 16 sequences over twice as long, Qwen3-0.6B's shape on a 2-core EPYC,
+one run each way: far past the ±20 % between runs). Positions past a row's own length
 hold stale values; the caller's mask hides them (runner.py). Past the context is one position
 more, the scratch position, where a row with nothing to compute writes, so that what a free row
 holds (a prefix for the prefix cache, prefix.py) is never overwritten by another's step.

@@ -114,7 +114,7 @@ class Engine(Scheduler):
         """The prompt tokens this step computes, in the order the sequences were admitted, up to
         the step's chunk."""
         budget, parts = self.prefill_chunk or sys.maxsize, []
-        for sequence in sorted(self.active.values(), key=lambda s: s.admitted):
+        for sequence in self.active.values():  # in the order they were admitted (a dict's)
             if not sequence.prefilling:
                 continue
             take = sequence.pending if sequence.pending <= budget else budget // PROMPT_STEP * PROMPT_STEP

@@ -38,10 +38,6 @@ class PrefixStats:
     queries: int = 0
     hits: int = 0
 
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
-
 
 @dataclasses.dataclass(frozen=True)
 class Place:

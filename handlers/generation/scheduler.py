@@ -87,7 +87,6 @@ class Running:
     computed: int = 0  # tokens (prompt, then generated) whose keys and values are in its cache row
     cancelled: bool = False
     submitted: float = dataclasses.field(default_factory=time.perf_counter)
-    admitted: int = 0  # the order of its admission: prompts are computed in this order
     key: str = ""  # what Engine.cancel finds it by
 
     @property
@@ -141,7 +140,6 @@ class Scheduler:
         self.keyed: dict[str, Running] = {}  # submitted with a key (a request id), until they end
         self.lock = threading.Condition()
         self.stopping = False
-        self.admissions = 0
 
     # -- any thread --------------------------------------------------------------------------
     def submit(self, generation: Generation, sink: Sink, key: str = "") -> Running:
@@ -217,7 +215,6 @@ class Scheduler:
                 self._end(sequence, Finish.CANCELLED)
                 continue
             sequence.slot = self._place(sequence)
-            sequence.admitted, self.admissions = self.admissions, self.admissions + 1
             self.active[sequence.slot] = sequence
             admitted.append(sequence)
         return admitted

@@ -10,8 +10,9 @@ replaced most of them with copies of their own. Copying what is left (embeddings
 memory of its own lets the mapping go.
 
 A head tied to the input embedding is packed too, a second copy of the largest weight (Qwen3-0.6B:
-151936 x 1024, 0.62 GB in float32): the plain weight's product took 61-76 ms at 16 rows and 29 ms
-at one, the packed one's 18 and 13 ms (2-core AMD EPYC, float32), every decode step.
+151936 x 1024, 0.62 GB in float32): the plain weight's product took 3-4x as long at 16 rows and
+twice as long at one, every decode step (2-core AMD EPYC, float32; medians of 10 calls in one
+process, far past the ±20 % between runs).
 """
 
 from __future__ import annotations
