@@ -42,7 +42,7 @@ from handlers.generation.sampling import Sampling
 from handlers.generation.scheduler import Discard, Generation, QueueFull
 from handlers.generation.weights import own_memory, weight_parts
 from handlers.loaders import load_model
-from handlers.optimize import RecompileWatch
+from handlers.optimize import RecompileWatch, fx_graph_cache_counts, graphs_compiled
 from handlers.payload import HTTP_BAD_REQUEST, URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
 from handlers.replies import Transport
 from handlers.settings import GenerationSettings, Weights
@@ -97,10 +97,13 @@ class TextGenerationHandler(StreamingHandler):
         self.limits = api.Limits(settings.context_length, settings.max_new_tokens, sampling)
         self.engine = getattr(self, BACKENDS[settings.backend].generation_engine)(model_dir, eos)
         load_seconds = time.perf_counter() - start
+        graphs, (hits, _, _) = graphs_compiled(), fx_graph_cache_counts()
         warm_seconds = self.warm_up()
+        graphs, hits = graphs_compiled() - graphs, fx_graph_cache_counts()[0] - hits
         log.info(
             "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB (resident as used) "
-            "prefill_chunk=%d prefix_caching=%s weights=%s%s eos=%s load=%.1fs warmup=%.1fs",
+            "prefill_chunk=%d prefix_caching=%s weights=%s%s eos=%s load=%.1fs warmup=%.1fs "
+            "graphs=%d (%d from the compile cache)",
             self.model_name,
             settings.backend.value,
             settings.dtype.value,
@@ -114,6 +117,8 @@ class TextGenerationHandler(StreamingHandler):
             sorted(eos),
             load_seconds,
             warm_seconds,
+            graphs,
+            hits,
         )
         self.initialized = True
 
@@ -145,6 +150,9 @@ class TextGenerationHandler(StreamingHandler):
             # a later call where they differ compiles again: a prompt padded to 64 positions
             # would be tied to a head size of 64. A worker compiles one model: set process-wide.
             torch.fx.experimental._config.use_duck_shape = False
+            # A float the model holds (an embedding's norm_type) would be traced as a symbol, then
+            # specialised by a second trace of the whole graph: a third of the compile's time.
+            torch._dynamo.config.specialize_float = True
             model.forward = torch.compile(model.forward, dynamic=True)
         return Engine(
             model,
@@ -201,52 +209,43 @@ class TextGenerationHandler(StreamingHandler):
         return reference
 
     def warm_up(self) -> float:
-        """Every kind of step a request takes, compiled before the first: a prefill and decode steps
-        for one sequence alone, then for every slot at once (a compiler specialises a size of 1),
-        each over two lengths (prompts padded to 8 and 72 positions; decode spans of 64 and 128,
-        then 128 and 192), then a prompt computed in parts (chunked prefill), then a prompt
-        arriving while one, then two, sequences decode (a mixed step), over the same two lengths, then
-        prompts whose first blocks are in the prefix cache, alone and arriving. Should the first
-        length be specialised (a length equal to one of the model's sizes was, before duck shapes
-        were turned off: 64, Qwen2.5-0.5B's head size, cost its first requests 3 graphs more),
-        the second makes it compile the general step too. Each prompt is of a token of its own,
-        so that none finds another's blocks but where meant to."""
+        """Every kind of step a request takes, compiled before the first, at the least compute: the
+        compiler traces each graph (decode rows; a prompt's part, alone or mixed with decode rows)
+        at its first call and again at the first call whose sizes differ from it, after which it is
+        general. So each size is met twice, each time with values no other size has (a size equal
+        to another would be tied to it): a prompt alone (one decode row with idle ones) whose decode
+        crosses a span boundary (two spans); every slot at once; prompts arriving while others
+        decode; prompts whose first blocks are in the prefix cache, alone and arriving (a part that
+        starts past position 0). Each prompt is of a token of its own, so that none finds another's
+        blocks but where meant to, and generates a few tokens (prompts, not decode steps, are
+        what costs here: a 0.5 B model computes ~100 prompt tokens a second on 2 cores)."""
         start = time.perf_counter()
         tokens = itertools.count((self.tokenizer("Hello")["input_ids"] or [0])[0])
         vocabulary = len(self.tokenizer)
 
-        def prompt(length: int) -> Generation:
-            return self.warm_prompt(next(tokens) % vocabulary, length)
+        def prompt(length: int, new: int = 3) -> Generation:
+            return self.warm_prompt(next(tokens) % vocabulary, length, new)
 
-        context = self.settings.context_length
-        lengths = [(1, 1), (self.settings.max_sequences, SPAN_STEP + 1)]
-        if (chunk := self.engine.prefill_chunk) and chunk + 1 < context:
-            # A prompt longer than a chunk: its later parts attend over more positions than they
-            # hold (two such shapes, when the context has room, for the same reason as above).
-            lengths.append((1, min(2 * chunk + 1, context - 2)))
-        for count, length in lengths:
-            self.warm(*(prompt(length) for _ in range(count)))
-        mixing = self.engine.mixes and self.settings.max_sequences > 1
-        for length in (2, SPAN_STEP + 1) if mixing else ():
-            for decoding in (1, 2):  # one decode row is a size the compiler specialises
-                self.warm(*(prompt(length) for _ in range(decoding + 1)), arriving=1)
+        self.warm(prompt(SPAN_STEP - 1))  # decodes at SPAN_STEP - 1 and SPAN_STEP: spans of 1 and 2 steps
+        self.warm(*(prompt(2) for _ in range(self.settings.max_sequences)))
+        for length in (2, SPAN_STEP + 1) if self.engine.mixes else ():
+            self.warm(prompt(3, new=5), prompt(length), arriving=1)
         cached = prompt(SPAN_STEP + 1)
         self.warm(cached)
-        self.warm(self.longer(cached))  # its first 4 blocks found: a part from position 64
-        if mixing:
-            self.warm(prompt(2), self.longer(cached), arriving=1)
+        self.warm(self.longer(cached))  # its first blocks found: a part from a block's end
+        if self.engine.mixes:
+            self.warm(prompt(3, new=5), self.longer(self.longer(cached)), arriving=1)
         self.recompiles = RecompileWatch(self.model_name)
         return time.perf_counter() - start
 
-    def warm_prompt(self, token: int, length: int) -> Generation:
-        """`length` tokens (what the context holds), then as many as reach the next decode span."""
+    def warm_prompt(self, token: int, length: int, new: int) -> Generation:
+        """`length` tokens and `new` more (what the context holds)."""
         prompt = (token,) * min(length, self.settings.context_length - 1)
-        new = max(1, min(SPAN_STEP + 1, self.settings.context_length - len(prompt)))
-        return Generation(prompt, new, ignore_eos=True)
+        return Generation(prompt, max(1, min(new, self.settings.context_length - len(prompt))), ignore_eos=True)
 
     def longer(self, generation: Generation) -> Generation:
         """The prompt and 8 tokens more (what the context holds): it begins with the other's blocks."""
-        return self.warm_prompt(generation.prompt[0], len(generation.prompt) + 8)
+        return self.warm_prompt(generation.prompt[0], len(generation.prompt) + 8, generation.max_new_tokens)
 
     def warm(self, *generations: Generation, arriving: int = 0) -> None:
         """Step the engine until `generations` are answered; the last `arriving` of them are

@@ -36,6 +36,11 @@ SPAN_STEP = 64
 # padded position costs a prefill a whole position's compute (64 here computed a 20-token
 # prompt as 64).
 PROMPT_STEP = 8
+# A decode step computes at least this many rows (idle ones at the scratch position), where the
+# cache has them: a size of 1 is one the compiler specialises, and each graph more is compiled at
+# every start (Qwen2.5-0.5B's shape: ~40 s on 2 cores). A second row costs a decode step little:
+# its time is the read of the weights, made once for every row.
+MIN_ROWS = 2
 DECODE_KEEP = torch.tensor([0])  # a decode step feeds one token per row: its logits are all there are
 
 
@@ -102,14 +107,22 @@ class Runner:
         (GPT-2's learned positions end at the context); what it computes there is never read."""
         return positions.clamp(max=self.context - 1)
 
+    def padded(self, tokens: Sequence[int], positions: Sequence[int]) -> tuple[list[int], list[int]]:
+        """tokens and positions with idle rows (at the scratch position) up to MIN_ROWS."""
+        idle = max(0, min(MIN_ROWS, self.cache.slots) - len(tokens))
+        return [*tokens, *[0] * idle], [*positions, *[self.cache.scratch] * idle]
+
     def decode(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """Row r's next-token logits [rows, vocab], row r feeding tokens[r] at positions[r] of slot r."""
-        ids, where, mask = self._rows(tokens, positions)
+        ids, where, mask = self._rows(*self.padded(tokens, positions))
         self.cache.select(slice(0, ids.shape[0]), where, mask.shape[-1])
         return self._forward(ids, self.model_positions(where), mask, DECODE_KEEP)[:, -1]
 
     def part(self, part: Part) -> torch.Tensor:
-        """The logits [vocab] at the part's last token."""
+        """The logits [vocab] at the part's last token: where the model mixes, a mixed step of idle
+        rows (the same graph as a mixed step's, none more to compile)."""
+        if self.mixes:
+            return self.mixed([], [], part)[1]
         ids, positions, mask = self._part(part)
         self.cache.select(slice(part.slot, part.slot + 1), positions, mask.shape[-1])
         return self._forward(ids, positions, mask, torch.tensor([len(part.tokens) - 1]))[0, -1]
@@ -117,7 +130,7 @@ class Runner:
     def mixed(self, tokens: Sequence[int], positions: Sequence[int], part: Part) -> tuple[torch.Tensor, torch.Tensor]:
         """decode(tokens, positions) and part(part) in one forward: the decode rows and the part
         flattened into one row of tokens; attention.py splits its attention."""
-        decode_ids, decode_positions, decode_mask = self._rows(tokens, positions)
+        decode_ids, decode_positions, decode_mask = self._rows(*self.padded(tokens, positions))
         ids, part_positions, mask = self._part(part)
         rows = decode_ids.shape[0]
         slots = torch.cat([torch.arange(rows), torch.full((ids.shape[1],), part.slot)])[None]

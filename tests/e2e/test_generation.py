@@ -402,6 +402,11 @@ def test_no_request_waited_for_the_compiler(server):
     log = server.logs.model_log.read_text(errors="replace")
     assert f"{QWEN} ready: backend={server.config.variant.name.split('-')[0]}" in log
     assert "recompiled while serving" not in log, "a request waited for the compiler"
+    if server.config.variant.name == "inductor":
+        # Two graphs (a decode step; a prompt's part with decode rows): each more is compiled at
+        # every start, a graph of a real-size model's some 40 s on 2 cores.
+        for model in MAKERS:
+            assert re.search(rf"{model} ready: .* graphs=2 ", log), f"{model} compiled other than 2 graphs"
 
 
 def test_a_memory_budget_short_of_the_kv_caches_serves_fewer_sequences(sources, references, tmp_path):
