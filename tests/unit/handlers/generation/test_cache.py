@@ -3,26 +3,22 @@ engine's cache keeps per position; the cache's memory is resident only where wri
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from handlers.generation.cache import KvShape, SlotCache, row_bytes, untouched_zeros
+from handlers.generation.cache import KvShape, SlotCache, row_bytes
 from handlers.generation.engine import Engine
 from handlers.generation.scheduler import Discard, Generation
+from kit.paths import ROOT
 from tests.hf_models import gpt2_lm, qwen2_lm
 
 MB = 1 << 20
-
-
-def resident() -> int:
-    """This process's resident memory, from /proc (kB -> bytes)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
 
 
 @pytest.mark.parametrize("family", [qwen2_lm, gpt2_lm], ids=["qwen2", "gpt2"])
@@ -39,14 +35,52 @@ def test_a_rows_bytes_are_what_the_engine_allocates_per_sequence(family, dtype, 
     assert engine.cache.bytes == 3 * row_bytes(model.config, 192 + 1, dtype) > 0
 
 
-def test_the_cache_is_resident_only_where_written():
-    before = resident()
-    zeros = untouched_zeros((256, 1024, 256), torch.float32)  # 256 MB
-    assert float(zeros[100, 5, 7]) == 0.0
-    assert resident() - before < 32 * MB
-    zeros[:64] = 1.0  # a quarter written
-    grown = resident() - before
-    assert 60 * MB < grown < 100 * MB
+# The allocators a worker may preload (kit/layout.py's Allocator; their libraries in the venv's lib,
+# where the launcher finds them), and the default: each its own process.
+ALLOCATORS = {"default": None, "tcmalloc": "libtcmalloc.so", "jemalloc": "libjemalloc.so"}
+RESIDENCY = """
+import sys
+import os
+import subprocess
+import sys
+from pathlib import Path
+import torch
+from handlers.generation.cache import untouched_zeros
+
+def resident():
+    status = Path("/proc/self/status").read_text().splitlines()
+    return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+
+maps = Path("/proc/self/maps").read_text()
+before = resident()
+zeros = untouched_zeros((256, 1024, 256), torch.float32)  # 256 MB
+assert float(zeros[100, 5, 7]) == 0.0
+untouched = resident() - before
+zeros[:64] = 1.0  # a quarter written
+print(untouched, resident() - before, int(zeros.sum()), " ".join(sorted(set(maps.split()) & set(sys.argv[1:]))))
+"""
+
+
+@pytest.mark.parametrize("allocator", sorted(ALLOCATORS))
+def test_the_cache_is_resident_only_where_written_whatever_the_allocator(allocator):
+    """The workers preload tcmalloc or jemalloc: tcmalloc's calloc writes what it hands out, which
+    once made a whole cache resident before the first request."""
+    env = dict(os.environ)
+    library = ALLOCATORS[allocator]
+    path = Path(sys.prefix) / "lib" / str(library)
+    if library:
+        assert path.is_file(), f"{path}: the kit's {allocator} is not installed"
+        env["LD_PRELOAD"] = str(path)
+    libraries = [str((Path(sys.prefix) / "lib" / name).resolve()) for name in ALLOCATORS.values() if name]
+    run = subprocess.run(
+        [sys.executable, "-c", RESIDENCY, *libraries], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    untouched, quarter, ones, *loaded = run.stdout.split()
+    assert loaded == ([str(path.resolve())] if library else [])  # mapped: from /proc/self/maps
+    assert int(ones) == 64 * 1024 * 256
+    assert int(untouched) < 32 * MB
+    assert 60 * MB < int(quarter) < 100 * MB
 
 
 def test_a_layer_whose_keys_differ_from_its_config_is_refused_by_name(tmp_path):
