@@ -343,10 +343,11 @@ class GenerationSettings(OptimizationSettings):
     max_new_tokens: int = 256
     # Requests waiting for a free sequence beyond which a request gets a 503.
     max_waiting: int = 64
-    # Prompt tokens a step computes at most, between the decode steps of the sequences in flight
-    # (chunked prefill): a long prompt, or many at once, then delays every stream by this many
-    # tokens' compute a step, not by all of them. 0: each prompt whole as it is admitted.
-    prefill_chunk: int = 256
+    # Prompt tokens a step computes at most beside the sequences decoding (chunked prefill): a
+    # long prompt, or many at once, then delays every stream by this many tokens' compute a step,
+    # not by all of them. 0: each prompt whole as it is admitted. null: chosen at warm-up from
+    # this machine's step times (handlers/generation/chunking.py; OpenVINO's pipeline: 256).
+    prefill_chunk: int | None = None
     # A prompt that begins with blocks of tokens another request left in the cache (a shared
     # system prompt, a conversation's earlier turns) computes only the rest (prefix caching).
     prefix_caching: bool = True
@@ -376,7 +377,7 @@ class GenerationSettings(OptimizationSettings):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be 1 or more, got {getattr(self, name)}")
         for name in ("max_waiting", "prefill_chunk"):
-            if getattr(self, name) < 0:
+            if (getattr(self, name) or 0) < 0:
                 raise SettingsError(f"{name} must be 0 or more, got {getattr(self, name)}")
         rate = self.accuracy_min_match_rate
         if rate is not None and not 0 <= rate <= 1:

@@ -32,6 +32,7 @@ from ts.utils.util import PredictionException
 from handlers.backends import BACKENDS, Backend
 from handlers.generation import agreement, api, openvino_engine
 from handlers.generation.cache import TORCH_DTYPES
+from handlers.generation.chunking import StepTimes
 from handlers.generation.engine import Engine, prompt_chunk
 from handlers.generation.openvino_engine import OpenVinoEngine, Pipeline
 from handlers.generation.packed_linear import can_pack, pack_linears
@@ -80,6 +81,7 @@ class TextGenerationHandler(StreamingHandler):
     initialized = False
     replies: Transport | None = None  # the worker's, once it has loaded the model
     weight_bytes: dict[str, int] = {}  # the model's weights by part, where the kit holds them (torch_engine)
+    step_times: StepTimes | None = None  # what chose the chunk, where the settings left it open (warm_up)
 
     def initialize(self, context) -> None:
         from transformers import AutoConfig, AutoTokenizer
@@ -102,7 +104,7 @@ class TextGenerationHandler(StreamingHandler):
         graphs, hits = graphs_compiled() - graphs, fx_graph_cache_counts()[0] - hits
         log.info(
             "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB (resident as used) "
-            "prefill_chunk=%d prefix_caching=%s weights=%s%s eos=%s load=%.1fs warmup=%.1fs "
+            "prefill_chunk=%d%s prefix_caching=%s weights=%s%s eos=%s load=%.1fs warmup=%.1fs "
             "graphs=%d (%d from the compile cache)",
             self.model_name,
             settings.backend.value,
@@ -111,6 +113,7 @@ class TextGenerationHandler(StreamingHandler):
             settings.context_length,
             self.engine.cache_bytes / 1e6,
             self.engine.prefill_chunk,
+            "" if self.step_times is None else f" ({self.step_times})",
             "on" if settings.prefix_caching else "off",
             settings.weights.value,
             "".join(f" ({part} {size / 1e6:.0f}MB)" for part, size in self.weight_bytes.items()),
@@ -164,7 +167,7 @@ class TextGenerationHandler(StreamingHandler):
             settings.max_waiting,
             self.model_name,
             settings.itt,
-            settings.prefill_chunk,
+            settings.prefill_chunk or 0,  # null: measured after the warm-up (warm_up)
             prefix_caching=settings.prefix_caching,
         )
 
@@ -176,7 +179,7 @@ class TextGenerationHandler(StreamingHandler):
             settings.dtype,
             settings.max_sequences,
             settings.context_length,
-            prompt_chunk(settings.prefill_chunk),
+            prompt_chunk(openvino_engine.PIPELINE_CHUNK if settings.prefill_chunk is None else settings.prefill_chunk),
             torch.get_num_threads(),  # the launcher's
             settings.prefix_caching,
         )
@@ -235,6 +238,9 @@ class TextGenerationHandler(StreamingHandler):
         self.warm(self.longer(cached))  # its first blocks found: a part from a block's end
         if self.engine.mixes:
             self.warm(prompt(3, new=5), self.longer(self.longer(cached)), arriving=1)
+        if self.settings.prefill_chunk is None and isinstance(self.engine, Engine):
+            self.step_times = StepTimes.measure(self.engine, prompt)
+            self.engine.prefill_chunk = prompt_chunk(self.step_times.chunk())
         self.recompiles = RecompileWatch(self.model_name)
         return time.perf_counter() - start
 

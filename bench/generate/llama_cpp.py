@@ -32,6 +32,9 @@ SERVER = "llama-server"
 NO_REPACK = "--no-repack"  # weights as stored: no AMX or other repacked kernels
 # The converter's output type per precision of a row (bench/generate/systems.py): int8 weights are Q8_0.
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0"}
+# Its KV cache per precision of a row: the kit's (the served dtype; int8 weights compute in bf16),
+# not llama.cpp's default f16, which holds half of fp32's bytes per position.
+KV_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "bf16"}
 # The web UI would be fetched from the network; TLS and the model downloader are not used here.
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -130,10 +133,12 @@ def convert(model_dir: Path, gguf_type: str) -> Path:
     return out
 
 
-def server_command(binary: Path, gguf: Path, port: int, slots: int, context: int, threads: int) -> list[str]:
+def server_command(
+    binary: Path, gguf: Path, port: int, slots: int, context: int, threads: int, kv_type: str
+) -> list[str]:
     """How a user serves many streams with llama.cpp: `slots` parallel sequences of `context`
     tokens each (-c is shared among the slots), continuous batching (on by default), this
-    machine's cores as threads."""
+    machine's cores as threads, keys and values held as `kv_type`."""
     return [
         str(binary),
         "--model",
@@ -148,6 +153,10 @@ def server_command(binary: Path, gguf: Path, port: int, slots: int, context: int
         str(slots * context),
         "--threads",
         str(threads),
+        "--cache-type-k",
+        kv_type,
+        "--cache-type-v",
+        kv_type,
         "--no-webui",
     ]
 

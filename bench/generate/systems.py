@@ -151,8 +151,9 @@ def llama_system(model: Model, precision: str, run_dir: Path) -> System:
         settings.max_sequences,
         settings.context_length,
         topology.capacity,
+        llama_cpp.KV_TYPES[precision],
     )
-    name = f"llama.cpp {gguf_type}"
+    name = f"llama.cpp {gguf_type} kv {llama_cpp.KV_TYPES[precision]}"
     try:
         stop = started(name, command, run_dir / f"llama.cpp-{gguf_type}.log", port)
     except ExitedAtStart as error:

@@ -9,9 +9,10 @@
 A waiting sequence is admitted into a free slot (`slots`: the most sequences a step computes),
 one whose cache row holds the beginning of its prompt, else the lowest (prefix.py): it computes
 only the rest (prefix caching; blocks another slot holds are copied in). A step computes prompts, at
-most `prefill_chunk` tokens of them (a longer prompt takes several steps, a part each: chunked
-prefill, so a long prompt delays the streams in flight by a chunk a step, not by its whole
-length; 0 computes each prompt whole), and advances every sequence whose prompt is done by one
+most `prefill_chunk` tokens of them while sequences decode (a longer prompt takes several steps,
+a part each: chunked prefill, so a long prompt delays the streams in flight by a chunk a step,
+not by its whole length; 0 computes each prompt whole; a step with no sequence decoding computes
+its first prompt whole, as nobody else waits on it), and advances every sequence whose prompt is done by one
 token, in one forward with the first prompt part where the model allows it (runner.py). A
 sequence leaves at an end-of-sequence token, a stop string, its max_new_tokens or the context's
 end, or when cancelled; its slot is free for the next step, and what its row holds stays
@@ -114,10 +115,12 @@ class Engine(Scheduler):
         """The prompt tokens this step computes, in the order the sequences were admitted, up to
         the step's chunk."""
         budget, parts = self.prefill_chunk or sys.maxsize, []
+        alone = all(sequence.prefilling for sequence in self.active.values())  # no stream waits on the step
         for sequence in self.active.values():  # in the order they were admitted (a dict's)
             if not sequence.prefilling:
                 continue
-            take = sequence.pending if sequence.pending <= budget else budget // PROMPT_STEP * PROMPT_STEP
+            whole = sequence.pending <= budget or (alone and not parts)
+            take = sequence.pending if whole else budget // PROMPT_STEP * PROMPT_STEP
             if take <= 0:
                 break
             start = sequence.computed

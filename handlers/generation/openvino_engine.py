@@ -35,6 +35,9 @@ PRECISIONS = {DType.FLOAT32: "f32", DType.BFLOAT16: "bf16"}
 # Positions per block of the CPU plugin's paged KV cache (measured: 10 blocks hold 320 tokens);
 # the cache is sized in blocks. Were it other, the log's cache size (read back) says so.
 BLOCK = 32
+# The pipeline's prompt tokens a step where the settings leave the chunk open (`prefill_chunk:
+# null`): OpenVINO GenAI's own default; it times no steps of its own to choose one.
+PIPELINE_CHUNK = 256
 SEED_BITS = 63  # an unseeded request's draw: a seed of its own
 MODEL = "openvino_model.xml"  # in the IR directory, beside the tokenizer's models
 DIRECTORY = "openvino"  # the IR's directory in an archive's model directory

@@ -90,6 +90,11 @@ def test_a_generative_models_settings_refuse_what_it_cannot_serve(key, value, me
         parse_settings(GenerationSettings, {key: value})
 
 
+@pytest.mark.parametrize(("given", "chunk"), [({}, None), ({"prefill_chunk": None}, None), ({"prefill_chunk": 0}, 0)])
+def test_a_prefill_chunk_left_open_is_measured_and_0_is_whole_prompts(given, chunk):
+    assert parse_settings(GenerationSettings, given).prefill_chunk == chunk
+
+
 @pytest.mark.parametrize("settings_class", [ImageSettings, TextSettings, TensorSettings])
 def test_int8_weights_are_a_language_models_and_another_task_is_told_its_int8(settings_class):
     with pytest.raises(SettingsError, match=re.escape("choose dtype int8 (aoti-int8, openvino-int8)")):

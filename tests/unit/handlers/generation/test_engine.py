@@ -384,3 +384,21 @@ def test_a_context_as_long_as_the_models_positions_serves_idle_slots_beside_busy
     while eng.busy:
         eng.step()  # slot 0 idle once its one token is out
     assert [s.tokens for s in sequences] == [reference(model, i, 6) for i in ids]
+
+
+def test_a_prompt_alone_is_computed_whole_and_in_chunks_while_another_decodes(lm):
+    """The chunk bounds what the streams in flight wait for: with none, a prompt goes whole."""
+    model, tokenizer = lm
+    ids = tokenizer(PROMPTS[2])["input_ids"]
+    eng = engine(model, tokenizer, slots=2, chunk=16, prefix_caching=False)
+    forwards = counted(eng)
+    first = eng.submit(Generation(tuple(ids), 8), Recorder())
+    eng.step()
+    assert len(forwards) == 1 and forwards[0] >= len(ids) and first.tokens  # one forward, whole
+    forwards.clear()
+    second = eng.submit(Generation(tuple(ids), 8), Recorder())
+    eng.step()
+    assert len(forwards) == 1 and forwards[0] <= 16 + MIN_ROWS  # a chunk beside the first's decode row
+    while eng.busy:
+        eng.step()
+    assert first.tokens == second.tokens == reference(model, ids, 8)
