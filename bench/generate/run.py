@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.generate.memory import PeakPss
 from bench.generate.streams import Ask, StreamStats, measure_streams
 from bench.generate.systems import FLOAT32, INDUCTOR, KIT, KIT_VARIANTS, PEERS, System, kit_system, kit_variants, log
 from bench.results import RESULTS
@@ -57,7 +58,7 @@ def workload() -> list[Ask]:
     return asks
 
 
-def median_stats(runs: list[StreamStats]) -> dict:
+def median_stats(runs: list[StreamStats], peak_pss: list[int]) -> dict:
     def spread(values: list[float]) -> dict:
         return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -67,6 +68,7 @@ def median_stats(runs: list[StreamStats]) -> dict:
         "ttft_ms_p99": spread([r.ttft_ms.p99 for r in runs]),
         "itl_ms_p50": spread([r.itl_ms.p50 for r in runs]),
         "itl_ms_p99": spread([r.itl_ms.p99 for r in runs]),
+        "peak_pss_gb": spread([b / 1e9 for b in peak_pss]) if any(peak_pss) else None,
         # Each round measures every row: a ratio between rows is taken round by round.
         "output_tokens_per_s_by_round": [r.output_tokens_per_s for r in runs],
         "requests": sum(r.requests for r in runs),
@@ -97,19 +99,20 @@ def report(results: dict, systems: dict[str, System], out: Path, header: str) ->
     lines = [
         header,
         "",
-        f"| concurrency | row | output tokens/s (min–max) |{ratios} TTFT p50 ms | ITL p50 ms | ITL p99 ms | errors |",
-        "|---|---|---|" + "---|" * len(peers) + "---|---|---|---|",
+        f"| concurrency | row | output tokens/s (min–max) |{ratios} TTFT p50 ms | ITL p50 ms | ITL p99 ms | peak PSS GB | errors |",
+        "|---|---|---|" + "---|" * len(peers) + "---|---|---|---|---|",
     ]
     for concurrency, rows in results.items():
         for name, stats in rows.items():
             precision = systems[name].precision
             same = {systems[row].server: rows[row] for row in rows if systems[row].precision == precision}
             kit = systems[name].server == KIT
-            tps = stats["output_tokens_per_s"]
+            tps, pss = stats["output_tokens_per_s"], stats.get("peak_pss_gb") or {"median": float("nan")}
             against = "".join(f" {ratio(stats, same.get(peer)) if kit else ''} |" for peer in peers)
             lines.append(
                 f"| {concurrency} | {name} | {tps['median']:.1f} ({tps['min']:.1f}–{tps['max']:.1f}) |{against} "
-                f"{stats['ttft_ms_p50']['median']:.0f} | {stats['itl_ms_p50']['median']:.0f} | {stats['itl_ms_p99']['median']:.0f} | {stats['errors']} |"
+                f"{stats['ttft_ms_p50']['median']:.0f} | {stats['itl_ms_p50']['median']:.0f} | {stats['itl_ms_p99']['median']:.0f} | "
+                f"{pss['median']:.2f} | {stats['errors']} |"
             )
     text = "\n".join(lines) + "\n"
     (out / "report.md").write_text(text)
@@ -169,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     systems: list[System] = []
     results: dict[int, dict[str, list[StreamStats]]] = {c: {} for c in concurrencies}
+    memory: dict[int, dict[str, list[int]]] = {c: {} for c in concurrencies}  # peak PSS per round
     asks = workload()
     try:
         for kit_model in models:
@@ -192,15 +196,21 @@ def main(argv: list[str] | None = None) -> int:
             order = systems[round_ % len(systems) :] + systems[: round_ % len(systems)]
             for concurrency in concurrencies:
                 for system in order:
-                    stats = measure_streams(system.url, system.model, asks, concurrency, args.seconds)
+                    with PeakPss(system.pid) as peak:
+                        stats = measure_streams(system.url, system.model, asks, concurrency, args.seconds)
                     results[concurrency].setdefault(system.name, []).append(stats)
+                    memory[concurrency].setdefault(system.name, []).append(peak.bytes)
                     log(f"round {round_ + 1}/{args.rounds} c={concurrency} {system.name}: {stats.summary()}")
     except KeyboardInterrupt:
         log("interrupted: the report has the rows measured so far")
     finally:
         for system in systems:
             system.stop()
-    summary = {c: {name: median_stats(runs) for name, runs in rows.items()} for c, rows in results.items() if rows}
+    summary = {
+        c: {name: median_stats(runs, memory[c][name]) for name, runs in rows.items()}
+        for c, rows in results.items()
+        if rows
+    }
     by_name = {system.name: system for system in systems}
     topology = read_topology()
     header = (

@@ -46,6 +46,7 @@ class System:
     url: str  # its OpenAI completions endpoint
     stop: Callable[[], None]
     model: str  # the name its requests give
+    pid: int | None = None  # its root process: its memory is its process tree's (bench/generate/memory.py)
 
 
 KIT = "kit"
@@ -78,7 +79,7 @@ def kit_system(model: Model, variant: str, precision: str, run_dir: Path, named:
     config = ServeConfig.from_preset("optimized", variant=variant, models=[model.name])
     row = f"{KIT} {model.name} {variant}" if named else f"{KIT} {variant}"  # named: several kit models
     server: Server = start_ready(config, run_dir / row.replace(" ", "-"), progress=log)
-    return System(row, KIT, precision, completions_url(server, model.name), server.stop, model.name)
+    return System(row, KIT, precision, completions_url(server, model.name), server.stop, model.name, server.pid)
 
 
 def completions_url(server: Server, model: str) -> str:
@@ -90,8 +91,8 @@ class ExitedAtStart(RuntimeError):
     """A server's process ended before it answered its health check."""
 
 
-def started(name: str, command: list[str], log_path: Path, port: int) -> Callable[[], None]:
-    """`command` started and answering on `port`'s health path; the function that stops it."""
+def started(name: str, command: list[str], log_path: Path, port: int) -> tuple[Callable[[], None], int]:
+    """`command` started and answering on `port`'s health path; the function that stops it, and its pid."""
     log_file = open(log_path, "w")  # noqa: SIM115 - open while it runs
     process = subprocess.Popen(
         command,
@@ -110,7 +111,7 @@ def started(name: str, command: list[str], log_path: Path, port: int) -> Callabl
     while True:
         try:
             if requests.get(f"http://{HOST}:{port}{HEALTH_PATH}", timeout=2).ok:
-                return stop
+                return stop, process.pid
         except requests.RequestException:
             pass
         if process.poll() is not None:
@@ -134,9 +135,9 @@ def fastapi_system(model: Model, precision: str, run_dir: Path) -> System:
         "--dtype",
         precision,
     ]
-    stop = started("the FastAPI peer", command, run_dir / f"fastapi-{precision}.log", port)
+    stop, pid = started("the FastAPI peer", command, run_dir / f"fastapi-{precision}.log", port)
     url = f"http://{HOST}:{port}/v1/completions"
-    return System(f"fastapi {precision}", "fastapi", precision, url, stop, model.name)
+    return System(f"fastapi {precision}", "fastapi", precision, url, stop, model.name, pid)
 
 
 def llama_system(model: Model, precision: str, run_dir: Path) -> System:
@@ -155,7 +156,7 @@ def llama_system(model: Model, precision: str, run_dir: Path) -> System:
     )
     name = f"llama.cpp {gguf_type} kv {llama_cpp.KV_TYPES[precision]}"
     try:
-        stop = started(name, command, run_dir / f"llama.cpp-{gguf_type}.log", port)
+        stop, pid = started(name, command, run_dir / f"llama.cpp-{gguf_type}.log", port)
     except ExitedAtStart as error:
         # llama.cpp's AMX kernels, used on repacked weights, crash at start on some hosts
         # (ggml-org/llama.cpp#20824: a segfault in ggml_backend_amx_mul_mat, Q8_0 on this VM's
@@ -163,8 +164,8 @@ def llama_system(model: Model, precision: str, run_dir: Path) -> System:
         log(f"{error}; starting it again with {llama_cpp.NO_REPACK}")
         name += f" {llama_cpp.NO_REPACK}"
         command.append(llama_cpp.NO_REPACK)
-        stop = started(name, command, run_dir / f"llama.cpp-{gguf_type}{llama_cpp.NO_REPACK}.log", port)
-    return System(name, "llama.cpp", precision, f"http://{HOST}:{port}/v1/completions", stop, model.name)
+        stop, pid = started(name, command, run_dir / f"llama.cpp-{gguf_type}{llama_cpp.NO_REPACK}.log", port)
+    return System(name, "llama.cpp", precision, f"http://{HOST}:{port}/v1/completions", stop, model.name, pid)
 
 
 def openvino_system(model: Model, precision: str, run_dir: Path) -> System:
@@ -179,8 +180,8 @@ def openvino_system(model: Model, precision: str, run_dir: Path) -> System:
     (port,) = PORTS.take(1)
     command = openvino_genai.server_command(ir, port, None if int8 else precision, settings.max_sequences, cache)
     name = f"openvino {precision}"
-    stop = started(name, command, run_dir / f"openvino-{precision}.log", port)
-    return System(name, "openvino", precision, f"http://{HOST}:{port}/v1/completions", stop, model.name)
+    stop, pid = started(name, command, run_dir / f"openvino-{precision}.log", port)
+    return System(name, "openvino", precision, f"http://{HOST}:{port}/v1/completions", stop, model.name, pid)
 
 
 @dataclasses.dataclass(frozen=True)

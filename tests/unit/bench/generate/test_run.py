@@ -20,6 +20,7 @@ def stats(*by_round: float) -> dict:
         "ttft_ms_p99": spread(200),
         "itl_ms_p50": spread(50),
         "itl_ms_p99": spread(90),
+        "peak_pss_gb": spread(3.25),
         "requests": 4,
         "errors": 0,
     }
@@ -60,6 +61,7 @@ def test_a_kit_row_is_divided_by_the_peers_rows_at_its_own_precision(tmp_path):
     assert lines["kit inductor-bf16"][3:6] == ["3.00× (3.00–3.00)", "1.50× (1.50–1.50)", ""]
     assert lines["kit inductor-bf16-woq"][3:6] == ["", "0.50× (0.50–0.50)", ""]  # int8 weights: llama.cpp's Q8_0
     assert lines["llama.cpp bf16"][3:6] == lines["fastapi float32"][3:6] == ["", "", ""]  # peers are not divided
+    assert "| peak PSS GB |" in text and lines["kit inductor"][9] == "3.25"  # every row's memory
     assert (tmp_path / "report.md").read_text() == text
 
 

@@ -1,0 +1,35 @@
+"""bench/generate/memory.py: a server's peak PSS, its process tree's, read from /proc."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from bench.generate.memory import PeakPss, tree_pss
+
+HOLD = 300_000_000  # bytes a child writes and holds
+
+
+def test_a_childs_memory_counts_in_its_parents_peak():
+    script = f"import sys, time; b = bytearray({HOLD}); b[::4096] = b'x' * len(b[::4096]); print(1, flush=True); time.sleep(60)"
+    parent = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {script!r}])"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert parent.stdout.readline().strip() == b"1"  # the grandchild holds its bytes
+        with PeakPss(parent.pid, every_s=0.1) as peak:
+            time.sleep(0.5)
+        assert peak.bytes >= HOLD and peak.bytes == max(peak.bytes, tree_pss(parent.pid))
+        assert peak.bytes < HOLD + 200_000_000  # two interpreters, not more
+    finally:
+        for child in __import__("psutil").Process(parent.pid).children(recursive=True):
+            child.kill()
+        parent.kill()
+
+
+def test_a_system_without_a_process_holds_nothing():
+    with PeakPss(None) as peak:
+        pass
+    assert peak.bytes == 0
