@@ -1,15 +1,17 @@
 """How many prompt tokens a step computes beside the decode rows (chunked prefill), chosen from
-this machine's step times when the settings leave it open (`prefill_chunk: null`).
+this machine's step times where the settings ask for it (`prefill_chunk: null`).
 
     times = StepTimes.measure(engine, prompt)    # at warm-up, after the compiler: ~12 steps
-    chunk = times.chunk()                        # 56 on a 2-core EPYC (Qwen2.5-0.5B, 16 slots)
+    chunk = times.chunk()                        # 64 on a 2-core EPYC (Qwen2.5-0.5B, 16 slots)
 
 A step that computes a prompt's part beside the decode rows takes a decode step's time and the
 part's: every stream in flight waits for it, so the part sets the inter-token latency's tail.
-The chunk is the most prompt tokens that keep such a step within STEP_BUDGET decode steps: a
-fixed 256 made a 16-stream step on 2 cores ten times a decode step (ITL p99 972 against p50 102
-ms, "Measured" in docs/generation.md), where a 64-core server computes 256 tokens in a fraction
-of one.
+The chunk is the most prompt tokens that keep such a step within STEP_BUDGET decode steps: the
+default 256 made a 16-stream step on 2 cores ten times a decode step (ITL p99 972 against p50
+102 ms), where a 64-core server computes 256 tokens in a fraction of one. Not the default: on
+those 2 cores, saturated, the chunk it chose (64) left prompts in their slots for more steps, so
+fewer rows decoded in each, and every number got worse but the tail's ratio (docs/generation.md,
+"Chunked prefill").
 """
 
 from __future__ import annotations

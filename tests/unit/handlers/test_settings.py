@@ -90,8 +90,8 @@ def test_a_generative_models_settings_refuse_what_it_cannot_serve(key, value, me
         parse_settings(GenerationSettings, {key: value})
 
 
-@pytest.mark.parametrize(("given", "chunk"), [({}, None), ({"prefill_chunk": None}, None), ({"prefill_chunk": 0}, 0)])
-def test_a_prefill_chunk_left_open_is_measured_and_0_is_whole_prompts(given, chunk):
+@pytest.mark.parametrize(("given", "chunk"), [({}, 256), ({"prefill_chunk": None}, None), ({"prefill_chunk": 0}, 0)])
+def test_a_prefill_chunk_is_256_by_default_null_to_measure_it_0_for_whole_prompts(given, chunk):
     assert parse_settings(GenerationSettings, given).prefill_chunk == chunk
 
 
