@@ -220,8 +220,8 @@ class TextGenerationHandler(StreamingHandler):
         crosses a span boundary (two spans); every slot at once; prompts arriving while others
         decode; prompts whose first blocks are in the prefix cache, alone and arriving (a part that
         starts past position 0). Each prompt is of a token of its own, so that none finds another's
-        blocks but where meant to, and generates a few tokens (prompts, not decode steps, are
-        what costs here: a 0.5 B model computes ~100 prompt tokens a second on 2 cores)."""
+        blocks but where meant to, and generates a few tokens: each compiled call is slow the
+        first time, and a longer warm-up only computes more of what is already compiled."""
         start = time.perf_counter()
         tokens = itertools.count((self.tokenizer("Hello")["input_ids"] or [0])[0])
         vocabulary = len(self.tokenizer)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 from bench.generate.memory import PeakPss, tree_pss
 
 HOLD = 300_000_000  # bytes a child writes and holds
@@ -24,7 +26,7 @@ def test_a_childs_memory_counts_in_its_parents_peak():
         assert peak.bytes >= HOLD and peak.bytes == max(peak.bytes, tree_pss(parent.pid))
         assert peak.bytes < HOLD + 200_000_000  # two interpreters, not more
     finally:
-        for child in __import__("psutil").Process(parent.pid).children(recursive=True):
+        for child in psutil.Process(parent.pid).children(recursive=True):
             child.kill()
         parent.kill()
 
