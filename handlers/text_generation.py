@@ -114,7 +114,7 @@ class TextGenerationHandler(StreamingHandler):
             self.engine.cache_bytes / 1e6,
             self.engine.prefill_chunk,
             "" if self.step_times is None else f" ({self.step_times})",
-            "on" if settings.prefix_caching else "off",
+            "on" if self.engine.prefix_caching else "off",
             settings.weights.value,
             "".join(f" ({part} {size / 1e6:.0f}MB)" for part, size in self.weight_bytes.items()),
             sorted(eos),
@@ -181,7 +181,6 @@ class TextGenerationHandler(StreamingHandler):
             settings.context_length,
             prompt_chunk(openvino_engine.PIPELINE_CHUNK if settings.prefill_chunk is None else settings.prefill_chunk),
             torch.get_num_threads(),  # the launcher's
-            settings.prefix_caching,
         )
         return OpenVinoEngine(
             pipeline,

@@ -72,6 +72,10 @@ class Engine(Scheduler):
     def cache_bytes(self) -> int:
         return self.cache.bytes
 
+    @property
+    def prefix_caching(self) -> bool:
+        return self.prefix.enabled
+
     def step(self) -> None:
         """Admit what fits, compute prompts (a chunk's worth), and advance every sequence whose
         prompt is done by one token: in one forward with the first prompt's part where the model
