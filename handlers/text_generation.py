@@ -44,7 +44,7 @@ from handlers.generation.scheduler import Discard, Generation, QueueFull
 from handlers.generation.weights import own_memory, weight_parts
 from handlers.loaders import load_model
 from handlers.optimize import RecompileWatch, fx_graph_cache_counts, graphs_compiled
-from handlers.payload import HTTP_BAD_REQUEST, URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
+from handlers.payload import URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
 from handlers.replies import Transport
 from handlers.settings import GenerationSettings, Weights
 from handlers.streaming import StreamingHandler
@@ -62,12 +62,15 @@ def model_defaults(model_dir: Path, config) -> tuple[set[int], Sampling]:
     generation = json.loads(path.read_text()) if path.is_file() else {}
     eos = generation.get("eos_token_id", getattr(config, "eos_token_id", None))
     eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
+    # transformers applies a repetition penalty whether it samples or not.
+    repetition = float(generation.get("repetition_penalty", 1.0) or 1.0)
     if not generation.get("do_sample", False):
-        return eos_ids, Sampling()
+        return eos_ids, Sampling(repetition_penalty=repetition)
     return eos_ids, Sampling(
         temperature=float(generation.get("temperature", 1.0)),
         top_p=float(generation.get("top_p", 1.0)),
         top_k=int(generation.get("top_k", 0) or 0),
+        repetition_penalty=repetition,
     )
 
 
@@ -95,9 +98,18 @@ class TextGenerationHandler(StreamingHandler):
             settings = dataclasses.replace(settings, max_sequences=planned)
         self.settings = settings
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        eos, sampling = model_defaults(model_dir, AutoConfig.from_pretrained(str(model_dir), local_files_only=True))
-        self.limits = api.Limits(settings.context_length, settings.max_new_tokens, sampling)
+        config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+        eos, sampling = model_defaults(model_dir, config)
         self.engine = getattr(self, BACKENDS[settings.backend].generation_engine)(model_dir, eos)
+        self.limits = api.Limits(
+            settings.context_length,
+            settings.max_new_tokens,
+            sampling,
+            vocabulary=getattr(config, "vocab_size", None) or len(self.tokenizer),
+            model=self.model_name,
+            backend=settings.backend.value,
+            unserved=self.engine.unserved,
+        )
         load_seconds = time.perf_counter() - start
         graphs, (hits, _, _) = graphs_compiled(), fx_graph_cache_counts()
         warm_seconds = self.warm_up()
@@ -301,7 +313,7 @@ class TextGenerationHandler(StreamingHandler):
         try:
             parsed = api.parse(kind, decode_body(request, kind), self.limits, self.tokenize, self.apply_template)
         except InvalidInput as error:
-            refuse(replies, request_id, kind, str(error), HTTP_BAD_REQUEST, grpc)
+            refuse(replies, request_id, kind, str(error), error.code, grpc)
             return
         answer = api.ANSWERS[kind](request_id, self.model_name, parsed)
         responder = Responder(replies, request_id, answer, parsed.stream, grpc)

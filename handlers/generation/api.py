@@ -6,8 +6,8 @@
 
 TorchServe hands the path after the version to the handler as the `url_path` header. Parameters
 everywhere: max_new_tokens (OpenAI: max_tokens, max_completion_tokens), stop, temperature,
-top_p, top_k, seed, stream, and ignore_eos (vLLM's and llama.cpp's: all max_new_tokens, for a
-benchmark). A streamed OpenAI answer is server-sent events as OpenAI's clients parse them
+top_p, top_k, seed, logit_bias, the penalties, stream, and ignore_eos (vLLM's and llama.cpp's:
+all max_new_tokens, for a benchmark); every other field is refused or taken by fields.py. A streamed OpenAI answer is server-sent events as OpenAI's clients parse them
 ("data: {chunk}\\n\\n" ... "data: [DONE]\\n\\n"); the kit's streams the bare text.
 """
 
@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import enum
 import json
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from handlers import openai_shapes
+from handlers.generation import fields
+from handlers.generation.fields import Api
 from handlers.generation.sampling import Sampling, integer
 from handlers.generation.scheduler import Finish, Generation
-from handlers.payload import InvalidInput
+from handlers.payload import InvalidInput, NotFound
 from handlers.payload import error_body as kit_error_body
 
 MAX_STOPS = 8
@@ -34,14 +35,6 @@ JSON = "application/json"
 DONE = b"data: [DONE]\n\n"
 
 
-class Api(enum.StrEnum):
-    """A request's url_path: which API it speaks."""
-
-    KIT = ""
-    COMPLETIONS = "v1/completions"
-    CHAT = "v1/chat/completions"
-
-
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """What the model and its worker allow a request (handlers/settings.py GenerationSettings)."""
@@ -49,6 +42,10 @@ class Limits:
     context: int
     max_new_tokens: int
     sampling: Sampling  # the model's defaults (generation_config.json)
+    vocabulary: int = 2**31 - 1  # token ids below it (logit_bias)
+    model: str = ""  # the served model's name: what an OpenAI body's `model` must say
+    backend: str = ""
+    unserved: frozenset[str] = frozenset()  # fields the backend does not serve (fields.check)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,12 +77,10 @@ def _flag(body: Mapping[str, Any], name: str) -> bool:
     return value
 
 
-def _only_one_choice(body: Mapping[str, Any]) -> None:
-    for name, allowed in (("n", 1), ("best_of", 1), ("echo", False), ("logprobs", None), ("suffix", None)):
-        if name in body and body[name] not in (allowed, None):
-            raise InvalidInput(
-                f"{name}={body[name]!r} is not served: one choice per request, no echo, logprobs or suffix"
-            )
+def _check_model(body: Mapping[str, Any], limits: Limits) -> None:
+    model = body.get("model")
+    if model is not None and limits.model and model != limits.model:
+        raise NotFound(f"model {model!r} is not served at this path; it serves {limits.model!r}")
 
 
 def _max_new_tokens(body: Mapping[str, Any], limits: Limits, names: tuple[str, ...]) -> int:
@@ -149,6 +144,8 @@ def parse(api: Api, body: Any, limits: Limits, tokenize: Tokenize, apply_templat
         body = {"prompt": body}
     if not isinstance(body, dict):
         raise InvalidInput(f"body must be a JSON object, got a JSON {type(body).__name__}")
+    fields.check(api, body, limits.unserved, limits.backend)
+    _check_model(body, limits)
     if api is Api.CHAT:
         if apply_template is None:
             raise InvalidInput(
@@ -157,13 +154,11 @@ def parse(api: Api, body: Any, limits: Limits, tokenize: Tokenize, apply_templat
         ids = apply_template(_messages(body))
     else:
         ids = tokenize(_prompt_text(body, ("prompt", "text") if api is Api.KIT else ("prompt",)))
-    if api is not Api.KIT:
-        _only_one_choice(body)
     names = ("max_new_tokens",) if api is Api.KIT else ("max_completion_tokens", "max_tokens", "max_new_tokens")
     generation = Generation(
         prompt=_checked_prompt(ids, limits),
         max_new_tokens=_max_new_tokens(body, limits, names),
-        sampling=Sampling.parse(body, limits.sampling),
+        sampling=Sampling.parse(body, limits.sampling, limits.vocabulary),
         stop=_stops(body),
         ignore_eos=_flag(body, "ignore_eos"),
     )

@@ -144,4 +144,7 @@ class Engine(Scheduler):
         if self.prefix.behind(sequence.slot, sequence.computed):
             self.prefix.computed(sequence.slot, sequence.known[: sequence.computed])
         if not sequence.pending:
-            self._accept(sequence, sequence.generation.sampling.choose(logits, sequence.generator))
+            generation = sequence.generation
+            self._accept(
+                sequence, generation.sampling.choose(logits, sequence.generator, generation.prompt, sequence.tokens)
+            )

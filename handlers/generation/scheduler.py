@@ -124,6 +124,8 @@ class Scheduler:
     engine computes the steps (`step`, with `_admit`, `_place` and `_accept`): engine.py with a
     torch model, openvino_engine.py with OpenVINO GenAI's pipeline."""
 
+    unserved: frozenset[str] = frozenset()  # request fields its steps cannot follow (fields.check)
+
     def __init__(
         self,
         decode: Callable[[Sequence[int]], str],

@@ -402,3 +402,25 @@ def test_a_prompt_alone_is_computed_whole_and_in_chunks_while_another_decodes(lm
     while eng.busy:
         eng.step()
     assert first.tokens == second.tokens == reference(model, ids, 8)
+
+
+def test_a_repetition_penalty_and_a_logit_bias_answer_as_transformers_does(lm):
+    """Greedy, each sequence with its own adjustment beside one with none: transformers'
+    `repetition_penalty` and `sequence_bias` (OpenAI's logit_bias is a one-token sequence bias)."""
+    model, tokenizer = lm
+    ids = tokenizer(PROMPTS[2])["input_ids"]  # a repetitive prompt: the penalty changes the answer
+    new, banned = 24, reference(model, ids, 1)[0]
+    plain = reference(model, ids, new)
+    penalised = model.generate(
+        torch.tensor([ids]), max_new_tokens=new, do_sample=False, repetition_penalty=1.5, pad_token_id=0
+    )[0, len(ids) :].tolist()
+    biased = model.generate(
+        torch.tensor([ids]), max_new_tokens=new, do_sample=False, sequence_bias={(banned,): -100.0}, pad_token_id=0
+    )[0, len(ids) :].tolist()
+    assert penalised != plain and biased != plain and banned not in biased
+    eng = engine(model, tokenizer, slots=3)
+    asked = [Sampling(), Sampling(repetition_penalty=1.5), Sampling(logit_bias=((banned, -100.0),))]
+    sequences = [eng.submit(Generation(tuple(ids), new, sampling), Recorder()) for sampling in asked]
+    while eng.busy:
+        eng.step()
+    assert [s.tokens for s in sequences] == [plain, penalised, biased]

@@ -54,3 +54,47 @@ def test_the_same_seed_draws_the_same_tokens():
     sampling = Sampling(temperature=1.0, seed=42)
     first, second = sampling.generator(), sampling.generator()
     assert [sampling.choose(logits, first) for _ in range(10)] == [sampling.choose(logits, second) for _ in range(10)]
+
+
+def test_the_repetition_penalty_is_transformers():
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    logits = torch.randn(50, generator=torch.Generator().manual_seed(1))
+    prompt, tokens = [3, 7, 7, 12], [12, 40]
+    want = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([prompt + tokens]), logits[None].clone())[0]
+    assert torch.equal(Sampling(repetition_penalty=1.3).adjusted(logits, prompt, tokens), want)
+
+
+def test_presence_and_frequency_penalties_count_the_answers_tokens_only():
+    logits = torch.zeros(6)
+    sampling = Sampling(presence_penalty=0.5, frequency_penalty=0.25)
+    adjusted = sampling.adjusted(logits, prompt=[1, 1, 5], tokens=[2, 2, 2, 3])
+    assert adjusted.tolist() == [0.0, 0.0, -(0.5 + 3 * 0.25), -(0.5 + 0.25), 0.0, 0.0]
+    assert logits.tolist() == [0.0] * 6  # the row itself is left as it was
+
+
+def test_a_logit_bias_moves_greedy_and_is_checked_by_name():
+    logits = torch.tensor([0.1, 3.0, 2.9, -1.0])
+    biased = Sampling.parse({"logit_bias": {"1": -100, "3": 5}}, Sampling(), vocabulary=4)
+    assert biased.logit_bias == ((1, -100.0), (3, 5.0)) and biased.choose(logits, None) == 3
+    for bias, message in [
+        ({"4": 1}, r"logit_bias: '4' is not a token id of this model \(0 to 3\)"),
+        ({"x": 1}, "logit_bias: 'x' is not a token id"),
+        ({"1": 101}, r'logit_bias\["1"\] must be from -100.0 to 100.0, got 101'),
+        ([1], "logit_bias must be an object"),
+    ]:
+        with pytest.raises(InvalidInput, match=message):
+            Sampling.parse({"logit_bias": bias}, Sampling(), vocabulary=4)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"presence_penalty": 3}, "presence_penalty must be from -2.0 to 2.0, got 3"),
+        ({"frequency_penalty": "x"}, "frequency_penalty must be a number"),
+        ({"repetition_penalty": 0}, r"repetition_penalty must be above 0 \(1: none\), got 0"),
+    ],
+)
+def test_a_wrong_penalty_is_refused_by_name(body, message):
+    with pytest.raises(InvalidInput, match=message):
+        Sampling.parse(body, Sampling())
