@@ -316,9 +316,10 @@ class TextGenerationHandler(StreamingHandler):
             refuse(replies, request_id, kind, str(error), error.code, grpc)
             return
         answer = api.ANSWERS[kind](request_id, self.model_name, parsed)
-        responder = Responder(replies, request_id, answer, parsed.stream, grpc)
+        responder = Responder(replies, request_id, answer, parsed.stream, grpc, parsed.n)
+        asked = [(generation, responder.choice(i)) for i, generation in enumerate(parsed.generations())]
         try:
-            self.engine.submit(parsed.generation, responder, key=request_id)
+            self.engine.submit_all(asked, key=request_id)
         except QueueFull as error:
             refuse(replies, request_id, kind, str(error), SERVICE_UNAVAILABLE, grpc)
             return

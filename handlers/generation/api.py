@@ -23,12 +23,13 @@ from typing import Any
 from handlers import openai_shapes
 from handlers.generation import fields
 from handlers.generation.fields import Api
-from handlers.generation.sampling import Sampling, integer
+from handlers.generation.sampling import SEED_LIMIT, Sampling, integer
 from handlers.generation.scheduler import Finish, Generation
 from handlers.payload import InvalidInput, NotFound
 from handlers.payload import error_body as kit_error_body
 
 MAX_STOPS = 8
+MAX_CHOICES = 16  # n: each choice a sequence of its own, in the same slots as everyone's
 SSE = "text/event-stream"
 TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
@@ -54,6 +55,21 @@ class Request:
     generation: Generation
     stream: bool
     include_usage: bool = False  # OpenAI's stream_options.include_usage
+    n: int = 1  # choices, each a sequence of its own
+
+    def generations(self) -> list[Generation]:
+        """A generation per choice: a seeded request's choice i draws with seed + i, so that the
+        same seed gives the same choices and no two choices the same draws."""
+        seed = self.generation.sampling.seed
+        if seed is None:
+            return [self.generation] * self.n
+        return [
+            dataclasses.replace(
+                self.generation,
+                sampling=dataclasses.replace(self.generation.sampling, seed=(seed + i) % (SEED_LIMIT + 1)),
+            )
+            for i in range(self.n)
+        ]
 
 
 Tokenize = Callable[[str], list[int]]
@@ -165,7 +181,13 @@ def parse(api: Api, body: Any, limits: Limits, tokenize: Tokenize, apply_templat
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise InvalidInput(f"stream_options must be an object, got {options!r}")
-    return Request(api, generation, _flag(body, "stream"), bool(options.get("include_usage", False)))
+    return Request(
+        api,
+        generation,
+        _flag(body, "stream"),
+        bool(options.get("include_usage", False)),
+        integer(body, "n", 1, 1, MAX_CHOICES),
+    )
 
 
 # -- answers ---------------------------------------------------------------------------------
@@ -197,8 +219,8 @@ def event(payload: dict[str, Any]) -> bytes:
 
 
 class Answer(abc.ABC):
-    """One request's answer, in its API's shapes: `chunk` per text delta when streamed, `whole`
-    once when not, `end` once after the last chunk."""
+    """One request's answer, in its API's shapes: streamed, `first`, then a `chunk` per text delta
+    of a choice, its `finished` once it ends, `closing` after the last; whole, `whole` once."""
 
     def __init__(self, request_id: str, model: str, request: Request):
         self.id, self.model, self.request = request_id, model, request
@@ -209,29 +231,32 @@ class Answer(abc.ABC):
     def stream_type(self) -> str: ...
 
     def first(self) -> bytes:
-        """What a stream opens with (chat's role chunk), or nothing."""
+        """What a stream opens with (chat's role chunks), or nothing."""
         return b""
 
     @abc.abstractmethod
-    def chunk(self, delta: str) -> bytes: ...
+    def chunk(self, delta: str, index: int = 0) -> bytes: ...
+
+    def finished(self, reason: Finish, index: int = 0) -> bytes:
+        """What a stream sends when choice `index` ends."""
+        return b""
+
+    def closing(self, usage: Usage) -> bytes:
+        """What a stream ends with, after every choice has."""
+        return b""
 
     @abc.abstractmethod
-    def end(self, reason: Finish, usage: Usage) -> bytes: ...
-
-    @abc.abstractmethod
-    def whole(self, text: str, reason: Finish, usage: Usage) -> dict[str, Any]: ...
+    def whole(self, choices: list[tuple[str, Finish]], usage: Usage) -> dict[str, Any]: ...
 
 
 class KitAnswer(Answer):
     stream_type = TEXT
 
-    def chunk(self, delta: str) -> bytes:
+    def chunk(self, delta: str, index: int = 0) -> bytes:
         return delta.encode()
 
-    def end(self, reason: Finish, usage: Usage) -> bytes:
-        return b""
-
-    def whole(self, text: str, reason: Finish, usage: Usage) -> dict[str, Any]:
+    def whole(self, choices: list[tuple[str, Finish]], usage: Usage) -> dict[str, Any]:
+        ((text, reason),) = choices  # the kit's API takes no n
         return {"text": text, "finish_reason": finish_reason(reason), "usage": usage.as_dict()}
 
 
@@ -251,45 +276,49 @@ class OpenAiAnswer(Answer):
         }
 
     @abc.abstractmethod
-    def choice(self, text: str | None, reason: str | None, streamed: bool) -> dict[str, Any]: ...
+    def choice(self, index: int, text: str | None, reason: str | None, streamed: bool) -> dict[str, Any]: ...
 
-    def chunk(self, delta: str) -> bytes:
-        return event(self.envelope(self.chunk_name, [self.choice(delta, None, True)]))
+    def chunk(self, delta: str, index: int = 0) -> bytes:
+        return event(self.envelope(self.chunk_name, [self.choice(index, delta, None, True)]))
 
-    def end(self, reason: Finish, usage: Usage) -> bytes:
-        last = event(self.envelope(self.chunk_name, [self.choice(None, finish_reason(reason), True)]))
-        if self.request.include_usage:
-            last += event({**self.envelope(self.chunk_name, []), "usage": usage.as_dict()})
-        return last + DONE
+    def finished(self, reason: Finish, index: int = 0) -> bytes:
+        return event(self.envelope(self.chunk_name, [self.choice(index, None, finish_reason(reason), True)]))
 
-    def whole(self, text: str, reason: Finish, usage: Usage) -> dict[str, Any]:
-        return {
-            **self.envelope(self.object_name, [self.choice(text, finish_reason(reason), False)]),
-            "usage": usage.as_dict(),
-        }
+    def closing(self, usage: Usage) -> bytes:
+        if not self.request.include_usage:
+            return DONE
+        return event({**self.envelope(self.chunk_name, []), "usage": usage.as_dict()}) + DONE
+
+    def whole(self, choices: list[tuple[str, Finish]], usage: Usage) -> dict[str, Any]:
+        answers = [self.choice(i, text, finish_reason(reason), False) for i, (text, reason) in enumerate(choices)]
+        return {**self.envelope(self.object_name, answers), "usage": usage.as_dict()}
 
 
 class CompletionAnswer(OpenAiAnswer):
     object_name, chunk_name, id_prefix = "text_completion", "text_completion", "cmpl"
 
-    def choice(self, text: str | None, reason: str | None, streamed: bool) -> dict[str, Any]:
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+    def choice(self, index: int, text: str | None, reason: str | None, streamed: bool) -> dict[str, Any]:
+        return {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
 
 
 class ChatAnswer(OpenAiAnswer):
     object_name, chunk_name, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
     def first(self) -> bytes:
-        return event(
-            self.envelope(
-                self.chunk_name, [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+        return b"".join(
+            event(
+                self.envelope(
+                    self.chunk_name,
+                    [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                )
             )
+            for i in range(self.request.n)
         )
 
-    def choice(self, text: str | None, reason: str | None, streamed: bool) -> dict[str, Any]:
+    def choice(self, index: int, text: str | None, reason: str | None, streamed: bool) -> dict[str, Any]:
         if streamed:
-            return {"index": 0, "delta": {} if text is None else {"content": text}, "finish_reason": reason}
-        return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+            return {"index": index, "delta": {} if text is None else {"content": text}, "finish_reason": reason}
+        return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
 
 
 ANSWERS: dict[Api, type[Answer]] = {Api.KIT: KitAnswer, Api.COMPLETIONS: CompletionAnswer, Api.CHAT: ChatAnswer}

@@ -80,7 +80,7 @@ OPENAI = {
     "model": read(),
     "max_tokens": read(),
     "stream_options": read(),
-    "n": idle("one choice per request is served", 1),
+    "n": read(1),
     "user": label(),
     "metadata": label(),
     "safety_identifier": label(),

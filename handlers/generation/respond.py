@@ -1,13 +1,15 @@
 """A sequence's text -> pieces to the frontend, in its request's API's shapes (api.py, replies.py).
 
-    responder = Responder(replies, request_id, answer, stream=True, grpc=False)
-    engine.submit(generation, responder)          # the engine calls text() and finish()
+    responder = Responder(replies, request_id, answer, stream=True, grpc=False, choices=2)
+    engine.submit_all([(g, responder.choice(i)) for i, g in enumerate(generations)])  # each choice's text(), finish()
     responder.open()                              # the HTTP answer's status and headers, at once
 
 HTTP: the answer is opened as soon as the request is queued (ts_stream_next true, status 200, its
 content type), so that under continuousBatching the frontend checks the client is still there
 with every piece it passes on, from the start (replies.py, StepReplies); streamed, each delta is
-a piece and the last one ends it (false); whole, the body comes in the piece that ends it. gRPC:
+a piece and the last one ends it (false); whole, the body comes in the piece that ends it. A
+request of n choices is n sequences: streamed, their chunks interleave, each naming its choice,
+and the stream ends when the last has; whole, the body waits for the last. gRPC:
 always one piece, whole: TorchServe's worker cannot tell Predictions from StreamPredictions, and
 a second piece to a Predictions call that has completed ends the frontend's connection to the
 worker (GRPCJob). The engine's thread and the worker's reader (open) both write: one lock, so
@@ -16,6 +18,7 @@ that the opening piece goes first.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 from handlers.generation.api import JSON, Answer, Api, Usage, encode, error_body
@@ -24,17 +27,23 @@ from handlers.replies import Transport
 
 
 class Responder:
-    def __init__(self, replies: Transport, request_id: str, answer: Answer, stream: bool, grpc: bool):
+    def __init__(self, replies: Transport, request_id: str, answer: Answer, stream: bool, grpc: bool, choices: int = 1):
         self.replies, self.request_id, self.answer = replies, request_id, answer
         self.stream = stream and not grpc
         self.grpc = grpc
         self.opened = False  # the HTTP answer's first piece is out
-        self.parts: list[str] = []
+        self.parts: list[list[str]] = [[] for _ in range(choices)]
+        self.reasons: dict[int, Finish] = {}  # by choice, as each ends
+        self.prompt_tokens = self.completion_tokens = 0
         self.lock = threading.Lock()
 
     @property
     def content_type(self) -> str:
         return self.answer.stream_type if self.stream else JSON
+
+    def choice(self, index: int) -> Choice:
+        """The sink of choice `index`'s sequence."""
+        return Choice(self, index)
 
     def open(self) -> None:
         with self.lock:
@@ -46,23 +55,44 @@ class Responder:
             first = self.answer.first() if self.stream else b""
             self.replies.send(self.request_id, first, self.content_type, more=True)
 
-    def text(self, delta: str) -> None:
+    def text(self, delta: str, index: int = 0) -> None:
         if not self.stream:
-            self.parts.append(delta)
+            self.parts[index].append(delta)
             return
         with self.lock:
             self._open()
-            self.replies.send(self.request_id, self.answer.chunk(delta), self.content_type, more=True)
+            self.replies.send(self.request_id, self.answer.chunk(delta, index), self.content_type, more=True)
+
+    def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int, index: int = 0) -> None:
+        with self.lock:
+            self.reasons[index] = reason
+            self.prompt_tokens = prompt_tokens  # the same prompt for every choice, counted once
+            self.completion_tokens += completion_tokens
+            last = len(self.reasons) == len(self.parts)
+            usage = Usage(self.prompt_tokens, self.completion_tokens)
+            if self.stream:
+                body = self.answer.finished(reason, index) + (self.answer.closing(usage) if last else b"")
+            elif last:
+                choices = [("".join(parts), self.reasons[i]) for i, parts in enumerate(self.parts)]
+                body = encode(self.answer.whole(choices, usage))
+            else:
+                return
+            self._open()
+            self.replies.send(self.request_id, body, self.content_type, more=not last)
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """One choice's sequence's sink: its text and its end, to the request's Responder."""
+
+    responder: Responder
+    index: int
+
+    def text(self, delta: str) -> None:
+        self.responder.text(delta, self.index)
 
     def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None:
-        usage = Usage(prompt_tokens, completion_tokens)
-        if self.stream:
-            body = self.answer.end(reason, usage)
-        else:
-            body = encode(self.answer.whole("".join(self.parts), reason, usage))
-        with self.lock:
-            self._open()
-            self.replies.send(self.request_id, body, self.content_type, more=False)
+        self.responder.finish(reason, prompt_tokens, completion_tokens, self.index)
 
 
 def refuse(replies: Transport, request_id: str, api: Api, message: str, code: int, grpc: bool) -> None:

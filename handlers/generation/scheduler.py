@@ -139,33 +139,42 @@ class Scheduler:
         self.name, self.slots, self.context, self.max_waiting = name, slots, context, max_waiting
         self.active: dict[int, Running] = {}
         self.waiting: collections.deque[Running] = collections.deque()
-        self.keyed: dict[str, Running] = {}  # submitted with a key (a request id), until they end
+        self.keyed: dict[str, list[Running]] = {}  # submitted with a key (a request id), until they end
         self.lock = threading.Condition()
         self.stopping = False
 
     # -- any thread --------------------------------------------------------------------------
     def submit(self, generation: Generation, sink: Sink, key: str = "") -> Running:
-        sequence = Running(generation, sink, TextStream(self.decode, generation.stop), generation.sampling.generator())
+        return self.submit_all([(generation, sink)], key)[0]
+
+    def submit_all(self, asked: Sequence[tuple[Generation, Sink]], key: str = "") -> list[Running]:
+        """The sequences of one request (its choices), queued together or, when the queue cannot
+        take them all, none (QueueFull)."""
+        sequences = [
+            Running(
+                generation, sink, TextStream(self.decode, generation.stop), generation.sampling.generator(), key=key
+            )
+            for generation, sink in asked
+        ]
         with self.lock:
-            if len(self.waiting) >= self.max_waiting:
+            if len(self.waiting) + len(sequences) > self.max_waiting:
                 raise QueueFull(
                     f"{len(self.active)} sequences are generating and {len(self.waiting)} requests wait; retry later"
                 )
-            self.waiting.append(sequence)
+            self.waiting.extend(sequences)
             if key:
-                sequence.key, self.keyed[key] = key, sequence
+                self.keyed.setdefault(key, []).extend(sequences)
             self.lock.notify()
-        return sequence
+        return sequences
 
     def cancel(self, key: str) -> bool:
-        """Ends the sequence submitted with `key` at the next step (its slot, or its place in the
-        queue, is free then); False when there is none (it has ended)."""
+        """Ends the sequences submitted with `key` at the next step (their slots, or their places in
+        the queue, are free then); False when there are none (they have ended)."""
         with self.lock:
-            sequence = self.keyed.get(key)
-        if sequence is None:
-            return False
-        sequence.cancel()
-        return True
+            sequences = list(self.keyed.get(key, ()))
+        for sequence in sequences:
+            sequence.cancel()
+        return bool(sequences)
 
     def stop(self) -> None:
         with self.lock:
@@ -244,7 +253,11 @@ class Scheduler:
         if sequence.slot >= 0:
             self.active.pop(sequence.slot, None)
         with self.lock:
-            self.keyed.pop(sequence.key, None)
+            siblings = self.keyed.get(sequence.key, [])
+            if sequence in siblings:
+                siblings.remove(sequence)
+            if not siblings:
+                self.keyed.pop(sequence.key, None)
         if sequence.cancelled:
             log.info(
                 "%s: request %s cancelled after %d token(s); %d of %d sequences generating",

@@ -231,6 +231,33 @@ def test_a_seeded_request_draws_the_same_tokens_alone_and_beside_others(server):
     assert generate(server, QWEN, {**body, "seed": 8}).json()["text"] != alone
 
 
+def test_n_choices_are_each_the_answer_of_one_request_with_its_seed(server, references):
+    """The official client asks for n choices: greedy, each is transformers' answer; seeded, choice
+    i is what one choice with seed + i draws; streamed, each choice's chunks make the same text."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url(server, GPT2, "v1"), api_key="unused")
+    text, count = references[GPT2].prompt(PROMPTS[0])
+    greedy = client.completions.create(model=GPT2, prompt=PROMPTS[0], max_tokens=24, n=2)
+    assert [(c.index, c.text) for c in greedy.choices] == [(0, text), (1, text)]
+    assert greedy.usage.completion_tokens == 2 * count
+    sampled = {
+        "model": GPT2,
+        "prompt": PROMPTS[1],
+        "max_tokens": 12,
+        "temperature": 1.0,
+        "extra_body": {"ignore_eos": True},
+    }
+    one = [client.completions.create(**sampled, seed=5 + i).choices[0].text for i in range(3)]
+    three = client.completions.create(**sampled, seed=5, n=3)
+    assert [c.text for c in sorted(three.choices, key=lambda c: c.index)] == one and len(set(one)) > 1
+    streamed = ["", "", ""]
+    for chunk in client.completions.create(**sampled, seed=5, n=3, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == one
+
+
 def test_a_request_arriving_mid_generation_gets_its_first_token_before_the_first_ends(server):
     # ignore_eos: all 1000 tokens, whatever end-of-sequence token a random model meets.
     long = generate(
@@ -287,7 +314,6 @@ def test_openai_client_chats_streamed_and_whole(server, references):
 # A value asking for something of each field of the official client's chat schema the kit does not
 # serve yet: each is a 400 naming the field (handlers/generation/fields.py), never free text.
 NOT_SERVED_YET = {
-    "n": 2,
     "logprobs": True,
     "top_logprobs": 2,
     "response_format": {"type": "json_object"},
@@ -311,6 +337,7 @@ SERVED = {
     "presence_penalty": 0.5,
     "logit_bias": {"5": -100},
     "max_completion_tokens": 2,
+    "n": 2,
     "metadata": {"run": "e2e"},
     "parallel_tool_calls": False,
     "prompt_cache_key": "e2e",
@@ -423,7 +450,7 @@ def test_the_openai_client_streams_a_chat_through_the_containers_auth_proxy(sour
         (QWEN, "", {"prompt": "hi", "temperature": "hot"}, 400, "temperature must be a number"),
         (QWEN, "", {"prompt": "  "}, 400, "prompt is empty"),
         (QWEN, "", {"prompt": "word " * 3000}, 400, "this model's context is 2048 tokens"),
-        (QWEN, "v1/completions", {"prompt": "hi", "n": 3}, 400, "n=3 is not served"),
+        (QWEN, "v1/completions", {"prompt": "hi", "n": 17}, 400, "n must be from 1 to 16, got 17"),
         (GPT2, "v1/chat/completions", {"messages": CHAT}, 400, "no chat template"),
         (QWEN, "v1/embeddings", {"input": "hi"}, 404, "unknown path 'v1/embeddings'"),
     ],

@@ -68,7 +68,8 @@ def test_openai_names_and_the_chat_template():
         (Api.KIT, {"prompt": "x", "stop": [1]}, "stop must be a string or a list of at most 8 strings"),
         (Api.KIT, {"prompt": "x", "stream": "yes"}, "stream must be true or false"),
         (Api.KIT, [1, 2], "body must be a JSON object, got a JSON list"),
-        (Api.COMPLETIONS, {"prompt": "x", "n": 2}, "n=2 is not served"),
+        (Api.COMPLETIONS, {"prompt": "x", "n": 17}, "n must be from 1 to 16, got 17"),
+        (Api.KIT, {"prompt": "x", "n": 2}, "unknown field 'n'"),
         (Api.COMPLETIONS, {"prompt": "x", "logprobs": 3}, "logprobs=3 is not served"),
         (Api.COMPLETIONS, {"max_tokens": 3}, 'JSON body needs a string field "prompt"'),
         (Api.COMPLETIONS, {"messages": []}, "unknown field 'messages'; this endpoint takes best_of, echo, "),
@@ -100,7 +101,13 @@ def test_a_streamed_chat_answer_is_what_openais_client_parses():
         {"messages": [{"role": "user", "content": "hi"}], "stream": True, "stream_options": {"include_usage": True}},
     )
     answer = ANSWERS[Api.CHAT]("r1", "lm", request)
-    stream = answer.first() + answer.chunk("Hel") + answer.chunk("lo") + answer.end(Finish.LENGTH, Usage(5, 2))
+    stream = (
+        answer.first()
+        + answer.chunk("Hel")
+        + answer.chunk("lo")
+        + answer.finished(Finish.LENGTH)
+        + answer.closing(Usage(5, 2))
+    )
     chunks = events(stream)
     assert [c["object"] for c in chunks] == ["chat.completion.chunk"] * 5
     assert {c["id"] for c in chunks} == {"chatcmpl-r1"}
@@ -120,10 +127,10 @@ def test_a_streamed_chat_answer_is_what_openais_client_parses():
 
 def test_whole_answers_carry_usage_and_finish_reason():
     request = parsed(Api.COMPLETIONS, {"prompt": "x"})
-    whole = ANSWERS[Api.COMPLETIONS]("r2", "lm", request).whole("text", Finish.STOP, Usage(1, 3))
+    whole = ANSWERS[Api.COMPLETIONS]("r2", "lm", request).whole([("text", Finish.STOP)], Usage(1, 3))
     assert whole["object"] == "text_completion" and whole["choices"][0]["text"] == "text"
     assert whole["choices"][0]["finish_reason"] == "stop" and whole["usage"]["total_tokens"] == 4
-    kit = ANSWERS[Api.KIT]("r3", "lm", parsed(Api.KIT, "x")).whole("t", Finish.LENGTH, Usage(1, 1))
+    kit = ANSWERS[Api.KIT]("r3", "lm", parsed(Api.KIT, "x")).whole([("t", Finish.LENGTH)], Usage(1, 1))
     assert kit == {
         "text": "t",
         "finish_reason": "length",
@@ -139,3 +146,20 @@ def test_errors_in_each_apis_shape():
         "param": None,
         "code": None,
     }
+
+
+def test_n_choices_each_draw_with_a_seed_of_their_own():
+    request = parsed(Api.CHAT, {"messages": [{"role": "user", "content": "hi"}], "n": 3, "seed": 7, "temperature": 1})
+    assert [g.sampling.seed for g in request.generations()] == [7, 8, 9]
+    assert {g.prompt for g in request.generations()} == {request.generation.prompt}
+    greedy = parsed(Api.COMPLETIONS, {"prompt": "x", "n": 2})
+    assert greedy.generations() == [greedy.generation] * 2
+
+
+def test_a_whole_answer_of_n_choices_has_each_at_its_index_and_the_usage_summed():
+    request = parsed(Api.CHAT, {"messages": [{"role": "user", "content": "hi"}], "n": 2})
+    whole = ANSWERS[Api.CHAT]("r4", "lm", request).whole([("a", Finish.STOP), ("bc", Finish.LENGTH)], Usage(3, 5))
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in whole["choices"]] == [
+        (0, "a", "stop"),
+        (1, "bc", "length"),
+    ]

@@ -166,6 +166,24 @@ def test_a_full_queue_refuses_with_the_numbers(lm):
         eng.submit(Generation((1, 2), 4), Recorder())
 
 
+def test_a_requests_choices_are_queued_all_or_none_and_cancelled_together(lm):
+    model, tokenizer = lm
+    ids = tuple(tokenizer(PROMPTS[0])["input_ids"])
+    eng = engine(model, tokenizer, slots=2, waiting=3)
+    eng.submit(Generation(ids, 4), Recorder())
+    with pytest.raises(QueueFull):  # 3 choices do not fit beside the one waiting
+        eng.submit_all([(Generation(ids, 4), Recorder()) for _ in range(3)], key="r1")
+    assert len(eng.waiting) == 1 and "r1" not in eng.keyed
+    recorders = [Recorder(), Recorder()]
+    choices = eng.submit_all([(Generation(ids, 1000), r) for r in recorders], key="r2")
+    eng.step()
+    assert eng.cancel("r2")
+    while eng.busy:
+        eng.step()
+    assert [r.reason for r in recorders] == [Finish.CANCELLED] * 2 and all(len(c.tokens) < 10 for c in choices)
+    assert eng.keyed == {}
+
+
 def test_a_seeded_sample_is_the_same_whatever_runs_beside_it(lm):
     model, tokenizer = lm
     ids = tuple(tokenizer(PROMPTS[0])["input_ids"])

@@ -25,7 +25,6 @@ def test_every_field_of_openais_schema_is_in_the_table(api):
 @pytest.mark.parametrize(
     ("api", "body", "message"),
     [
-        (Api.CHAT, {"n": 2}, "n=2 is not served: one choice per request is served"),
         (Api.CHAT, {"logprobs": True}, "logprobs=True is not served: log-probabilities are not served yet"),
         (Api.CHAT, {"top_logprobs": 3}, "top_logprobs=3 is not served"),
         (Api.CHAT, {"response_format": {"type": "json_object"}}, "structured output is not served yet"),

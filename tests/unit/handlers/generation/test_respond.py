@@ -71,3 +71,46 @@ def test_a_streamed_chat_opens_with_its_role_chunk_before_any_token():
     assert len(replies.frames) == 1 and replies.frames[0][1] == "text/event-stream"
     opening = json.loads(replies.frames[0][0].removeprefix(b"data: "))
     assert opening["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+def chat(n: int, stream: bool):
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": stream, "n": n}
+    return parse(Api.CHAT, body, Limits(32, 8, Sampling()), lambda text: [ord(c) for c in text], lambda m: [1, 2])
+
+
+def test_n_choices_stream_interleaved_each_at_its_index_and_end_after_the_last():
+    replies = Recorded()
+    responder = Responder(replies, "r1", ChatAnswer("r1", "lm", chat(2, True)), True, False, choices=2)
+    first, second = responder.choice(0), responder.choice(1)
+    responder.open()
+    first.text("a")
+    second.text("b")
+    second.finish(Finish.STOP, 2, 1)
+    first.text("c")
+    first.finish(Finish.LENGTH, 2, 2)
+    bodies = b"".join(body for body, _, _ in replies.frames)
+    events = [json.loads(e.removeprefix(b"data: ")) for e in bodies.split(b"\n\n") if e and e != b"data: [DONE]"]
+    choices = [(c["index"], c["delta"].get("content"), c["finish_reason"]) for e in events for c in e["choices"]]
+    assert choices == [
+        (0, "", None),
+        (1, "", None),
+        (0, "a", None),
+        (1, "b", None),
+        (1, None, "stop"),
+        (0, "c", None),
+    ] + [(0, None, "length")]
+    assert [more for _, _, more in replies.frames] == [True] * 5 + [False] and bodies.endswith(b"data: [DONE]\n\n")
+
+
+def test_n_choices_whole_is_one_body_once_the_last_has_ended():
+    replies = Recorded()
+    responder = Responder(replies, "r1", ChatAnswer("r1", "lm", chat(2, False)), False, False, choices=2)
+    responder.open()
+    responder.choice(1).text("b")
+    responder.choice(1).finish(Finish.STOP, 2, 1)
+    assert [body for body, _, _ in replies.frames] == [b""]  # nothing until the last choice ends
+    responder.choice(0).text("a")
+    responder.choice(0).finish(Finish.LENGTH, 2, 3)
+    whole = json.loads(replies.frames[-1][0])
+    assert [c["message"]["content"] for c in whole["choices"]] == ["a", "b"] and replies.frames[-1][2] is False
+    assert whole["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
