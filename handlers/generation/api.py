@@ -17,12 +17,13 @@ import abc
 import dataclasses
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from handlers import openai_shapes
 from handlers.generation import fields
 from handlers.generation.fields import Api
+from handlers.generation.logprobs import MAX_TOP, TokenLogprob
 from handlers.generation.sampling import SEED_LIMIT, Sampling, integer
 from handlers.generation.scheduler import Finish, Generation
 from handlers.payload import InvalidInput, NotFound
@@ -91,6 +92,18 @@ def _flag(body: Mapping[str, Any], name: str) -> bool:
     if not isinstance(value, bool):
         raise InvalidInput(f"{name} must be true or false, got {value!r}")
     return value
+
+
+def _logprobs(api: Api, body: Mapping[str, Any]) -> int | None:
+    """Alternatives per token to return with each token's log-probability; None: no log-probabilities.
+    Chat: `logprobs: true` and `top_logprobs: N`; completions: `logprobs: N`."""
+    if api is Api.COMPLETIONS:
+        return integer(body, "logprobs", None, 0, MAX_TOP)
+    if api is Api.CHAT and _flag(body, "logprobs"):
+        return integer(body, "top_logprobs", 0, 0, MAX_TOP)
+    if body.get("top_logprobs"):
+        raise InvalidInput("top_logprobs needs logprobs: true")
+    return None
 
 
 def _check_model(body: Mapping[str, Any], limits: Limits) -> None:
@@ -177,6 +190,7 @@ def parse(api: Api, body: Any, limits: Limits, tokenize: Tokenize, apply_templat
         sampling=Sampling.parse(body, limits.sampling, limits.vocabulary),
         stop=_stops(body),
         ignore_eos=_flag(body, "ignore_eos"),
+        logprobs=_logprobs(api, body),
     )
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
@@ -218,9 +232,19 @@ def event(payload: dict[str, Any]) -> bytes:
     return b"data: " + encode(payload) + b"\n\n"
 
 
+@dataclasses.dataclass(frozen=True)
+class Said:
+    """One choice, whole: its text, why it ended, and its tokens' log-probabilities (if asked)."""
+
+    text: str
+    reason: Finish
+    logprobs: Sequence[TokenLogprob] = ()
+
+
 class Answer(abc.ABC):
     """One request's answer, in its API's shapes: streamed, `first`, then a `chunk` per text delta
-    of a choice, its `finished` once it ends, `closing` after the last; whole, `whole` once."""
+    of a choice (with the log-probabilities of the tokens it releases), its `finished` once it
+    ends, `closing` after the last; whole, `whole` once."""
 
     def __init__(self, request_id: str, model: str, request: Request):
         self.id, self.model, self.request = request_id, model, request
@@ -235,7 +259,7 @@ class Answer(abc.ABC):
         return b""
 
     @abc.abstractmethod
-    def chunk(self, delta: str, index: int = 0) -> bytes: ...
+    def chunk(self, delta: str, index: int = 0, logprobs: Sequence[TokenLogprob] = ()) -> bytes: ...
 
     def finished(self, reason: Finish, index: int = 0) -> bytes:
         """What a stream sends when choice `index` ends."""
@@ -246,18 +270,18 @@ class Answer(abc.ABC):
         return b""
 
     @abc.abstractmethod
-    def whole(self, choices: list[tuple[str, Finish]], usage: Usage) -> dict[str, Any]: ...
+    def whole(self, choices: list[Said], usage: Usage) -> dict[str, Any]: ...
 
 
 class KitAnswer(Answer):
     stream_type = TEXT
 
-    def chunk(self, delta: str, index: int = 0) -> bytes:
+    def chunk(self, delta: str, index: int = 0, logprobs: Sequence[TokenLogprob] = ()) -> bytes:
         return delta.encode()
 
-    def whole(self, choices: list[tuple[str, Finish]], usage: Usage) -> dict[str, Any]:
-        ((text, reason),) = choices  # the kit's API takes no n
-        return {"text": text, "finish_reason": finish_reason(reason), "usage": usage.as_dict()}
+    def whole(self, choices: list[Said], usage: Usage) -> dict[str, Any]:
+        (said,) = choices  # the kit's API takes no n
+        return {"text": said.text, "finish_reason": finish_reason(said.reason), "usage": usage.as_dict()}
 
 
 class OpenAiAnswer(Answer):
@@ -276,29 +300,69 @@ class OpenAiAnswer(Answer):
         }
 
     @abc.abstractmethod
-    def choice(self, index: int, text: str | None, reason: str | None, streamed: bool) -> dict[str, Any]: ...
+    def choice(
+        self, index: int, text: str | None, reason: str | None, streamed: bool, logprobs: Sequence[TokenLogprob]
+    ) -> dict[str, Any]: ...
 
-    def chunk(self, delta: str, index: int = 0) -> bytes:
-        return event(self.envelope(self.chunk_name, [self.choice(index, delta, None, True)]))
+    def chunk(self, delta: str, index: int = 0, logprobs: Sequence[TokenLogprob] = ()) -> bytes:
+        return event(self.envelope(self.chunk_name, [self.choice(index, delta, None, True, logprobs)]))
 
     def finished(self, reason: Finish, index: int = 0) -> bytes:
-        return event(self.envelope(self.chunk_name, [self.choice(index, None, finish_reason(reason), True)]))
+        return event(self.envelope(self.chunk_name, [self.choice(index, None, finish_reason(reason), True, ())]))
 
     def closing(self, usage: Usage) -> bytes:
         if not self.request.include_usage:
             return DONE
         return event({**self.envelope(self.chunk_name, []), "usage": usage.as_dict()}) + DONE
 
-    def whole(self, choices: list[tuple[str, Finish]], usage: Usage) -> dict[str, Any]:
-        answers = [self.choice(i, text, finish_reason(reason), False) for i, (text, reason) in enumerate(choices)]
+    def whole(self, choices: list[Said], usage: Usage) -> dict[str, Any]:
+        answers = [
+            self.choice(i, said.text, finish_reason(said.reason), False, said.logprobs)
+            for i, said in enumerate(choices)
+        ]
         return {**self.envelope(self.object_name, answers), "usage": usage.as_dict()}
+
+    @property
+    def asks_logprobs(self) -> bool:
+        return self.request.generation.logprobs is not None
 
 
 class CompletionAnswer(OpenAiAnswer):
     object_name, chunk_name, id_prefix = "text_completion", "text_completion", "cmpl"
 
-    def choice(self, index: int, text: str | None, reason: str | None, streamed: bool) -> dict[str, Any]:
-        return {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
+    def __init__(self, request_id: str, model: str, request: Request):
+        super().__init__(request_id, model, request)
+        self.offsets: dict[int, int] = {}  # by choice: where its next token's text begins in its answer
+
+    def choice(
+        self, index: int, text: str | None, reason: str | None, streamed: bool, logprobs: Sequence[TokenLogprob]
+    ) -> dict[str, Any]:
+        return {
+            "index": index,
+            "text": text or "",
+            "logprobs": self.logprobs(index, logprobs, streamed) if self.asks_logprobs else None,
+            "finish_reason": reason,
+        }
+
+    def logprobs(self, index: int, entries: Sequence[TokenLogprob], streamed: bool) -> dict[str, Any]:
+        """The completions API's shape; text_offset counts from the answer's start (no echo)."""
+        offset = self.offsets.get(index, 0) if streamed else 0
+        offsets = []
+        for entry in entries:
+            offsets.append(offset)
+            offset += len(entry.token)
+        if streamed:
+            self.offsets[index] = offset
+        return {
+            "tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [dict(e.top) for e in entries],
+            "text_offset": offsets,
+        }
+
+
+def chat_entry(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
 
 class ChatAnswer(OpenAiAnswer):
@@ -315,10 +379,20 @@ class ChatAnswer(OpenAiAnswer):
             for i in range(self.request.n)
         )
 
-    def choice(self, index: int, text: str | None, reason: str | None, streamed: bool) -> dict[str, Any]:
+    def choice(
+        self, index: int, text: str | None, reason: str | None, streamed: bool, logprobs: Sequence[TokenLogprob]
+    ) -> dict[str, Any]:
         if streamed:
-            return {"index": index, "delta": {} if text is None else {"content": text}, "finish_reason": reason}
-        return {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+            said = {"index": index, "delta": {} if text is None else {"content": text}}
+        else:
+            said = {"index": index, "message": {"role": "assistant", "content": text}}
+        if self.asks_logprobs:
+            content = [
+                {**chat_entry(e.token, e.logprob), "top_logprobs": [chat_entry(t, v) for t, v in e.top]}
+                for e in logprobs
+            ]
+            said["logprobs"] = {"content": content, "refusal": None}
+        return {**said, "finish_reason": reason}
 
 
 ANSWERS: dict[Api, type[Answer]] = {Api.KIT: KitAnswer, Api.COMPLETIONS: CompletionAnswer, Api.CHAT: ChatAnswer}

@@ -145,6 +145,5 @@ class Engine(Scheduler):
             self.prefix.computed(sequence.slot, sequence.known[: sequence.computed])
         if not sequence.pending:
             generation = sequence.generation
-            self._accept(
-                sequence, generation.sampling.choose(logits, sequence.generator, generation.prompt, sequence.tokens)
-            )
+            token = generation.sampling.choose(logits, sequence.generator, generation.prompt, sequence.tokens)
+            self._accept(sequence, token, logits)

@@ -2,17 +2,17 @@
 
     check(Api.CHAT, body, unserved=frozenset())   # InvalidInput naming the first field not served
 
-A client that asks for JSON matching a schema, a tool call or log-probabilities and gets free
-text with status 200 has a wrong answer it cannot see: a field the kit does not serve is a 400
-naming it. Each field is one of:
+A client that asks for JSON matching a schema or for a tool call and gets free text with status
+200 has a wrong answer it cannot see: a field the kit does not serve is a 400 naming it. Each
+field is one of:
 - read: the parser (api.py, sampling.py) reads it and the answer follows it;
-- idle: taken only at the values that ask for nothing (`n: 1`, `logprobs: false`,
-  `response_format: {"type": "text"}`, `tools: []`), else refused with what is not served;
+- idle: taken only at the values that ask for nothing (`response_format: {"type": "text"}`,
+  `tools: []`, `echo: false`), else refused with what is not served;
 - label: names the caller or the request (`user`, `metadata`); the answer is the same without it.
 A field the table does not know is refused too, naming the fields the endpoint takes: a
 misspelt `max_token` would otherwise be a default the client did not ask for. A backend may
-not serve some read fields (`unserved`, e.g. OpenVINO GenAI's pipeline has no logit bias):
-those are refused on it unless they ask for nothing.
+not serve some read fields (`unserved`, e.g. OpenVINO GenAI's pipeline has no logit bias): those
+are refused on it unless they ask for nothing (`read`'s values).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ FIELDS: dict[Api, dict[str, Field]] = {
     Api.COMPLETIONS: {
         **OPENAI,
         "prompt": read(),
-        "logprobs": idle("log-probabilities are not served yet"),
+        "logprobs": read(),
         "echo": idle("the prompt is not echoed", False),
         "best_of": idle("one choice per request is served", 1),
         "suffix": idle("a suffix (fill in the middle) is not served"),
@@ -102,8 +102,8 @@ FIELDS: dict[Api, dict[str, Field]] = {
         **OPENAI,
         "messages": read(),
         "max_completion_tokens": read(),
-        "logprobs": idle("log-probabilities are not served yet", False),
-        "top_logprobs": idle("log-probabilities are not served yet", 0),
+        "logprobs": read(False),
+        "top_logprobs": read(0),
         "response_format": idle("structured output is not served yet", {"type": "text"}),
         "tools": idle(NO_TOOLS, []),
         "tool_choice": idle(NO_TOOLS, "none", "auto"),  # with no tools, both ask for none

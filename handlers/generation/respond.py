@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Sequence
 
-from handlers.generation.api import JSON, Answer, Api, Usage, encode, error_body
+from handlers.generation.api import JSON, Answer, Api, Said, Usage, encode, error_body
+from handlers.generation.logprobs import TokenLogprob
 from handlers.generation.scheduler import Finish
 from handlers.replies import Transport
 
@@ -33,6 +35,7 @@ class Responder:
         self.grpc = grpc
         self.opened = False  # the HTTP answer's first piece is out
         self.parts: list[list[str]] = [[] for _ in range(choices)]
+        self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(choices)]
         self.reasons: dict[int, Finish] = {}  # by choice, as each ends
         self.prompt_tokens = self.completion_tokens = 0
         self.lock = threading.Lock()
@@ -55,13 +58,14 @@ class Responder:
             first = self.answer.first() if self.stream else b""
             self.replies.send(self.request_id, first, self.content_type, more=True)
 
-    def text(self, delta: str, index: int = 0) -> None:
+    def text(self, delta: str, logprobs: Sequence[TokenLogprob] = (), index: int = 0) -> None:
         if not self.stream:
             self.parts[index].append(delta)
+            self.logprobs[index].extend(logprobs)
             return
         with self.lock:
             self._open()
-            self.replies.send(self.request_id, self.answer.chunk(delta, index), self.content_type, more=True)
+            self.replies.send(self.request_id, self.answer.chunk(delta, index, logprobs), self.content_type, more=True)
 
     def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int, index: int = 0) -> None:
         with self.lock:
@@ -73,7 +77,9 @@ class Responder:
             if self.stream:
                 body = self.answer.finished(reason, index) + (self.answer.closing(usage) if last else b"")
             elif last:
-                choices = [("".join(parts), self.reasons[i]) for i, parts in enumerate(self.parts)]
+                choices = [
+                    Said("".join(parts), self.reasons[i], self.logprobs[i]) for i, parts in enumerate(self.parts)
+                ]
                 body = encode(self.answer.whole(choices, usage))
             else:
                 return
@@ -88,8 +94,8 @@ class Choice:
     responder: Responder
     index: int
 
-    def text(self, delta: str) -> None:
-        self.responder.text(delta, self.index)
+    def text(self, delta: str, logprobs: Sequence[TokenLogprob] = ()) -> None:
+        self.responder.text(delta, logprobs, self.index)
 
     def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None:
         self.responder.finish(reason, prompt_tokens, completion_tokens, self.index)

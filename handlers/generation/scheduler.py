@@ -25,6 +25,7 @@ from typing import Protocol
 
 import torch
 
+from handlers.generation.logprobs import TokenLogprob
 from handlers.generation.sampling import Sampling
 from handlers.generation.stream import TextStream
 
@@ -54,12 +55,14 @@ class Generation:
     # Generate max_new_tokens whatever comes (vLLM's and llama.cpp's option): a benchmark's
     # answers then have the same length on every server.
     ignore_eos: bool = False
+    logprobs: int | None = None  # each token's log-probability and this many alternatives; None: none
 
 
 class Sink(Protocol):
     """Where a sequence's text goes (the handler answers its client from these calls)."""
 
-    def text(self, delta: str) -> None: ...
+    def text(self, delta: str, logprobs: Sequence[TokenLogprob] = ()) -> None:
+        """`logprobs`: of the tokens whose text `delta` releases (when the request asks for them)."""
 
     def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None: ...
 
@@ -67,7 +70,7 @@ class Sink(Protocol):
 class Discard:
     """A sink for text nobody reads (the warm-up's)."""
 
-    def text(self, delta: str) -> None:
+    def text(self, delta: str, logprobs: Sequence[TokenLogprob] = ()) -> None:
         pass
 
     def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None:
@@ -88,6 +91,7 @@ class Running:
     cancelled: bool = False
     submitted: float = dataclasses.field(default_factory=time.perf_counter)
     key: str = ""  # what Engine.cancel finds it by
+    logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)  # tokens whose text is not yet sent
 
     @property
     def known(self) -> tuple[int, ...]:
@@ -234,20 +238,29 @@ class Scheduler:
         """The free slot the sequence takes (there is one)."""
         return min(set(range(self.slots)) - set(self.active))
 
-    def _accept(self, sequence: Running, token: int) -> None:
-        """The sequence's next token: its text sent, or the sequence ended."""
+    def _accept(self, sequence: Running, token: int, logits: torch.Tensor | None = None) -> None:
+        """The sequence's next token, chosen from `logits` (given where the request asks for its
+        log-probabilities): its text sent, or the sequence ended."""
         generation = sequence.generation
         if token in self.eos and not generation.ignore_eos:
             self._end(sequence, Finish.STOP)
             return
         sequence.tokens.append(token)
+        if logits is not None and generation.logprobs is not None:
+            sequence.logprobs.append(TokenLogprob.of(logits, token, generation.logprobs, self.decode))
         delta = sequence.stream.push(token)
         if delta:
-            sequence.sink.text(delta)
+            sequence.sink.text(delta, self._released(sequence))
         if sequence.stream.stopped:
             self._end(sequence, Finish.STOP)
         elif len(sequence.tokens) >= generation.max_new_tokens or sequence.position >= self.context:
             self._end(sequence, Finish.LENGTH)
+
+    @staticmethod
+    def _released(sequence: Running) -> list[TokenLogprob]:
+        """The entries of the tokens held until text goes out: with it."""
+        released, sequence.logprobs = sequence.logprobs, []
+        return released
 
     def _end(self, sequence: Running, reason: Finish) -> None:
         if sequence.slot >= 0:
@@ -267,6 +280,10 @@ class Scheduler:
                 len(self.active),
                 self.slots,
             )
-        if rest := sequence.stream.finish():
-            sequence.sink.text(rest)
+        rest = sequence.stream.finish()
+        # The held tokens' entries go out with the rest of the text, even where their text is
+        # none (a token of no text of its own); a stop string's, never sent, are dropped.
+        held = [] if sequence.stream.stopped else self._released(sequence)
+        if rest or held:
+            sequence.sink.text(rest, held)
         sequence.sink.finish(reason, len(sequence.generation.prompt), len(sequence.tokens))

@@ -129,6 +129,20 @@ class Reference:
         eos = set(self.model.generation_config.eos_token_id)
         return answer[: next((i for i, t in enumerate(answer) if t in eos), len(answer))]
 
+    def scores(self, ids: list[int], new: int) -> tuple[list[int], list[torch.Tensor]]:
+        """The greedy answer's tokens (all `new`) and each step's log-softmax of the logits."""
+        with torch.inference_mode():
+            out = self.model.generate(
+                torch.tensor([ids]),
+                max_new_tokens=new,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=None,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        return out.sequences[0, len(ids) :].tolist(), [step[0].float().log_softmax(-1) for step in out.logits]
+
     def text(self, ids: list[int], new: int, **options) -> tuple[str, int]:
         tokens = self.tokens(ids, new, **options)
         stream = TextStream(lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
@@ -314,8 +328,6 @@ def test_openai_client_chats_streamed_and_whole(server, references):
 # A value asking for something of each field of the official client's chat schema the kit does not
 # serve yet: each is a 400 naming the field (handlers/generation/fields.py), never free text.
 NOT_SERVED_YET = {
-    "logprobs": True,
-    "top_logprobs": 2,
     "response_format": {"type": "json_object"},
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
     "tool_choice": "required",
@@ -338,6 +350,8 @@ SERVED = {
     "logit_bias": {"5": -100},
     "max_completion_tokens": 2,
     "n": 2,
+    "logprobs": True,
+    "top_logprobs": 2,
     "metadata": {"run": "e2e"},
     "parallel_tool_calls": False,
     "prompt_cache_key": "e2e",
@@ -351,8 +365,9 @@ SERVED = {
     "top_p": 0.9,
     "user": "e2e",
 }
+ALONG = {"top_logprobs": {"logprobs": True}}  # what a field needs beside it
 # What the kit's engine serves and OpenVINO GenAI's pipeline does not (openvino_engine.py).
-UNSERVED_ON_OPENVINO = {"frequency_penalty", "presence_penalty", "logit_bias"}
+UNSERVED_ON_OPENVINO = {"frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "top_logprobs"}
 
 
 def test_every_field_of_openais_chat_schema_is_served_or_refused_by_name(server, references):
@@ -368,9 +383,10 @@ def test_every_field_of_openais_chat_schema_is_served_or_refused_by_name(server,
     openvino = server.config.variant.name == "openvino"
     refused = set(NOT_SERVED_YET) | (UNSERVED_ON_OPENVINO if openvino else set())
     for name, value in {**NOT_SERVED_YET, **SERVED}.items():
-        ask = {"model": QWEN, "messages": CHAT, "max_tokens": 2, name: value}
+        ask = {"model": QWEN, "messages": CHAT, "max_tokens": 2, name: value, **ALONG.get(name, {})}
         if name in refused:
-            with pytest.raises(BadRequestError, match=f"{name}.* is not served"):
+            named = "|".join([name, *ALONG.get(name, {})])  # the first the server met
+            with pytest.raises(BadRequestError, match=f"({named}).* is not served"):
                 client.chat.completions.create(**ask)
         else:
             assert client.chat.completions.create(**ask).choices[0].finish_reason in ("length", "stop"), name
@@ -391,6 +407,23 @@ def test_every_field_of_openais_chat_schema_is_served_or_refused_by_name(server,
             model=QWEN, messages=CHAT, max_tokens=16, temperature=0, extra_body=extra
         )
         assert (answer.choices[0].message.content, answer.usage.completion_tokens) == (text, count), extra
+    # Log-probabilities: transformers' log-softmax of its float32 logits, within 2e-3.
+    tokens, scores = reference.scores(reference.chat_ids(), 8)
+    answer = client.chat.completions.create(
+        model=QWEN,
+        messages=CHAT,
+        max_tokens=8,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},  # all 8, as transformers' without an end
+    )
+    content = answer.choices[0].logprobs.content
+    assert len(content) == len(tokens) == answer.usage.completion_tokens
+    for entry, token, score in zip(content, tokens, scores, strict=True):
+        assert entry.token == reference.tokenizer.decode([token]) and abs(entry.logprob - float(score[token])) < 2e-3
+        top = torch.topk(score, 3).values.tolist()
+        assert max(abs(t.logprob - v) for t, v in zip(entry.top_logprobs, top, strict=True)) < 2e-3
 
 
 def pinged(url: str) -> bool:

@@ -11,10 +11,12 @@ from handlers.generation.api import (
     DONE,
     Api,
     Limits,
+    Said,
     Usage,
     error_body,
     parse,
 )
+from handlers.generation.logprobs import TokenLogprob
 from handlers.generation.sampling import Sampling
 from handlers.generation.scheduler import Finish
 from handlers.payload import InvalidInput
@@ -70,7 +72,8 @@ def test_openai_names_and_the_chat_template():
         (Api.KIT, [1, 2], "body must be a JSON object, got a JSON list"),
         (Api.COMPLETIONS, {"prompt": "x", "n": 17}, "n must be from 1 to 16, got 17"),
         (Api.KIT, {"prompt": "x", "n": 2}, "unknown field 'n'"),
-        (Api.COMPLETIONS, {"prompt": "x", "logprobs": 3}, "logprobs=3 is not served"),
+        (Api.COMPLETIONS, {"prompt": "x", "logprobs": 21}, "logprobs must be from 0 to 20, got 21"),
+        (Api.CHAT, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs needs logprobs"),
         (Api.COMPLETIONS, {"max_tokens": 3}, 'JSON body needs a string field "prompt"'),
         (Api.COMPLETIONS, {"messages": []}, "unknown field 'messages'; this endpoint takes best_of, echo, "),
         (Api.CHAT, {"messages": []}, 'chat needs "messages": a non-empty list'),
@@ -127,10 +130,10 @@ def test_a_streamed_chat_answer_is_what_openais_client_parses():
 
 def test_whole_answers_carry_usage_and_finish_reason():
     request = parsed(Api.COMPLETIONS, {"prompt": "x"})
-    whole = ANSWERS[Api.COMPLETIONS]("r2", "lm", request).whole([("text", Finish.STOP)], Usage(1, 3))
+    whole = ANSWERS[Api.COMPLETIONS]("r2", "lm", request).whole([Said("text", Finish.STOP)], Usage(1, 3))
     assert whole["object"] == "text_completion" and whole["choices"][0]["text"] == "text"
     assert whole["choices"][0]["finish_reason"] == "stop" and whole["usage"]["total_tokens"] == 4
-    kit = ANSWERS[Api.KIT]("r3", "lm", parsed(Api.KIT, "x")).whole([("t", Finish.LENGTH)], Usage(1, 1))
+    kit = ANSWERS[Api.KIT]("r3", "lm", parsed(Api.KIT, "x")).whole([Said("t", Finish.LENGTH)], Usage(1, 1))
     assert kit == {
         "text": "t",
         "finish_reason": "length",
@@ -158,8 +161,59 @@ def test_n_choices_each_draw_with_a_seed_of_their_own():
 
 def test_a_whole_answer_of_n_choices_has_each_at_its_index_and_the_usage_summed():
     request = parsed(Api.CHAT, {"messages": [{"role": "user", "content": "hi"}], "n": 2})
-    whole = ANSWERS[Api.CHAT]("r4", "lm", request).whole([("a", Finish.STOP), ("bc", Finish.LENGTH)], Usage(3, 5))
+    whole = ANSWERS[Api.CHAT]("r4", "lm", request).whole(
+        [Said("a", Finish.STOP), Said("bc", Finish.LENGTH)], Usage(3, 5)
+    )
     assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in whole["choices"]] == [
         (0, "a", "stop"),
         (1, "bc", "length"),
     ]
+
+
+def test_logprobs_asked_for_are_alternatives_per_token():
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert parsed(Api.CHAT, {**chat, "logprobs": True, "top_logprobs": 3}).generation.logprobs == 3
+    assert parsed(Api.CHAT, {**chat, "logprobs": True}).generation.logprobs == 0
+    assert parsed(Api.CHAT, {**chat, "logprobs": False}).generation.logprobs is None
+    assert parsed(Api.COMPLETIONS, {"prompt": "x", "logprobs": 2}).generation.logprobs == 2
+    assert parsed(Api.COMPLETIONS, {"prompt": "x"}).generation.logprobs is None
+
+
+ENTRIES = [
+    TokenLogprob("He", -0.5, (("He", -0.5), ("A", -1.5))),
+    TokenLogprob("llo", -0.25, (("llo", -0.25), ("y", -2.0))),
+]
+
+
+def test_chat_logprobs_in_openais_shape_streamed_and_whole():
+    request = parsed(Api.CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 2})
+    answer = ANSWERS[Api.CHAT]("r5", "lm", request)
+    whole = answer.whole([Said("Hello", Finish.LENGTH, ENTRIES)], Usage(2, 2))
+    content = whole["choices"][0]["logprobs"]["content"]
+    assert content[1] == {
+        "token": "llo",
+        "logprob": -0.25,
+        "bytes": [108, 108, 111],
+        "top_logprobs": [
+            {"token": "llo", "logprob": -0.25, "bytes": [108, 108, 111]},
+            {"token": "y", "logprob": -2.0, "bytes": [121]},
+        ],
+    }
+    (chunk,) = events(answer.chunk("He", 0, ENTRIES[:1]) + DONE)
+    assert [e["token"] for e in chunk["choices"][0]["logprobs"]["content"]] == ["He"]
+    plain = ANSWERS[Api.CHAT]("r6", "lm", parsed(Api.CHAT, {"messages": [{"role": "user", "content": "hi"}]}))
+    assert "logprobs" not in plain.whole([Said("x", Finish.STOP)], Usage(1, 1))["choices"][0]
+
+
+def test_completion_logprobs_count_text_offsets_across_chunks():
+    answer = ANSWERS[Api.COMPLETIONS]("r7", "lm", parsed(Api.COMPLETIONS, {"prompt": "x", "logprobs": 1}))
+    first, second = (events(answer.chunk(e.token, 0, [e]) + DONE)[0]["choices"][0]["logprobs"] for e in ENTRIES)
+    assert first == {
+        "tokens": ["He"],
+        "token_logprobs": [-0.5],
+        "top_logprobs": [{"He": -0.5, "A": -1.5}],
+        "text_offset": [0],
+    }
+    assert second["text_offset"] == [2]
+    whole = answer.whole([Said("Hello", Finish.STOP, ENTRIES)], Usage(1, 2))["choices"][0]["logprobs"]
+    assert whole["tokens"] == ["He", "llo"] and whole["text_offset"] == [0, 2]

@@ -21,11 +21,13 @@ PROMPTS = ["The committee postponed", "A", "Interest rates rose again this quart
 class Recorder:
     def __init__(self):
         self.parts: list[str] = []
+        self.logprobs: list = []
         self.reason: Finish | None = None
         self.usage: tuple[int, int] | None = None
 
-    def text(self, delta: str) -> None:
+    def text(self, delta: str, logprobs=()) -> None:
         self.parts.append(delta)
+        self.logprobs += logprobs
 
     def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None:
         self.reason, self.usage = reason, (prompt_tokens, completion_tokens)
@@ -442,3 +444,38 @@ def test_a_repetition_penalty_and_a_logit_bias_answer_as_transformers_does(lm):
     while eng.busy:
         eng.step()
     assert [s.tokens for s in sequences] == [plain, penalised, biased]
+
+
+def test_logprobs_are_the_models_log_softmax_whatever_the_sampling_did(lm):
+    """Each token's entry: transformers' own logits' log-softmax at that step, and the likeliest
+    alternatives in order, also where a bias changed the choice."""
+    model, tokenizer = lm
+    ids = tokenizer(PROMPTS[0])["input_ids"]
+    new = 6
+    out = model.generate(
+        torch.tensor([ids]),
+        max_new_tokens=new,
+        do_sample=False,
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    tokens = out.sequences[0, len(ids) :].tolist()
+    scores = [logits[0].float().log_softmax(-1) for logits in out.logits]
+    eng = engine(model, tokenizer)
+    recorder = Recorder()
+    sequence = eng.submit(Generation(tuple(ids), new, logprobs=3), recorder)
+    banned = tokens[0]
+    biased = eng.submit(Generation(tuple(ids), 1, Sampling(logit_bias=((banned, -100.0),)), logprobs=0), Recorder())
+    while eng.busy:
+        eng.step()
+    assert sequence.tokens == tokens and len(recorder.logprobs) == new
+    for entry, token, score in zip(recorder.logprobs, tokens, scores, strict=True):
+        assert entry.token == tokenizer.decode([token])
+        assert abs(entry.logprob - float(score[token])) < 1e-4
+        top = torch.topk(score, 3)
+        assert [t for t, _ in entry.top] == [tokenizer.decode([i]) for i in top.indices.tolist()]
+        assert max(abs(v - w) for (_, v), w in zip(entry.top, top.values.tolist(), strict=True)) < 1e-4
+    (chosen,) = biased.sink.logprobs
+    assert biased.tokens != [banned] and abs(chosen.logprob - float(scores[0][biased.tokens[0]])) < 1e-4
+    assert chosen.top == ()
