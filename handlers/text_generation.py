@@ -34,6 +34,7 @@ from handlers.generation import agreement, api, openvino_engine
 from handlers.generation.cache import TORCH_DTYPES
 from handlers.generation.chunking import StepTimes
 from handlers.generation.engine import Engine, prompt_chunk
+from handlers.generation.grammar import Grammars
 from handlers.generation.openvino_engine import OpenVinoEngine, Pipeline
 from handlers.generation.packed_linear import can_pack, pack_linears
 from handlers.generation.quantized import int8_weights
@@ -101,11 +102,13 @@ class TextGenerationHandler(StreamingHandler):
         config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
         eos, sampling = model_defaults(model_dir, config)
         self.engine = getattr(self, BACKENDS[settings.backend].generation_engine)(model_dir, eos)
+        vocabulary = getattr(config, "vocab_size", None) or len(self.tokenizer)
+        self.grammars = Grammars(self.tokenizer, vocabulary, eos)
         self.limits = api.Limits(
             settings.context_length,
             settings.max_new_tokens,
             sampling,
-            vocabulary=getattr(config, "vocab_size", None) or len(self.tokenizer),
+            vocabulary=vocabulary,
             model=self.model_name,
             backend=settings.backend.value,
             unserved=self.engine.unserved,
@@ -311,7 +314,9 @@ class TextGenerationHandler(StreamingHandler):
             refuse(replies, request_id, api.Api.KIT, f"unknown path {path!r}; this model serves {paths}", 404, grpc)
             return
         try:
-            parsed = api.parse(kind, decode_body(request, kind), self.limits, self.tokenize, self.apply_template)
+            parsed = api.parse(
+                kind, decode_body(request, kind), self.limits, self.tokenize, self.apply_template, self.grammars
+            )
         except InvalidInput as error:
             refuse(replies, request_id, kind, str(error), error.code, grpc)
             return

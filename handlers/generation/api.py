@@ -23,6 +23,7 @@ from typing import Any
 from handlers import openai_shapes
 from handlers.generation import fields
 from handlers.generation.fields import Api
+from handlers.generation.grammar import Constraint, Grammars
 from handlers.generation.logprobs import MAX_TOP, TokenLogprob
 from handlers.generation.sampling import SEED_LIMIT, Sampling, integer
 from handlers.generation.scheduler import Finish, Generation
@@ -106,6 +107,16 @@ def _logprobs(api: Api, body: Mapping[str, Any]) -> int | None:
     return None
 
 
+def _constraint(body: Mapping[str, Any], grammars: Grammars | None) -> Constraint | None:
+    response_format = body.get("response_format")
+    if response_format is None or grammars is None:  # (fields.check refused it where unserved)
+        return None
+    constraint = grammars.parse(response_format)
+    if constraint is not None and body.get("ignore_eos"):
+        raise InvalidInput("ignore_eos cannot go with response_format: the grammar's end is the answer's")
+    return constraint
+
+
 def _check_model(body: Mapping[str, Any], limits: Limits) -> None:
     model = body.get("model")
     if model is not None and limits.model and model != limits.model:
@@ -165,7 +176,14 @@ def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
     return out
 
 
-def parse(api: Api, body: Any, limits: Limits, tokenize: Tokenize, apply_template: ApplyTemplate | None) -> Request:
+def parse(
+    api: Api,
+    body: Any,
+    limits: Limits,
+    tokenize: Tokenize,
+    apply_template: ApplyTemplate | None,
+    grammars: Grammars | None = None,
+) -> Request:
     """A request body (already JSON-decoded, or text for the kit's API) -> a checked Request."""
     if isinstance(body, str) and api is Api.KIT:
         if not body.strip():
@@ -191,6 +209,7 @@ def parse(api: Api, body: Any, limits: Limits, tokenize: Tokenize, apply_templat
         stop=_stops(body),
         ignore_eos=_flag(body, "ignore_eos"),
         logprobs=_logprobs(api, body),
+        constraint=_constraint(body, grammars),
     )
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):

@@ -144,6 +144,9 @@ class Engine(Scheduler):
         if self.prefix.behind(sequence.slot, sequence.computed):
             self.prefix.computed(sequence.slot, sequence.known[: sequence.computed])
         if not sequence.pending:
-            generation = sequence.generation
-            token = generation.sampling.choose(logits, sequence.generator, generation.prompt, sequence.tokens)
+            generation, matcher = sequence.generation, sequence.matcher
+            allowed = logits if matcher is None else matcher.masked(logits)
+            token = generation.sampling.choose(allowed, sequence.generator, generation.prompt, sequence.tokens)
+            if matcher is not None:
+                matcher.accept(token)
             self._accept(sequence, token, logits)

@@ -104,7 +104,7 @@ FIELDS: dict[Api, dict[str, Field]] = {
         "max_completion_tokens": read(),
         "logprobs": read(False),
         "top_logprobs": read(0),
-        "response_format": idle("structured output is not served yet", {"type": "text"}),
+        "response_format": read({"type": "text"}),
         "tools": idle(NO_TOOLS, []),
         "tool_choice": idle(NO_TOOLS, "none", "auto"),  # with no tools, both ask for none
         "parallel_tool_calls": idle(NO_TOOLS, True, False),

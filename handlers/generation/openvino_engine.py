@@ -134,10 +134,19 @@ class OpenVinoEngine(Scheduler):
 
     prefill_chunk = 0  # the pipeline chunks prompts itself
     prefix_caching = False  # (Pipeline.load)
-    # The pipeline has no logit bias and no alternatives' log-probabilities, and its penalties are
-    # not checked to equal the kit's (sampling.py): refused by name rather than answered otherwise.
+    # The pipeline has no logit bias and no alternatives' log-probabilities, its penalties are not
+    # checked to equal the kit's (sampling.py), and its structured output is not wired: refused by
+    # name rather than answered otherwise.
     unserved = frozenset(
-        {"logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs"}
+        {
+            "logit_bias",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+            "logprobs",
+            "top_logprobs",
+            "response_format",
+        }
     )
     mixes = False  # (the warm-up's mixed steps are the kit's engine's)
 

@@ -25,6 +25,7 @@ from typing import Protocol
 
 import torch
 
+from handlers.generation.grammar import Constraint, Matcher
 from handlers.generation.logprobs import TokenLogprob
 from handlers.generation.sampling import Sampling
 from handlers.generation.stream import TextStream
@@ -56,6 +57,7 @@ class Generation:
     # answers then have the same length on every server.
     ignore_eos: bool = False
     logprobs: int | None = None  # each token's log-probability and this many alternatives; None: none
+    constraint: Constraint | None = None  # a grammar every token follows (response_format); None: free text
 
 
 class Sink(Protocol):
@@ -92,6 +94,7 @@ class Running:
     submitted: float = dataclasses.field(default_factory=time.perf_counter)
     key: str = ""  # what Engine.cancel finds it by
     logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)  # tokens whose text is not yet sent
+    matcher: Matcher | None = None  # where it is in its constraint's grammar
 
     @property
     def known(self) -> tuple[int, ...]:
@@ -156,7 +159,12 @@ class Scheduler:
         take them all, none (QueueFull)."""
         sequences = [
             Running(
-                generation, sink, TextStream(self.decode, generation.stop), generation.sampling.generator(), key=key
+                generation,
+                sink,
+                TextStream(self.decode, generation.stop),
+                generation.sampling.generator(),
+                key=key,
+                matcher=generation.constraint.matcher() if generation.constraint else None,
             )
             for generation, sink in asked
         ]

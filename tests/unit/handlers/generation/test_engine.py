@@ -479,3 +479,37 @@ def test_logprobs_are_the_models_log_softmax_whatever_the_sampling_did(lm):
     (chosen,) = biased.sink.logprobs
     assert biased.tokens != [banned] and abs(chosen.logprob - float(scores[0][biased.tokens[0]])) < 1e-4
     assert chosen.top == ()
+
+
+def test_constrained_answers_follow_their_schema_and_others_beside_them_are_unchanged(lm):
+    """Four sequences on a strict schema of enums and booleans, sampled, beside a greedy one with
+    none: each constrained answer parses, validates and ends (stop) well inside max_new_tokens;
+    the free one is transformers' answer."""
+    import json
+
+    import jsonschema
+
+    from handlers.generation.grammar import Grammars
+    from tests.unit.handlers.generation.test_grammar import FORMAT, SCHEMA
+
+    model, tokenizer = lm
+    ends = model.generation_config.eos_token_id
+    eos = set(ends) if isinstance(ends, list) else {ends}
+    constraint = Grammars(tokenizer, model.config.vocab_size, eos).parse(FORMAT)
+    ids = tuple(tokenizer(PROMPTS[0])["input_ids"])
+    eng = engine(model, tokenizer, slots=5, eos=eos)
+    free = eng.submit(Generation(ids, 12, ignore_eos=True), Recorder())
+    constrained = [
+        eng.submit(Generation(ids, 64, Sampling(temperature=1.0, seed=seed), constraint=constraint), Recorder())
+        for seed in range(4)
+    ]
+    while eng.busy:
+        eng.step()
+    for sequence in constrained:
+        assert sequence.sink.reason is Finish.STOP and len(sequence.tokens) < 64, (
+            sequence.tokens,
+            "".join(sequence.sink.parts),
+            eos,
+        )
+        jsonschema.validate(json.loads("".join(sequence.sink.parts)), SCHEMA)
+    assert free.tokens == reference(model, list(ids), 12)

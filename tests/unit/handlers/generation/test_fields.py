@@ -25,7 +25,6 @@ def test_every_field_of_openais_schema_is_in_the_table(api):
 @pytest.mark.parametrize(
     ("api", "body", "message"),
     [
-        (Api.CHAT, {"response_format": {"type": "json_object"}}, "structured output is not served yet"),
         (Api.CHAT, {"tools": [{"type": "function"}]}, "tools=.* is not served: tool calling is not served yet"),
         (Api.CHAT, {"tool_choice": "required"}, "tool_choice='required' is not served"),
         (Api.CHAT, {"store": True}, "store=True is not served: answers are not stored"),
@@ -62,12 +61,15 @@ def test_values_that_ask_for_nothing_and_labels_are_taken():
 
 
 def test_a_backend_refuses_what_it_does_not_serve_unless_it_asks_for_nothing():
-    unserved = frozenset({"logit_bias", "repetition_penalty", "logprobs"})
+    unserved = frozenset({"logit_bias", "repetition_penalty", "logprobs", "response_format"})
     with pytest.raises(InvalidInput, match="logit_bias is not served by the openvino backend"):
         check(Api.CHAT, {"logit_bias": {"5": 1}}, unserved, "openvino")
     with pytest.raises(InvalidInput, match="logprobs is not served by the openvino backend"):
         check(Api.COMPLETIONS, {"logprobs": 0}, unserved, "openvino")
-    check(Api.CHAT, {"logit_bias": {}, "repetition_penalty": 1, "logprobs": False}, unserved, "openvino")
+    with pytest.raises(InvalidInput, match="response_format is not served by the openvino backend"):
+        check(Api.CHAT, {"response_format": {"type": "json_object"}}, unserved, "openvino")
+    taken = {"logit_bias": {}, "repetition_penalty": 1, "logprobs": False, "response_format": {"type": "text"}}
+    check(Api.CHAT, taken, unserved, "openvino")
 
 
 def test_every_idle_field_says_what_asking_for_more_would_need():
