@@ -38,7 +38,7 @@ from handlers.generation.grammar import Grammars
 from handlers.generation.openvino_engine import OpenVinoEngine, Pipeline
 from handlers.generation.packed_linear import can_pack, pack_linears
 from handlers.generation.quantized import int8_weights
-from handlers.generation.respond import Responder, refuse
+from handlers.generation.respond import Responder, answer_whole, refuse
 from handlers.generation.runner import SPAN_STEP
 from handlers.generation.sampling import Sampling
 from handlers.generation.scheduler import Discard, Generation, QueueFull
@@ -312,6 +312,9 @@ class TextGenerationHandler(StreamingHandler):
         except ValueError:
             paths = ", ".join(f"'{a.value}'" for a in api.Api)
             refuse(replies, request_id, api.Api.KIT, f"unknown path {path!r}; this model serves {paths}", 404, grpc)
+            return
+        if kind is api.Api.MODELS:
+            answer_whole(replies, request_id, api.model_list(self.model_name, self.limits.context), grpc)
             return
         try:
             parsed = api.parse(

@@ -417,6 +417,12 @@ class ChatAnswer(OpenAiAnswer):
 ANSWERS: dict[Api, type[Answer]] = {Api.KIT: KitAnswer, Api.COMPLETIONS: CompletionAnswer, Api.CHAT: ChatAnswer}
 
 
+def model_list(model: str, context: int) -> dict[str, Any]:
+    """OpenAI's /v1/models at this model's path: the model, and its context as vLLM names it."""
+    entry = {"id": model, "object": "model", "created": int(time.time()), "owned_by": "kit", "max_model_len": context}
+    return {"object": "list", "data": [entry]}
+
+
 def error_body(api: Api, message: str, code: int) -> dict[str, Any]:
     """The kit's error shape, or OpenAI's for its paths (its clients read error.message)."""
     if api is Api.KIT:

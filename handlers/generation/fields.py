@@ -31,6 +31,7 @@ class Api(enum.StrEnum):
     KIT = ""
     COMPLETIONS = "v1/completions"
     CHAT = "v1/chat/completions"
+    MODELS = "v1/models"  # a GET: no body, no fields
 
 
 class Use(enum.Enum):

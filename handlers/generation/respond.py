@@ -101,6 +101,13 @@ class Choice:
         self.responder.finish(reason, prompt_tokens, completion_tokens, self.index)
 
 
+def answer_whole(replies: Transport, request_id: str, payload: dict, grpc: bool) -> None:
+    """An answer that needs no engine (the model list), as a whole answer goes: opened, then its body."""
+    if not grpc:
+        replies.send(request_id, b"", JSON, more=True)
+    replies.send(request_id, encode(payload), JSON, more=False)
+
+
 def refuse(replies: Transport, request_id: str, api: Api, message: str, code: int, grpc: bool) -> None:
     """A request that is not generated: its error, in its API's shape, and the request released."""
     replies.refuse(request_id, encode(error_body(api, message, code)), JSON, code, message, grpc)

@@ -310,6 +310,7 @@ def test_openai_client_chats_streamed_and_whole(server, references):
     from openai import OpenAI
 
     client = OpenAI(base_url=url(server, QWEN, "v1"), api_key="unused")
+    assert [(m.id, m.max_model_len) for m in client.models.list()] == [(QWEN, 2048)]
     text, count = references[QWEN].chat(16)
     whole = client.chat.completions.create(model=QWEN, messages=CHAT, max_tokens=16, temperature=0)
     assert whole.choices[0].message.content == text and whole.usage.completion_tokens == count

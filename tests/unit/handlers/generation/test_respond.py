@@ -114,3 +114,15 @@ def test_n_choices_whole_is_one_body_once_the_last_has_ended():
     whole = json.loads(replies.frames[-1][0])
     assert [c["message"]["content"] for c in whole["choices"]] == ["a", "b"] and replies.frames[-1][2] is False
     assert whole["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
+
+
+@pytest.mark.parametrize("grpc", [False, True], ids=["http", "grpc"])
+def test_an_answer_without_the_engine_is_opened_then_whole_or_one_grpc_message(grpc):
+    from handlers.generation.api import model_list
+    from handlers.generation.respond import answer_whole
+
+    replies = Recorded()
+    answer_whole(replies, "r1", model_list("lm", 2048), grpc)
+    assert [more for _, _, more in replies.frames] == ([False] if grpc else [True, False])
+    listed = json.loads(replies.frames[-1][0])
+    assert listed["object"] == "list" and [(m["id"], m["max_model_len"]) for m in listed["data"]] == [("lm", 2048)]
