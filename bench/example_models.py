@@ -76,12 +76,25 @@ def vit(
     return directory
 
 
-# ChatML, as Qwen's tokenizers carry it: the chat endpoint renders messages with it.
-CHATML = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+# ChatML with Hermes-style tools, as Qwen2.5's tokenizers carry it (shorter): the chat endpoint
+# renders messages with it; tools go into the system turn, calls in <tool_call> blocks, a tool's
+# answer in a user turn's <tool_response>.
+CHATML = (  # no literal newline right after a tag: transformers renders with trim_blocks
+    "{% if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}"
+    "{{ '\\n\\n' }}{% endif %}# Tools\n\nYou may call one or more functions. Their signatures are within "
+    "<tools></tools>:\n<tools>{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\n"
+    "For each call, return a JSON object with the function's name and arguments within <tool_call></tool_call>:\n"
+    '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n{% endif %}'
+    "{% for message in messages %}{% if message['role'] == 'system' and tools and loop.first %}"
+    "{% elif message['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message['content'] }}\n"
+    "</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "{% for call in message['tool_calls'] or [] %}{{ '\\n' }}<tool_call>\n"
+    '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}\n</tool_call>'
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 CHAT_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+TOOL_TOKENS = ("<tool_call>", "</tool_call>")  # Qwen's: one token each, ordinary (decoded with the text)
 
 
 def causal_tokenizer(chat: bool = True, size: int = 0, trained: int = 512):
@@ -93,7 +106,7 @@ def causal_tokenizer(chat: bool = True, size: int = 0, trained: int = 512):
     them ordinary: tens of thousands of added tokens would be matched against every prompt."""
     import json
 
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     from handlers.calibration import SENTENCES
@@ -105,6 +118,8 @@ def causal_tokenizer(chat: bool = True, size: int = 0, trained: int = 512):
         vocab_size=trained, special_tokens=list(CHAT_TOKENS), initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     bpe.train_from_iterator(list(SENTENCES) * 4, trainer)
+    added = TOOL_TOKENS if chat else ()  # the last ids, as Qwen's are within its vocabulary size
+    size -= len(added) if size else 0
     if size > bpe.get_vocab_size():
         state = json.loads(bpe.to_str())
         vocabulary = state["model"]["vocab"]
@@ -114,6 +129,7 @@ def causal_tokenizer(chat: bool = True, size: int = 0, trained: int = 512):
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     if chat:
         tokenizer.chat_template = CHATML
+    tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in added])
     return tokenizer
 
 

@@ -14,6 +14,7 @@ import functools
 import typing
 
 from handlers.backends import BACKENDS, Backend, BackendTraits, DType, backends_serving, serving_buckets
+from handlers.generation.tools import Syntax
 from handlers.typed_config import SettingsError
 
 
@@ -362,6 +363,10 @@ class GenerationSettings(OptimizationSettings):
     accuracy_prompts: int = 8
     accuracy_tokens: int = 32
     accuracy_min_match_rate: float | None = None
+    # How the model writes tool calls (handlers/generation/tools.py): null, what its chat template
+    # writes (Hermes/Qwen <tool_call>, Mistral [TOOL_CALLS], Llama 3 <|python_tag|>); name it
+    # where the template shows none of them.
+    tool_format: Syntax | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

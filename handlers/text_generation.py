@@ -42,6 +42,7 @@ from handlers.generation.respond import Responder, answer_whole, refuse
 from handlers.generation.runner import SPAN_STEP
 from handlers.generation.sampling import Sampling
 from handlers.generation.scheduler import Discard, Generation, QueueFull
+from handlers.generation.tools import detect
 from handlers.generation.weights import own_memory, weight_parts
 from handlers.loaders import load_model
 from handlers.optimize import RecompileWatch, fx_graph_cache_counts, graphs_compiled
@@ -112,6 +113,7 @@ class TextGenerationHandler(StreamingHandler):
             model=self.model_name,
             backend=settings.backend.value,
             unserved=self.engine.unserved,
+            tools=detect(getattr(self.tokenizer, "chat_template", None), settings.tool_format),
         )
         load_seconds = time.perf_counter() - start
         graphs, (hits, _, _) = graphs_compiled(), fx_graph_cache_counts()
@@ -346,10 +348,12 @@ class TextGenerationHandler(StreamingHandler):
             return None
         return self._apply_template
 
-    def _apply_template(self, messages: list[dict[str, Any]]) -> list[int]:
+    def _apply_template(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, opening: str
+    ) -> list[int]:
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         except Exception as error:  # noqa: BLE001 - a template's own checks (roles, order) raise anything
             raise InvalidInput(f"the model's chat template refused the messages: {error}") from None
-        # The template writes the special tokens (BOS) it wants.
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        # The template writes the special tokens (BOS) it wants; `opening`, what the answer opens with.
+        return list(self.tokenizer(text + opening, add_special_tokens=False)["input_ids"])

@@ -7,4 +7,8 @@ sampling.py   a request's sampling parameters, checked, and the next-token choic
 stream.py     token ids -> text deltas, stop strings held back until they cannot match
 api.py        request bodies (the kit's, OpenAI's completions and chat) -> a Generation,
               and answers, whole or as server-sent events
+fields.py     every field a body may hold: read, taken where it asks for nothing, or refused
+grammar.py    response_format as a token mask (llguidance)
+tools.py      tool calling: tools shown through the template, calls read from the answer
+logprobs.py   a token's log-probability and its alternatives
 """

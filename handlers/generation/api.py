@@ -7,7 +7,8 @@
 TorchServe hands the path after the version to the handler as the `url_path` header. Parameters
 everywhere: max_new_tokens (OpenAI: max_tokens, max_completion_tokens), stop, temperature,
 top_p, top_k, seed, logit_bias, the penalties, stream, and ignore_eos (vLLM's and llama.cpp's:
-all max_new_tokens, for a benchmark); every other field is refused or taken by fields.py. A streamed OpenAI answer is server-sent events as OpenAI's clients parse them
+all max_new_tokens, for a benchmark); chat's tools (tools.py); every other field is refused or
+taken by fields.py. A streamed OpenAI answer is server-sent events as OpenAI's clients parse them
 ("data: {chunk}\\n\\n" ... "data: [DONE]\\n\\n"); the kit's streams the bare text.
 """
 
@@ -27,6 +28,7 @@ from handlers.generation.grammar import Constraint, Grammars
 from handlers.generation.logprobs import MAX_TOP, TokenLogprob
 from handlers.generation.sampling import SEED_LIMIT, Sampling, integer
 from handlers.generation.scheduler import Finish, Generation
+from handlers.generation.tools import Format, ToolCall, Tools, template_calls
 from handlers.payload import InvalidInput, NotFound
 from handlers.payload import error_body as kit_error_body
 
@@ -49,6 +51,7 @@ class Limits:
     model: str = ""  # the served model's name: what an OpenAI body's `model` must say
     backend: str = ""
     unserved: frozenset[str] = frozenset()  # fields the backend does not serve (fields.check)
+    tools: Format | None = None  # how the model writes tool calls (tools.py); None: it is given none
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +61,7 @@ class Request:
     stream: bool
     include_usage: bool = False  # OpenAI's stream_options.include_usage
     n: int = 1  # choices, each a sequence of its own
+    tools: Tools | None = None  # the functions the answer may call, and whether it must
 
     def generations(self) -> list[Generation]:
         """A generation per choice: a seeded request's choice i draws with seed + i, so that the
@@ -75,7 +79,8 @@ class Request:
 
 
 Tokenize = Callable[[str], list[int]]
-ApplyTemplate = Callable[[list[dict[str, Any]]], list[int]]
+# (messages, the tools to show the model or None, text the answer opens with) -> the prompt's ids
+ApplyTemplate = Callable[[list[dict[str, Any]], Sequence[dict[str, Any]] | None, str], list[int]]
 
 
 def _stops(body: Mapping[str, Any]) -> tuple[str, ...]:
@@ -107,13 +112,18 @@ def _logprobs(api: Api, body: Mapping[str, Any]) -> int | None:
     return None
 
 
-def _constraint(body: Mapping[str, Any], grammars: Grammars | None) -> Constraint | None:
-    response_format = body.get("response_format")
-    if response_format is None or grammars is None:  # (fields.check refused it where unserved)
+def _constraint(body: Mapping[str, Any], grammars: Grammars | None, tools: Tools | None) -> Constraint | None:
+    if grammars is None:  # (fields.check refused response_format and a forced tool_choice where unserved)
         return None
-    constraint = grammars.parse(response_format)
+    answer = grammars.parse(body.get("response_format"))
+    call = grammars.constraint(json.dumps(tools.schema()), "tool_choice") if tools and tools.forced else None
+    if answer is not None and call is not None:
+        raise InvalidInput(
+            "response_format cannot go with tool_choice required or a named function: the answer is the call"
+        )
+    constraint = answer or call
     if constraint is not None and body.get("ignore_eos"):
-        raise InvalidInput("ignore_eos cannot go with response_format: the grammar's end is the answer's")
+        raise InvalidInput("ignore_eos cannot go with response_format or a forced tool_choice: the grammar ends it")
     return constraint
 
 
@@ -155,25 +165,42 @@ def _prompt_text(body: Mapping[str, Any], names: tuple[str, ...]) -> str:
     raise InvalidInput(f'JSON body needs a string field "{names[0]}", got keys {sorted(body)}')
 
 
-def _messages(body: Mapping[str, Any]) -> list[dict[str, str]]:
+def _content(index: int, content: Any) -> str:
+    if isinstance(content, list):  # OpenAI's content parts: the text ones, joined
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise InvalidInput(f"messages[{index}].content: only text parts are served")
+        content = "".join(part["text"] for part in content)
+    if not isinstance(content, str):
+        raise InvalidInput(f"messages[{index}].content must be a string")
+    return content
+
+
+def _message(index: int, message: Any) -> dict[str, Any]:
+    """One message as the chat template reads it: role and content, an assistant's tool calls, the
+    id of the call a tool's message answers."""
+    if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+        raise InvalidInput(f'messages[{index}] must be an object with a string "role"')
+    calls = message.get("tool_calls")
+    if calls and message["role"] != "assistant":
+        raise InvalidInput(f"messages[{index}]: only an assistant's message holds tool_calls")
+    content = message.get("content")
+    out: dict[str, Any] = {
+        "role": message["role"],
+        "content": "" if content is None and calls else _content(index, content),
+    }
+    if calls:
+        out["tool_calls"] = template_calls(index, calls)
+    for name in ("tool_call_id", "name"):
+        if isinstance(message.get(name), str):
+            out[name] = message[name]
+    return out
+
+
+def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidInput('chat needs "messages": a non-empty list of {"role": ..., "content": ...}')
-    out = []
-    for index, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise InvalidInput(f'messages[{index}] must be an object with a string "role"')
-        content = message.get("content")
-        if isinstance(content, list):  # OpenAI's content parts: the text ones, joined
-            if not all(
-                isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
-            ):
-                raise InvalidInput(f"messages[{index}].content: only text parts are served")
-            content = "".join(part["text"] for part in content)
-        if not isinstance(content, str):
-            raise InvalidInput(f"messages[{index}].content must be a string")
-        out.append({"role": message["role"], "content": content})
-    return out
+    return [_message(index, message) for index, message in enumerate(messages)]
 
 
 def parse(
@@ -193,12 +220,13 @@ def parse(
         raise InvalidInput(f"body must be a JSON object, got a JSON {type(body).__name__}")
     fields.check(api, body, limits.unserved, limits.backend)
     _check_model(body, limits)
+    tools = Tools.parse(body, limits.tools) if api is Api.CHAT else None
     if api is Api.CHAT:
         if apply_template is None:
             raise InvalidInput(
                 "this model has no chat template (tokenizer_config.json chat_template); use v1/completions"
             )
-        ids = apply_template(_messages(body))
+        ids = apply_template(_messages(body), list(tools.definitions) if tools else None, tools.prefix if tools else "")
     else:
         ids = tokenize(_prompt_text(body, ("prompt", "text") if api is Api.KIT else ("prompt",)))
     names = ("max_new_tokens",) if api is Api.KIT else ("max_completion_tokens", "max_tokens", "max_new_tokens")
@@ -209,7 +237,7 @@ def parse(
         stop=_stops(body),
         ignore_eos=_flag(body, "ignore_eos"),
         logprobs=_logprobs(api, body),
-        constraint=_constraint(body, grammars),
+        constraint=_constraint(body, grammars, tools),
     )
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
@@ -220,6 +248,7 @@ def parse(
         _flag(body, "stream"),
         bool(options.get("include_usage", False)),
         integer(body, "n", 1, 1, MAX_CHOICES),
+        tools,
     )
 
 
@@ -237,9 +266,14 @@ class Usage:
         }
 
 
-def finish_reason(reason: Finish) -> str:
+TOOL_CALLS = "tool_calls"  # OpenAI's finish_reason of an answer that ends in calls
+
+
+def finish_reason(reason: Finish, called: bool = False) -> str:
     # OpenAI knows stop and length; a cancelled answer reaches no client, "stop" keeps its shape.
-    return Finish.LENGTH.value if reason is Finish.LENGTH else Finish.STOP.value
+    if reason is Finish.LENGTH:
+        return Finish.LENGTH.value
+    return TOOL_CALLS if called else Finish.STOP.value
 
 
 def encode(payload: object) -> bytes:
@@ -253,11 +287,12 @@ def event(payload: dict[str, Any]) -> bytes:
 
 @dataclasses.dataclass(frozen=True)
 class Said:
-    """One choice, whole: its text, why it ended, and its tokens' log-probabilities (if asked)."""
+    """One choice, whole: its text, why it ended, its tokens' log-probabilities (if asked), its calls."""
 
     text: str
     reason: Finish
     logprobs: Sequence[TokenLogprob] = ()
+    calls: Sequence[ToolCall] = ()
 
 
 class Answer(abc.ABC):
@@ -280,8 +315,12 @@ class Answer(abc.ABC):
     @abc.abstractmethod
     def chunk(self, delta: str, index: int = 0, logprobs: Sequence[TokenLogprob] = ()) -> bytes: ...
 
-    def finished(self, reason: Finish, index: int = 0) -> bytes:
-        """What a stream sends when choice `index` ends."""
+    def finished(self, reason: Finish, index: int = 0, called: bool = False) -> bytes:
+        """What a stream sends when choice `index` ends (`called`: its answer made tool calls)."""
+        return b""
+
+    def calls(self, calls: Sequence[ToolCall], index: int, first: int) -> bytes:
+        """A stream's piece for tool calls of choice `index`, numbered from `first` (chat only)."""
         return b""
 
     def closing(self, usage: Usage) -> bytes:
@@ -320,14 +359,21 @@ class OpenAiAnswer(Answer):
 
     @abc.abstractmethod
     def choice(
-        self, index: int, text: str | None, reason: str | None, streamed: bool, logprobs: Sequence[TokenLogprob]
+        self,
+        index: int,
+        text: str | None,
+        reason: str | None,
+        streamed: bool,
+        logprobs: Sequence[TokenLogprob],
+        calls: Sequence[ToolCall] = (),
     ) -> dict[str, Any]: ...
 
     def chunk(self, delta: str, index: int = 0, logprobs: Sequence[TokenLogprob] = ()) -> bytes:
         return event(self.envelope(self.chunk_name, [self.choice(index, delta, None, True, logprobs)]))
 
-    def finished(self, reason: Finish, index: int = 0) -> bytes:
-        return event(self.envelope(self.chunk_name, [self.choice(index, None, finish_reason(reason), True, ())]))
+    def finished(self, reason: Finish, index: int = 0, called: bool = False) -> bytes:
+        said = self.choice(index, None, finish_reason(reason, called), True, ())
+        return event(self.envelope(self.chunk_name, [said]))
 
     def closing(self, usage: Usage) -> bytes:
         if not self.request.include_usage:
@@ -336,7 +382,7 @@ class OpenAiAnswer(Answer):
 
     def whole(self, choices: list[Said], usage: Usage) -> dict[str, Any]:
         answers = [
-            self.choice(i, said.text, finish_reason(said.reason), False, said.logprobs)
+            self.choice(i, said.text, finish_reason(said.reason, bool(said.calls)), False, said.logprobs, said.calls)
             for i, said in enumerate(choices)
         ]
         return {**self.envelope(self.object_name, answers), "usage": usage.as_dict()}
@@ -354,7 +400,13 @@ class CompletionAnswer(OpenAiAnswer):
         self.offsets: dict[int, int] = {}  # by choice: where its next token's text begins in its answer
 
     def choice(
-        self, index: int, text: str | None, reason: str | None, streamed: bool, logprobs: Sequence[TokenLogprob]
+        self,
+        index: int,
+        text: str | None,
+        reason: str | None,
+        streamed: bool,
+        logprobs: Sequence[TokenLogprob],
+        calls: Sequence[ToolCall] = (),
     ) -> dict[str, Any]:
         return {
             "index": index,
@@ -399,10 +451,26 @@ class ChatAnswer(OpenAiAnswer):
         )
 
     def choice(
-        self, index: int, text: str | None, reason: str | None, streamed: bool, logprobs: Sequence[TokenLogprob]
+        self,
+        index: int,
+        text: str | None,
+        reason: str | None,
+        streamed: bool,
+        logprobs: Sequence[TokenLogprob],
+        calls: Sequence[ToolCall] = (),
     ) -> dict[str, Any]:
         if streamed:
             said = {"index": index, "delta": {} if text is None else {"content": text}}
+        elif calls:  # the text around the calls (a newline before a marker) is no answer of its own
+            content = text.strip() if text else None
+            said = {
+                "index": index,
+                "message": {
+                    "role": "assistant",
+                    "content": content or None,
+                    "tool_calls": [c.as_dict() for c in calls],
+                },
+            }
         else:
             said = {"index": index, "message": {"role": "assistant", "content": text}}
         if self.asks_logprobs:
@@ -412,6 +480,12 @@ class ChatAnswer(OpenAiAnswer):
             ]
             said["logprobs"] = {"content": content, "refusal": None}
         return {**said, "finish_reason": reason}
+
+    def calls(self, calls: Sequence[ToolCall], index: int, first: int) -> bytes:
+        deltas = [{"index": first + k, **call.as_dict()} for k, call in enumerate(calls)]
+        return event(
+            self.envelope(self.chunk_name, [{"index": index, "delta": {"tool_calls": deltas}, "finish_reason": None}])
+        )
 
 
 ANSWERS: dict[Api, type[Answer]] = {Api.KIT: KitAnswer, Api.COMPLETIONS: CompletionAnswer, Api.CHAT: ChatAnswer}

@@ -75,7 +75,7 @@ SAMPLING = {
     "ignore_eos": read(),  # vLLM's and llama.cpp's: all max_tokens, for a benchmark
     "stream": read(),
 }
-NO_TOOLS = "tool calling is not served yet"
+OLD_FUNCTIONS = "send tools and tool_choice (functions and function_call are their deprecated forms)"
 OPENAI = {
     **SAMPLING,
     "model": read(),
@@ -106,11 +106,11 @@ FIELDS: dict[Api, dict[str, Field]] = {
         "logprobs": read(False),
         "top_logprobs": read(0),
         "response_format": read({"type": "text"}),
-        "tools": idle(NO_TOOLS, []),
-        "tool_choice": idle(NO_TOOLS, "none", "auto"),  # with no tools, both ask for none
-        "parallel_tool_calls": idle(NO_TOOLS, True, False),
-        "functions": idle(NO_TOOLS, []),
-        "function_call": idle(NO_TOOLS, "none", "auto"),
+        "tools": read([]),
+        "tool_choice": read("none", "auto"),  # required and a named function need the grammar
+        "parallel_tool_calls": read(True, False),
+        "functions": idle(OLD_FUNCTIONS, []),
+        "function_call": idle(OLD_FUNCTIONS, "none", "auto"),
         "prompt_cache_options": label(),
         "prompt_cache_retention": label(),  # cached prefixes live as long as the worker's cache keeps them
         "moderation": idle("moderation is not served"),

@@ -111,11 +111,12 @@ class Grammars:
             raise InvalidInput('response_format json_schema needs "json_schema": {"name": ..., "schema": {...}}')
         return self.constraint(json.dumps(spec["schema"]))  # its properties' order is the answer's
 
-    def constraint(self, schema: str) -> Constraint:
-        return Constraint(self.compiled(schema), self.tokenizer)
+    def constraint(self, schema: str, asker: str = "response_format json_schema") -> Constraint:
+        """`schema` (JSON text) compiled; `asker`: the field that asked for it, named if it cannot be served."""
+        return Constraint(self.compiled(schema, asker), self.tokenizer)
 
     @functools.lru_cache(maxsize=CACHED_SCHEMAS)  # noqa: B019 - one Grammars per worker, for its life
-    def compiled(self, schema: str) -> str:
+    def compiled(self, schema: str, asker: str) -> str:
         import llguidance
 
         try:
@@ -123,8 +124,8 @@ class Grammars:
                 json.loads(schema), defaults={"whitespace_flexible": False}
             )
         except (ValueError, RuntimeError) as error:
-            raise InvalidInput(f"response_format json_schema cannot be served: {error}") from None
+            raise InvalidInput(f"{asker} cannot be served: {error}") from None
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
         if failed:
-            raise InvalidInput(f"response_format json_schema cannot be served: {'; '.join(messages)}")
+            raise InvalidInput(f"{asker} cannot be served: {'; '.join(messages)}")
         return grammar

@@ -135,8 +135,8 @@ class OpenVinoEngine(Scheduler):
     prefill_chunk = 0  # the pipeline chunks prompts itself
     prefix_caching = False  # (Pipeline.load)
     # The pipeline has no logit bias and no alternatives' log-probabilities, its penalties are not
-    # checked to equal the kit's (sampling.py), and its structured output is not wired: refused by
-    # name rather than answered otherwise.
+    # checked to equal the kit's (sampling.py), and its structured output is not wired (so neither
+    # is a forced tool_choice): refused by name rather than answered otherwise.
     unserved = frozenset(
         {
             "logit_bias",
@@ -146,6 +146,7 @@ class OpenVinoEngine(Scheduler):
             "logprobs",
             "top_logprobs",
             "response_format",
+            "tool_choice",
         }
     )
     mixes = False  # (the warm-up's mixed steps are the kit's engine's)

@@ -9,7 +9,9 @@ content type), so that under continuousBatching the frontend checks the client i
 with every piece it passes on, from the start (replies.py, StepReplies); streamed, each delta is
 a piece and the last one ends it (false); whole, the body comes in the piece that ends it. A
 request of n choices is n sequences: streamed, their chunks interleave, each naming its choice,
-and the stream ends when the last has; whole, the body waits for the last. gRPC:
+and the stream ends when the last has; whole, the body waits for the last. A request with tools
+reads each choice's text for calls (tools.py CallStream): content passes on as it is known not to
+open a call, each call once it is complete. gRPC:
 always one piece, whole: TorchServe's worker cannot tell Predictions from StreamPredictions, and
 a second piece to a Predictions call that has completed ends the frontend's connection to the
 worker (GRPCJob). The engine's thread and the worker's reader (open) both write: one lock, so
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 from handlers.generation.api import JSON, Answer, Api, Said, Usage, encode, error_body
 from handlers.generation.logprobs import TokenLogprob
 from handlers.generation.scheduler import Finish
+from handlers.generation.tools import CallStream, ToolCall
 from handlers.replies import Transport
 
 
@@ -37,6 +40,9 @@ class Responder:
         self.parts: list[list[str]] = [[] for _ in range(choices)]
         self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(choices)]
         self.reasons: dict[int, Finish] = {}  # by choice, as each ends
+        tools = answer.request.tools
+        self.readers = [CallStream(tools) for _ in range(choices)] if tools else []
+        self.calls: list[list[ToolCall]] = [[] for _ in range(choices)]
         self.prompt_tokens = self.completion_tokens = 0
         self.lock = threading.Lock()
 
@@ -65,7 +71,20 @@ class Responder:
             return
         with self.lock:
             self._open()
-            self.replies.send(self.request_id, self.answer.chunk(delta, index, logprobs), self.content_type, more=True)
+            if self.readers:
+                body = self._read(index, *self.readers[index].feed(delta), logprobs)
+            else:
+                body = self.answer.chunk(delta, index, logprobs)
+            if body:
+                self.replies.send(self.request_id, body, self.content_type, more=True)
+
+    def _read(self, index: int, content: str, calls: Sequence[ToolCall], logprobs: Sequence[TokenLogprob]) -> bytes:
+        """A streamed piece of what a choice's calls reader passed on: content, then calls."""
+        body = self.answer.chunk(content, index, logprobs) if content else b""
+        if calls:
+            body += self.answer.calls(calls, index, len(self.calls[index]))
+            self.calls[index].extend(calls)
+        return body
 
     def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int, index: int = 0) -> None:
         with self.lock:
@@ -75,16 +94,24 @@ class Responder:
             last = len(self.reasons) == len(self.parts)
             usage = Usage(self.prompt_tokens, self.completion_tokens)
             if self.stream:
-                body = self.answer.finished(reason, index) + (self.answer.closing(usage) if last else b"")
+                body = self._read(index, *self.readers[index].close(), ()) if self.readers else b""
+                body += self.answer.finished(reason, index, bool(self.calls[index]))
+                body += self.answer.closing(usage) if last else b""
             elif last:
-                choices = [
-                    Said("".join(parts), self.reasons[i], self.logprobs[i]) for i, parts in enumerate(self.parts)
-                ]
-                body = encode(self.answer.whole(choices, usage))
+                body = encode(self.answer.whole([self._said(i) for i in range(len(self.parts))], usage))
             else:
                 return
             self._open()
             self.replies.send(self.request_id, body, self.content_type, more=not last)
+
+    def _said(self, index: int) -> Said:
+        text = "".join(self.parts[index])
+        if not self.readers:
+            return Said(text, self.reasons[index], self.logprobs[index])
+        reader = self.readers[index]
+        content, calls = reader.feed(text)
+        rest, more = reader.close()
+        return Said(content + rest, self.reasons[index], self.logprobs[index], (*calls, *more))
 
 
 @dataclasses.dataclass(frozen=True)

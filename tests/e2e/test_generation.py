@@ -151,8 +151,8 @@ class Reference:
     def prompt(self, text: str) -> tuple[str, int]:
         return self.text(self.tokenizer(text)["input_ids"], 24)
 
-    def chat_ids(self) -> list[int]:
-        rendered = self.tokenizer.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    def chat_ids(self, messages: list[dict] = CHAT, tools: list[dict] | None = None) -> list[int]:
+        rendered = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         return self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
     def chat(self, new: int, **options) -> tuple[str, int]:
@@ -329,8 +329,6 @@ def test_openai_client_chats_streamed_and_whole(server, references):
 # A value asking for something of each field of the official client's chat schema the kit does not
 # serve yet: each is a 400 naming the field (handlers/generation/fields.py), never free text.
 NOT_SERVED_YET = {
-    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-    "tool_choice": "required",
     "functions": [{"name": "f", "parameters": {"type": "object"}}],
     "function_call": {"name": "f"},
     "audio": {"voice": "alloy", "format": "wav"},
@@ -343,8 +341,24 @@ NOT_SERVED_YET = {
     "store": True,
     "service_tier": "flex",
 }
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]}, "celsius": {"type": "boolean"}},
+            "required": ["city", "celsius"],
+            "additionalProperties": False,
+        },
+    },
+}
+CLOCK = {"type": "function", "function": {"name": "get_time", "description": "The time now"}}
 # And of every other field: served (parallel_tool_calls asks for nothing without tools).
 SERVED = {
+    "tools": [WEATHER],
+    "tool_choice": "required",
     "frequency_penalty": 0.5,
     "presence_penalty": 0.5,
     "logit_bias": {"5": -100},
@@ -366,7 +380,7 @@ SERVED = {
     "top_p": 0.9,
     "user": "e2e",
 }
-ALONG = {"top_logprobs": {"logprobs": True}}  # what a field needs beside it
+ALONG = {"top_logprobs": {"logprobs": True}, "tool_choice": {"tools": [WEATHER]}}  # what a field needs beside it
 # What the kit's engine serves and OpenVINO GenAI's pipeline does not (openvino_engine.py).
 UNSERVED_ON_OPENVINO = {
     "frequency_penalty",
@@ -375,6 +389,7 @@ UNSERVED_ON_OPENVINO = {
     "logprobs",
     "top_logprobs",
     "response_format",
+    "tool_choice",  # required and named: a grammar
 }
 
 
@@ -397,7 +412,9 @@ def test_every_field_of_openais_chat_schema_is_served_or_refused_by_name(server,
             with pytest.raises(BadRequestError, match=f"({named}).* is not served"):
                 client.chat.completions.create(**ask)
         else:
-            assert client.chat.completions.create(**ask).choices[0].finish_reason in ("length", "stop"), name
+            assert client.chat.completions.create(**ask).choices[0].finish_reason in ("length", "stop", "tool_calls"), (
+                name
+            )
     with pytest.raises(NotFoundError, match="model 'elsewhere' is not served at this path"):
         client.chat.completions.create(model="elsewhere", messages=CHAT)
     if openvino:
@@ -472,6 +489,72 @@ def test_a_strict_json_schema_is_answered_valid_whole_and_streamed(server):
         client.chat.completions.create(
             **{**ask, "response_format": {**response_format, "json_schema": {"name": "x", "schema": bad}}}
         )
+
+
+def test_forced_tool_calls_validate_whole_and_streamed_and_the_tools_answer_is_answered(server, references):
+    """The official client offers a random model with a Hermes-style template two functions: a named
+    or required tool_choice gets a call whose arguments validate against the function's parameters,
+    ending for tool_calls, whole and streamed; the call and the tool's answer sent back are rendered
+    by the model's template as transformers renders them (the greedy answer equal to its)."""
+    import jsonschema
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=url(server, QWEN, "v1"), api_key="unused")
+    ask = {"model": QWEN, "messages": CHAT, "max_tokens": 64, "temperature": 1.0, "tools": [WEATHER, CLOCK]}
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    if server.config.variant.name == "openvino":
+        with pytest.raises(BadRequestError, match="tool_choice is not served by the openvino backend"):
+            client.chat.completions.create(**ask, tool_choice=named)
+        assert client.chat.completions.create(**ask, tool_choice="auto").choices[0].finish_reason
+        return
+    calls = []
+    for seed, choice in enumerate([named, named, "required", "required"]):
+        answer = client.chat.completions.create(**ask, tool_choice=choice, seed=seed).choices[0]
+        assert answer.finish_reason == "tool_calls" and answer.message.content is None, answer.message
+        (call,) = answer.message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_")
+        if call.function.name == "get_weather":
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+        else:
+            assert (call.function.name, json.loads(call.function.arguments)) == ("get_time", {})
+        assert choice == "required" or call.function.name == "get_weather"
+        calls.append(call)
+    streamed = [c for c in client.chat.completions.create(**ask, tool_choice=named, seed=7, stream=True) if c.choices]
+    deltas = [d for c in streamed for d in c.choices[0].delta.tool_calls or ()]
+    assert {d.index for d in deltas} == {0} and deltas[0].function.name == "get_weather"
+    jsonschema.validate(
+        json.loads("".join(d.function.arguments or "" for d in deltas)), WEATHER["function"]["parameters"]
+    )
+    assert streamed[-1].choices[0].finish_reason == "tool_calls"
+    # The call and the tool's answer go back: greedy, the answer transformers gives the same turns.
+    call = calls[0]
+    sent = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.function.name, "arguments": call.function.arguments},
+    }
+    turns = [
+        *CHAT,
+        {"role": "assistant", "content": None, "tool_calls": [sent]},
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 degrees"},
+    ]
+    rendered = [
+        *CHAT,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {**sent, "function": {**sent["function"], "arguments": json.loads(call.function.arguments)}}
+            ],
+        },
+        turns[-1],
+    ]
+    reference = references[QWEN]
+    text, count = reference.text(reference.chat_ids(rendered, [WEATHER, CLOCK]), 16)
+    answer = client.chat.completions.create(
+        model=QWEN, messages=turns, tools=[WEATHER, CLOCK], max_tokens=16, temperature=0
+    )
+    assert (answer.choices[0].message.content or "", answer.usage.completion_tokens) == (text, count)
 
 
 def pinged(url: str) -> bool:

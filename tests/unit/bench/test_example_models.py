@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from bench.example_models import CHAT_TOKENS, causal_tokenizer
+from bench.example_models import CHAT_TOKENS, TOOL_TOKENS, causal_tokenizer
 
 
 def test_the_vocabulary_grows_to_its_size_with_ordinary_words_that_decode():
     tokenizer = causal_tokenizer(size=700)
     assert len(tokenizer) == 700
-    assert set(tokenizer.get_added_vocab()) == set(CHAT_TOKENS)  # the words are no added tokens
-    assert tokenizer.decode([699, 650]) == " w699 w650"
+    # the words are no added tokens; the tool-call markers are, the last ids, decoded with the text
+    assert set(tokenizer.get_added_vocab()) == {*CHAT_TOKENS, *TOOL_TOKENS}
+    assert tokenizer.decode([697, 650]) == " w697 w650"
+    assert tokenizer.convert_tokens_to_ids(list(TOOL_TOKENS)) == [698, 699]
+    assert tokenizer.decode([698, 699], skip_special_tokens=True) == "<tool_call></tool_call>"
     text = "the model answers"
     assert tokenizer.decode(tokenizer(text).input_ids) == text
     assert max(tokenizer(text).input_ids) < 512  # no merge makes a padding word
 
 
 def test_size_zero_keeps_the_trained_vocabulary():
-    assert len(causal_tokenizer(size=0)) == len(causal_tokenizer(size=100)) <= 512
+    assert len(causal_tokenizer(size=0)) == len(causal_tokenizer(size=100)) <= 512 + len(TOOL_TOKENS)

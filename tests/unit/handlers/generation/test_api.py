@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -28,8 +29,9 @@ def tokenize(text: str) -> list[int]:
     return [ord(c) for c in text]  # one token per character: lengths are easy to reason about
 
 
-def template(messages: list[dict]) -> list[int]:
-    return tokenize("".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>")
+def template(messages: list[dict], tools=None, opening: str = "") -> list[int]:
+    shown = "".join(f"<tool {t['function']['name']}>" for t in tools or ())
+    return tokenize(shown + "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>" + opening)
 
 
 def parsed(api: Api, body, apply=template):
@@ -217,3 +219,75 @@ def test_completion_logprobs_count_text_offsets_across_chunks():
     assert second["text_offset"] == [2]
     whole = answer.whole([Said("Hello", Finish.STOP, ENTRIES)], Usage(1, 2))["choices"][0]["logprobs"]
     assert whole["tokens"] == ["He", "llo"] and whole["text_offset"] == [0, 2]
+
+
+WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+
+class FakeGrammars:
+    """What the parser asks of grammar.py: the schemas compiled, by the field that asked."""
+
+    def __init__(self):
+        self.asked: list[tuple[dict, str]] = []
+
+    def parse(self, response_format):
+        return None if response_format in (None, {"type": "text"}) else "answer-grammar"
+
+    def constraint(self, schema: str, asker: str):
+        self.asked.append((json.loads(schema), asker))
+        return "call-grammar"
+
+
+def test_tools_are_shown_to_the_template_and_a_forced_call_opens_the_answer_under_a_grammar():
+    from handlers.generation.tools import FORMATS, Syntax
+
+    limits = Limits(context=256, max_new_tokens=10, sampling=Sampling(), tools=FORMATS[Syntax.HERMES])
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER]}
+    grammars = FakeGrammars()
+    auto = parse(Api.CHAT, body, limits, tokenize, template, grammars)
+    assert auto.tools.choice == "auto" and auto.generation.constraint is None and not grammars.asked
+    assert auto.generation.prompt == tuple(tokenize("<tool weather><user>hi<assistant>"))
+    forced = parse(Api.CHAT, {**body, "tool_choice": "required"}, limits, tokenize, template, grammars)
+    assert forced.generation.prompt == tuple(tokenize("<tool weather><user>hi<assistant><tool_call>\n"))
+    assert forced.generation.constraint == "call-grammar" and grammars.asked[0][1] == "tool_choice"
+    none = parse(Api.CHAT, {**body, "tool_choice": "none"}, limits, tokenize, template, grammars)
+    assert none.tools is None and none.generation.prompt == tuple(tokenize("<user>hi<assistant>"))
+    with pytest.raises(InvalidInput, match="response_format cannot go with tool_choice required"):
+        parse(
+            Api.CHAT,
+            {**body, "tool_choice": "required", "response_format": {"type": "json_object"}},
+            limits,
+            tokenize,
+            template,
+            grammars,
+        )
+    unserved = dataclasses.replace(limits, unserved=frozenset({"tool_choice"}), backend="openvino")
+    with pytest.raises(InvalidInput, match="tool_choice is not served by the openvino backend"):
+        parse(Api.CHAT, {**body, "tool_choice": "required"}, unserved, tokenize, template, None)
+    assert parse(Api.CHAT, body, unserved, tokenize, template, None).tools.choice == "auto"
+
+
+def test_an_assistants_calls_and_a_tools_answer_go_back_through_the_template():
+    seen = []
+    messages = [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
+    parsed(Api.CHAT, {"messages": messages}, lambda m, tools, opening: seen.extend(m) or [1])
+    assert seen[1] == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}
+        ],
+    }
+    assert seen[2] == {"role": "tool", "content": "sunny", "tool_call_id": "call_1"}
+    with pytest.raises(InvalidInput, match=r"messages\[0\]: only an assistant's message holds tool_calls"):
+        parsed(Api.CHAT, {"messages": [{"role": "user", "content": "x", "tool_calls": [{}]}]})

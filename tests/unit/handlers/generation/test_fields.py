@@ -25,8 +25,7 @@ def test_every_field_of_openais_schema_is_in_the_table(api):
 @pytest.mark.parametrize(
     ("api", "body", "message"),
     [
-        (Api.CHAT, {"tools": [{"type": "function"}]}, "tools=.* is not served: tool calling is not served yet"),
-        (Api.CHAT, {"tool_choice": "required"}, "tool_choice='required' is not served"),
+        (Api.CHAT, {"functions": [{"name": "f"}]}, "functions=.* is not served: send tools and tool_choice"),
         (Api.CHAT, {"store": True}, "store=True is not served: answers are not stored"),
         (Api.CHAT, {"audio": {"voice": "x"}}, "audio=.* is not served: text is the only modality"),
         (Api.CHAT, {"max_token": 5}, "unknown field 'max_token'; this endpoint takes audio, "),

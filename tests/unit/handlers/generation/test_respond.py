@@ -64,7 +64,7 @@ def test_whole_is_one_body_and_over_grpc_one_message(grpc):
 
 def test_a_streamed_chat_opens_with_its_role_chunk_before_any_token():
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
-    chat = parse(Api.CHAT, body, Limits(32, 8, Sampling()), lambda text: [ord(c) for c in text], lambda m: [1, 2])
+    chat = parse(Api.CHAT, body, Limits(32, 8, Sampling()), lambda text: [ord(c) for c in text], lambda m, t, o: [1, 2])
     replies = Recorded()
     responder = Responder(replies, "r1", ChatAnswer("r1", "lm", chat), True, False)
     responder.open()
@@ -75,7 +75,7 @@ def test_a_streamed_chat_opens_with_its_role_chunk_before_any_token():
 
 def chat(n: int, stream: bool):
     body = {"messages": [{"role": "user", "content": "hi"}], "stream": stream, "n": n}
-    return parse(Api.CHAT, body, Limits(32, 8, Sampling()), lambda text: [ord(c) for c in text], lambda m: [1, 2])
+    return parse(Api.CHAT, body, Limits(32, 8, Sampling()), lambda text: [ord(c) for c in text], lambda m, t, o: [1, 2])
 
 
 def test_n_choices_stream_interleaved_each_at_its_index_and_end_after_the_last():
@@ -126,3 +126,48 @@ def test_an_answer_without_the_engine_is_opened_then_whole_or_one_grpc_message(g
     assert [more for _, _, more in replies.frames] == ([False] if grpc else [True, False])
     listed = json.loads(replies.frames[-1][0])
     assert listed["object"] == "list" and [(m["id"], m["max_model_len"]) for m in listed["data"]] == [("lm", 2048)]
+
+
+def tool_request(stream: bool):
+    from handlers.generation.tools import FORMATS, Syntax
+
+    limits = Limits(256, 8, Sampling(), tools=FORMATS[Syntax.HERMES])
+    tools = [{"type": "function", "function": {"name": "weather"}}]
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools, "stream": stream}
+    return parse(Api.CHAT, body, limits, lambda text: [ord(c) for c in text], lambda m, t, o: [1, 2])
+
+
+CALLING = ["Checking.\n<tool_", 'call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>']
+
+
+def test_a_streamed_answers_calls_come_as_tool_call_deltas_and_it_ends_for_tool_calls():
+    replies = Recorded()
+    responder = Responder(replies, "r1", ChatAnswer("r1", "lm", tool_request(True)), True, False)
+    for delta in CALLING:
+        responder.text(delta)
+    responder.finish(Finish.STOP, 2, 9)
+    chunks = [
+        json.loads(line[6:])
+        for body, _, _ in replies.frames
+        for line in body.decode().split("\n\n")
+        if line.startswith("data: {")
+    ]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("content", "") for d in deltas) == "Checking.\n"  # "<tool_" was held back
+    (calls,) = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+    assert [(c["index"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        (0, "weather", {"city": "Oslo"})
+    ]
+    assert calls[0]["id"].startswith("call_") and calls[0]["type"] == "function"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_whole_answers_calls_are_its_messages_tool_calls():
+    replies = Recorded()
+    responder = Responder(replies, "r1", ChatAnswer("r1", "lm", tool_request(False)), False, False)
+    for delta in CALLING:
+        responder.text(delta)
+    responder.finish(Finish.STOP, 2, 9)
+    (choice,) = json.loads(replies.frames[-1][0])["choices"]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Checking."
+    assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["weather"]
