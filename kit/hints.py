@@ -16,7 +16,8 @@ from kit.models import Model, Task
 from kit.server import Server
 from kit.server_api import KEY_FILE
 
-Hint = Callable[[str, str, str], list[str]]  # (the model's name, its URL, curl's auth option) -> lines
+# (the model's name, its URL: TorchServe's path, or for OpenAI's APIs the base URL, curl's auth option) -> lines
+Hint = Callable[[str, str, str], list[str]]
 
 
 def curl(body: str) -> Hint:
@@ -24,18 +25,20 @@ def curl(body: str) -> Hint:
     return lambda name, url, auth: [f"curl{auth} {body} {url}"]
 
 
-def chat(name: str, url: str, auth: str) -> list[str]:
+def chat(name: str, base: str, auth: str) -> list[str]:
     message = json.dumps({"model": name, "messages": [{"role": "user", "content": "Hello"}], "stream": True})
     # The Python line reads the key from $KEY (export it, as above), else sends none.
     return [
-        f"curl -N{auth} -H 'Content-Type: application/json' --data '{message}' {url}/1.0/v1/chat/completions",
+        f"curl -N{auth} -H 'Content-Type: application/json' --data '{message}' {base}/chat/completions",
         "python3 -c 'import os; from openai import OpenAI; "
-        f'c = OpenAI(base_url="{url}/1.0/v1", api_key=os.environ.get("KEY", "unused")); '
+        f'c = OpenAI(base_url="{base}", api_key=os.environ.get("KEY", "unused")); '
         f'print(c.chat.completions.create(model="{name}", messages=[{{"role": "user", "content": "Hello"}}])'
         ".choices[0].message.content)'",
     ]
 
 
+# Tasks whose hint speaks OpenAI's API: given its base URL, not the model's path.
+OPENAI_TASKS = frozenset({Task.TEXT_GENERATION})
 HINTS: dict[Task, Hint] = {
     Task.IMAGE_CLASSIFICATION: curl("-T photo.jpg"),
     Task.TEXT_CLASSIFICATION: curl("-H 'Content-Type: text/plain' --data 'a great movie'"),
@@ -51,6 +54,8 @@ def print_endpoints(server: Server) -> None:
     print(f"[serve] inference  {server.api.url('inference', '/predictions/<model>')}   models: {', '.join(c.models)}")
     print(f"[serve] management {server.api.url('management', '/models')}")
     print(f"[serve] metrics    {server.api.url('metrics', '/metrics')}")
+    if server.router_pid:
+        print(f"[serve] openai     {server.api.openai_url('/v1')}   one base URL: the body's model picks the model")
     if c.token_auth_enabled:
         key_file = server.run_dir / KEY_FILE
         print(f"[serve] token auth is ON (bind {c.bind}); keys in {key_file}")
@@ -58,5 +63,9 @@ def print_endpoints(server: Server) -> None:
     auth = ' -H "Authorization: Bearer $KEY"' if c.token_auth_enabled else ""
     print("[serve] try:")
     for name in c.models:
-        for line in HINTS[Model.load(name).task](name, server.api.url("inference", f"/predictions/{name}"), auth):
+        task = Model.load(name).task
+        url = server.api.url("inference", f"/predictions/{name}")
+        if task in OPENAI_TASKS:
+            url = server.api.openai_url("/v1") if server.router_pid else f"{url}/1.0/v1"
+        for line in HINTS[task](name, url, auth):
             print(f"  {line}")

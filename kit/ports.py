@@ -27,6 +27,8 @@ from typing import Protocol, TypeVar
 # clients, docs and deploy/k8s's manifests expect. Servers the kit starts for itself take pool ports.
 INFERENCE_PORT, MANAGEMENT_PORT, METRICS_PORT = 8080, 8081, 8082
 GRPC_INFERENCE_PORT, GRPC_MANAGEMENT_PORT = 7070, 7071
+# The one OpenAI base URL (kit/openai_router.py): vLLM's port, where OpenAI clients are often pointed.
+OPENAI_PORT = 8000
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LOWEST_PORT = 10000  # below: ports that services and users pick by hand (8080, 9000, 5432, ...)

@@ -21,6 +21,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from handlers.openai_shapes import error_body as openai_error_body
 from handlers.payload import error_body
 from kit.ports import INFERENCE_PORT, METRICS_PORT
 from kit.serve_config import ConfigError, ServeConfig
@@ -32,6 +33,10 @@ CONF_FILE = "nginx.conf"
 # nginx's status for an answer TorchServe could not give (starting, stopping, overloaded).
 UNAVAILABLE = json.dumps(error_body("the model server is not available; retry", 503))
 UNAUTHORIZED = json.dumps(error_body("send the API key as the header Authorization: Bearer <key>", 401))
+# The same at the OpenAI base URL, in OpenAI's shape: its clients send the key as their api_key.
+OPENAI_UNAUTHORIZED = json.dumps(
+    openai_error_body("send the API key as api_key (the header Authorization: Bearer <key>)", 401)
+)
 NOT_SERVED = json.dumps(error_body("only /metrics is served here", 404))
 
 
@@ -64,7 +69,7 @@ class AuthProxy:
 
     def check(self, config: ServeConfig) -> None:
         published = {self.inference_port, self.metrics_port}
-        served = {config.inference_port, config.management_port, config.metrics_port}
+        served = {config.inference_port, config.management_port, config.metrics_port, config.openai_port}
         if published & served:
             raise ConfigError(
                 f"the proxy publishes ports {sorted(published)}, TorchServe serves {sorted(served)}: "
@@ -105,7 +110,7 @@ http {{
         default $content_type;
     }}
     upstream torchserve {{ server 127.0.0.1:{config.inference_port}; keepalive 64; }}
-    upstream torchserve_metrics {{ server 127.0.0.1:{config.metrics_port}; }}
+    upstream torchserve_metrics {{ server 127.0.0.1:{config.metrics_port}; }}{self.openai_upstream(config)}
     server {{
         listen {self.inference_port};
         proxy_http_version 1.1;
@@ -121,6 +126,7 @@ http {{
             proxy_set_header Content-Type $kit_content_type;
             proxy_pass http://torchserve;
         }}
+{self.openai_location(config, key)}
         location @unavailable {{ return 503 '{UNAVAILABLE}'; }}
     }}
     server {{
@@ -130,6 +136,26 @@ http {{
     }}
 }}
 """
+
+    @staticmethod
+    def openai_upstream(config: ServeConfig) -> str:
+        if not config.openai_port:
+            return ""
+        return f"\n    upstream openai_router {{ server 127.0.0.1:{config.openai_port}; keepalive 64; }}"
+
+    @staticmethod
+    def openai_location(config: ServeConfig, key: str) -> str:
+        """/v1/ on the published inference port: the one OpenAI base URL (kit/openai_router.py)."""
+        if not config.openai_port:
+            return ""
+        return f"""        location /v1/ {{
+            if ($http_authorization != "Bearer {key}") {{
+                add_header WWW-Authenticate Bearer always;
+                return 401 '{OPENAI_UNAUTHORIZED}';
+            }}
+            proxy_buffering off;  # server-sent events pass on as they come
+            proxy_pass http://openai_router;
+        }}"""
 
     def start(self, config: ServeConfig, run_dir: Path) -> subprocess.Popen:
         nginx = shutil.which("nginx") or "/usr/sbin/nginx"

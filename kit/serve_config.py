@@ -36,6 +36,7 @@ from kit.ports import (
     INFERENCE_PORT,
     MANAGEMENT_PORT,
     METRICS_PORT,
+    OPENAI_PORT,
     PORTS,
 )
 from kit.topology import Memory, Topology, TopologyError, format_cpus, parse_cpus, parse_size
@@ -90,6 +91,9 @@ class ServeConfig:
     grpc_inference_port: int = GRPC_INFERENCE_PORT
     grpc_management_port: int = GRPC_MANAGEMENT_PORT
     worker_port: int = 9000  # first of the frontend<->worker socket ports
+    # The one OpenAI base URL for every language model and embedder (kit/openai_router.py), bound
+    # where the inference API is; 0: none.
+    openai_port: int = OPENAI_PORT
     placement: Placement = Placement.PLAN
     objective: Objective = Objective.THROUGHPUT  # placement plan: many 1-thread workers, or 1 per L3 domain
     # Serve on these CPUs only ("8-15"), like a cpuset; "" = every CPU this process may use.
@@ -329,9 +333,10 @@ def free_ports_config(config: ServeConfig) -> ServeConfig:
     """The same layout on ports picked for it by kit/ports.py (tests, benchmarks, soak). The
     worker port stays: on Linux it only numbers the worker sockets (`.ts.sock.<port>`), which
     live in each server's own TMPDIR (kit/launch.py)."""
-    inference, management, metrics, grpc_inference, grpc_management = PORTS.take(5)
+    inference, management, metrics, grpc_inference, grpc_management, openai = PORTS.take(6)
     return dataclasses.replace(
         config,
+        openai_port=openai if config.openai_port else 0,
         inference_port=inference,
         management_port=management,
         metrics_port=metrics,

@@ -24,10 +24,12 @@ import time
 from pathlib import Path
 
 import psutil
+import requests
 
 from handlers.stages import Histogram, Stage, merge, read_stage_files
 from handlers.switches import STAGES_DIR
 from handlers.typed_config import parse_settings
+from kit import openai_router
 from kit.footprint import measure, record
 from kit.kv_cache import served_sequences
 from kit.launch import LAYOUT_FILE, Launch
@@ -67,6 +69,7 @@ class ServerState:
     model_store: Path
     layout: Layout | None
     oom: OomWatch
+    router_pid: int | None = None  # the OpenAI router's (kit/openai_router.py), if one runs
 
     def save(self, run_dir: Path) -> None:
         state = {
@@ -76,6 +79,7 @@ class ServerState:
             "layout": self.layout.to_dict() if self.layout else None,
             "cgroup": self.oom.cgroup,
             "oom_kills_at_start": self.oom.kills_at_start,
+            "router_pid": self.router_pid,
         }
         (run_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
 
@@ -87,7 +91,8 @@ class ServerState:
         state = json.loads(state_file.read_text())
         layout = Layout.from_dict(state["layout"]) if state.get("layout") else None
         oom = OomWatch(state.get("cgroup"), state.get("oom_kills_at_start"))
-        return cls(state["pid"], parse_settings(ServeConfig, state["config"]), Path(state["model_store"]), layout, oom)
+        config = parse_settings(ServeConfig, state["config"])
+        return cls(state["pid"], config, Path(state["model_store"]), layout, oom, state.get("router_pid"))
 
 
 def link_store(archives: dict[str, Path], store: Path) -> None:
@@ -124,6 +129,7 @@ class Server:
         self.api = ServerApi(config, self.run_dir)
         self.started_at: float | None = None  # time.monotonic() of the last start
         self.oom = OomWatch()  # set at start: to say why workers died once they are gone
+        self.router_pid: int | None = None  # the OpenAI router's, started with TorchServe
 
     @property
     def stages_dir(self) -> Path:
@@ -140,7 +146,7 @@ class Server:
         if state is None:
             return None
         server = cls(state.config, run_dir, state.model_store, state.pid, state.layout)
-        server.oom = state.oom
+        server.oom, server.router_pid = state.oom, state.router_pid
         return server
 
     def is_running(self) -> bool:
@@ -201,7 +207,11 @@ class Server:
                 start_new_session=True,
             )
         self.pid = process.pid
-        ServerState(process.pid, self.config, self.model_store, self.layout, self.oom).save(self.run_dir)
+        router = openai_router.start(self.config, self.run_dir, self.api.url("inference", ""))
+        self.router_pid = router and router.pid
+        ServerState(process.pid, self.config, self.model_store, self.layout, self.oom, self.router_pid).save(
+            self.run_dir
+        )
         return process.pid
 
     def stop(self, timeout_s: float = 60) -> None:
@@ -213,7 +223,7 @@ class Server:
         """
         if self.pid is None:
             return
-        terminate(self.process_tree(), timeout_s)
+        terminate(self.process_tree() + (process_tree(self.router_pid) if self.router_pid else []), timeout_s)
         terminate(self.stray_workers(), timeout_s)
         (self.run_dir / STATE_FILE).unlink(missing_ok=True)
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
@@ -291,6 +301,7 @@ class Server:
             # Every API bound too: TorchServe binds them after registering the models, and a
             # server without models has nothing else to wait for.
             if ready == set(self.config.models) and set(self.api.ports.values()) <= self.listening_ports():
+                self.wait_router(deadline_s - elapsed)
                 progress(f"[serve] all models READY after {elapsed:.0f}s")
                 self.record_footprints(progress)
                 return
@@ -304,6 +315,27 @@ class Server:
                 progress(f"[serve] {elapsed:4.0f}s waiting for {waiting} (loading, compiling, warming up)")
                 last_report = time.monotonic()
             time.sleep(1)
+
+    def wait_router(self, deadline_s: float) -> None:
+        """The OpenAI router answers (it starts in a second); its exit is a start-up failure."""
+        if self.router_pid is None:
+            return
+        log = self.run_dir / openai_router.LOG_FILE
+        end = time.monotonic() + max(deadline_s, 10)
+        while True:
+            if not process_alive(self.router_pid):
+                text = log.read_text(errors="replace") if log.is_file() else ""
+                if taken := bind_failure(text):
+                    raise PortTakenError(
+                        f"the OpenAI router could not bind port {self.config.openai_port} ({taken}); see {log}"
+                    )
+                raise ServerError(f"the OpenAI router exited during start-up; see {log}\n{text[-2000:]}")
+            with contextlib.suppress(requests.RequestException):
+                if requests.get(self.api.openai_url("/health"), timeout=2).ok:
+                    return
+            if time.monotonic() > end:
+                raise ServerError(f"the OpenAI router did not answer on port {self.config.openai_port}; see {log}")
+            time.sleep(0.2)
 
     def sequences_of(self, model: str, archive: Path) -> int:
         """The KV cache rows each of the model's workers holds: the plan's, else its archive's."""

@@ -64,6 +64,11 @@ class ServerApi:
         host = "127.0.0.1" if bind in ("0.0.0.0", "::") else bind
         return f"http://{host}:{port}{path}"
 
+    def openai_url(self, path: str) -> str:
+        """The OpenAI router's (kit/openai_router.py): `path` after its host, e.g. /v1."""
+        host = "127.0.0.1" if self.config.bind in ("0.0.0.0", "::") else self.config.bind
+        return f"http://{host}:{self.config.openai_port}{path}"
+
     def describe(self, model: str) -> list[dict[str, Any]]:
         response = requests.get(
             self.url("management", f"/models/{model}"), headers=self.headers("management"), timeout=5

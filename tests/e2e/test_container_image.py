@@ -193,6 +193,21 @@ def test_the_served_embedding_equals_the_eager_reference(pod, extracted_archives
     torch.testing.assert_close(served, reference, rtol=0, atol=EMBEDDING_ATOL)
 
 
+def test_the_openai_base_url_is_on_the_published_port_behind_the_key(pod):
+    """The one OpenAI base URL (kit/openai_router.py, inside the image) at /v1 on 8080: the official
+    client with the key lists the model and gets the embedding the kit's own path gives; without
+    it, a 401 in OpenAI's shape."""
+    from openai import AuthenticationError, OpenAI
+
+    client = OpenAI(base_url=pod.url(8080, "/v1"), api_key=pod.key)
+    assert [m.id for m in client.models.list()] == ["minilm"]
+    (vector,) = client.embeddings.create(model="minilm", input=TEXT, encoding_format="float").data
+    direct = predict(pod, pod.key).json()
+    torch.testing.assert_close(torch.tensor(vector.embedding), torch.tensor(direct), rtol=0, atol=EMBEDDING_ATOL)
+    with pytest.raises(AuthenticationError, match="send the API key as api_key"):
+        OpenAI(base_url=pod.url(8080, "/v1"), api_key="not-the-key-but-long-enough").models.list()
+
+
 def test_a_form_encoded_body_reaches_the_model_as_bytes(pod):
     # curl --data's default Content-Type: TorchServe alone would try to decode a form (500).
     headers = {"Content-Type": "application/x-www-form-urlencoded", "Authorization": f"Bearer {pod.key}"}

@@ -307,10 +307,14 @@ def test_a_request_arriving_mid_generation_gets_its_first_token_before_the_first
 
 
 def test_openai_client_chats_streamed_and_whole(server, references):
-    from openai import OpenAI
+    from openai import NotFoundError, OpenAI
 
-    client = OpenAI(base_url=url(server, QWEN, "v1"), api_key="unused")
-    assert [(m.id, m.max_model_len) for m in client.models.list()] == [(QWEN, 2048)]
+    assert [(m.id, m.max_model_len) for m in OpenAI(base_url=url(server, QWEN, "v1"), api_key="-").models.list()] == [
+        (QWEN, 2048)
+    ]  # at the model's own path: itself
+    client = OpenAI(base_url=server.api.openai_url("/v1"), api_key="unused")  # the one base URL: every model
+    listed = {m.id: m.max_model_len for m in client.models.list()}
+    assert set(listed) == set(MAKERS) and listed[QWEN] == 2048
     text, count = references[QWEN].chat(16)
     whole = client.chat.completions.create(model=QWEN, messages=CHAT, max_tokens=16, temperature=0)
     assert whole.choices[0].message.content == text and whole.usage.completion_tokens == count
@@ -320,10 +324,10 @@ def test_openai_client_chats_streamed_and_whole(server, references):
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage.completion_tokens == count
-    completion = OpenAI(base_url=url(server, GPT2, "v1"), api_key="unused").completions.create(
-        model=GPT2, prompt=PROMPTS[0], max_tokens=24
-    )
+    completion = client.completions.create(model=GPT2, prompt=PROMPTS[0], max_tokens=24)
     assert completion.choices[0].text == references[GPT2].prompt(PROMPTS[0])[0]
+    with pytest.raises(NotFoundError, match="model 'elsewhere' is not served here; served: "):
+        client.chat.completions.create(model="elsewhere", messages=CHAT)
 
 
 # A value asking for something of each field of the official client's chat schema the kit does not
@@ -579,7 +583,7 @@ def test_the_openai_client_streams_a_chat_through_the_containers_auth_proxy(sour
     proxy = AuthProxy(key_file, *PORTS.take(2))
     nginx = proxy.start(server.config, tmp_path / "proxy")
     try:
-        base = f"http://127.0.0.1:{proxy.inference_port}/predictions/{QWEN}/1.0/v1"
+        base = f"http://127.0.0.1:{proxy.inference_port}/v1"  # the one base URL, on the published port
         deadline = time.monotonic() + 30
         while not pinged(f"http://127.0.0.1:{proxy.inference_port}/ping"):
             assert time.monotonic() < deadline and nginx.poll() is None, "the proxy did not answer /ping"
@@ -601,7 +605,8 @@ def test_the_openai_client_streams_a_chat_through_the_containers_auth_proxy(sour
             if chunk.choices and chunk.choices[0].text:
                 arrived.append(time.perf_counter() - began)
         assert len(arrived) > 100 and arrived[0] < 0.5 * arrived[-1], (len(arrived), arrived[0], arrived[-1])
-        with pytest.raises(AuthenticationError):
+        assert [m.id for m in client.models.list()] == [QWEN]
+        with pytest.raises(AuthenticationError, match="send the API key as api_key"):
             OpenAI(base_url=base, api_key="not-the-key").chat.completions.create(model=QWEN, messages=CHAT)
     finally:
         stop_proxy(nginx)
@@ -658,13 +663,15 @@ def test_a_client_that_goes_away_ends_its_sequence(server):
     for the gone ones meanwhile."""
     cancelled = re.compile(rf"{QWEN}: request (\S+) cancelled after (\d+) token\(s\)")
     before = len(cancelled.findall(server.logs.model_log.read_text(errors="replace")))
+    openai = {"model": QWEN, "prompt": PROMPTS[1], "max_tokens": 2000, "ignore_eos": True, "stream": True}
     bodies = [
-        ({"prompt": PROMPTS[0], "max_new_tokens": 2000, "ignore_eos": True, "stream": True}, ""),  # streamed
-        ({"prompt": PROMPTS[1], "max_new_tokens": 2000, "ignore_eos": True}, ""),  # whole: nothing comes before its end
-        ({"prompt": PROMPTS[1], "max_tokens": 2000, "ignore_eos": True, "stream": True}, "v1/completions"),
+        ({"prompt": PROMPTS[0], "max_new_tokens": 2000, "ignore_eos": True, "stream": True}, url(server, QWEN)),
+        ({"prompt": PROMPTS[1], "max_new_tokens": 2000, "ignore_eos": True}, url(server, QWEN)),  # whole
+        (openai, url(server, QWEN, "v1/completions")),
+        (openai, server.api.openai_url("/v1/completions")),  # through the one base URL: the router lets go too
     ]
-    for body, path in bodies:
-        response = generate(server, QWEN, body, path, stream=True)
+    for body, address in bodies:
+        response = requests.post(address, json=body, timeout=120, stream=True)
         assert response.status_code == 200  # the answer is open before its first token
         if body.get("stream"):
             next(response.iter_content(None))

@@ -45,6 +45,15 @@ def test_public_bind_requires_a_token_and_keeps_management_on_loopback(tmp_path)
             url, data=b"hello", headers={"Content-Type": "text/plain", **server.api.headers("inference")}, timeout=60
         )
         assert with_key.status_code == 200 and len(with_key.json()) == 384
+        # The one OpenAI base URL checks the key an OpenAI client sends as its api_key.
+        from openai import AuthenticationError, OpenAI
+
+        base = server.api.openai_url("/v1")
+        with pytest.raises(AuthenticationError, match="Token Authorization failed"):
+            OpenAI(base_url=base, api_key="not-the-key").embeddings.create(model="minilm", input="hello")
+        key = server.api.keys()["inference"]
+        vectors = OpenAI(base_url=base, api_key=key).embeddings.create(model="minilm", input=["hello", "you"]).data
+        assert [len(v.embedding) for v in vectors] == [384, 384]
 
         listening = listening_addresses(server)
         assert listening[server.config.inference_port].is_unspecified  # all interfaces, as asked

@@ -9,6 +9,7 @@ from kit.hints import HINTS
 from kit.models import Task
 
 URL = "http://127.0.0.1:8080/predictions/mine"
+BASE = "http://127.0.0.1:8000/v1"  # the OpenAI router's
 
 
 def test_every_task_has_a_call_to_try():
@@ -16,14 +17,14 @@ def test_every_task_has_a_call_to_try():
 
 
 def test_a_language_model_is_tried_with_openai_calls_and_the_key_when_auth_is_on():
-    curl, python = HINTS[Task.TEXT_GENERATION]("mine", URL, ' -H "Authorization: Bearer $KEY"')
+    curl, python = HINTS[Task.TEXT_GENERATION]("mine", BASE, ' -H "Authorization: Bearer $KEY"')
     argv = shlex.split(curl)
-    assert argv[-1] == f"{URL}/1.0/v1/chat/completions" and "Authorization: Bearer $KEY" in argv
+    assert argv[-1] == f"{BASE}/chat/completions" and "Authorization: Bearer $KEY" in argv
     body = json.loads(argv[argv.index("--data") + 1])
     assert body["model"] == "mine" and body["messages"][0]["role"] == "user" and body["stream"] is True
     code = shlex.split(python)[2]
     compile(code, "hint", "exec")  # the Python line is Python
-    assert f'base_url="{URL}/1.0/v1"' in code and 'os.environ.get("KEY"' in code
+    assert f'base_url="{BASE}"' in code and 'os.environ.get("KEY"' in code
 
 
 def test_a_classifier_is_tried_with_a_content_type():

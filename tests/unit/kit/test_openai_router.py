@@ -1,0 +1,114 @@
+"""kit/openai_router.py: the body's model picks the model's path, answers pass on piece by piece,
+errors (the router's and TorchServe's) in OpenAI's shape. TorchServe here is a scripted aiohttp app."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from kit.models import Task
+from kit.openai_router import Router, Routes
+
+ROUTES = Routes({"lm": Task.TEXT_GENERATION, "minilm": Task.FEATURE_EXTRACTION, "resnet": Task.IMAGE_CLASSIFICATION})
+
+
+def torchserve(seen: list) -> web.Application:
+    """What the router forwards to: a model path that streams three events, one TorchServe refuses
+    in its own shape (a wrong key), and an LM's model list."""
+
+    async def stream(request):
+        seen.append((request.path, await request.json(), request.headers.get("Authorization")))
+        answer = web.StreamResponse()
+        answer.content_type = "text/event-stream"
+        await answer.prepare(request)
+        for piece in (b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"):
+            await answer.write(piece)
+            await asyncio.sleep(0.01)
+        return answer
+
+    async def refused(request):  # TorchServe 0.12's token authorization: a 400, in text
+        return web.Response(text="Token Authorization failed. Token either incorrect, expired", status=400)
+
+    async def models(request):
+        return web.json_response({"data": [{"id": "lm", "object": "model", "max_model_len": 2048}]})
+
+    app = web.Application()
+    app.router.add_post("/predictions/lm/1.0/v1/chat/completions", stream)
+    app.router.add_post("/predictions/minilm/1.0/v1/embeddings", refused)
+    app.router.add_get("/predictions/lm/1.0/v1/models", models)
+    return app
+
+
+async def exchange(calls):
+    """Start the fake TorchServe and the router in front of it; run `calls(client)`."""
+    seen: list = []
+    async with TestServer(torchserve(seen)) as upstream:
+        router = Router(str(upstream.make_url("")), ROUTES)
+        async with TestClient(TestServer(router.app())) as client:
+            return await calls(client), seen
+
+
+def run(calls):
+    return asyncio.run(exchange(calls))
+
+
+def test_the_body_s_model_picks_its_path_and_the_stream_passes_on_with_the_key():
+    async def calls(client):
+        response = await client.post(
+            "/v1/chat/completions", json={"model": "lm", "stream": True}, headers={"Authorization": "Bearer k"}
+        )
+        pieces = [piece async for piece in response.content.iter_any()]
+        return response.status, response.content_type, b"".join(pieces)
+
+    (status, content_type, body), seen = run(calls)
+    assert (status, content_type) == (200, "text/event-stream")
+    assert body == b"data: 1\n\ndata: 2\n\ndata: [DONE]\n\n"
+    assert seen == [("/predictions/lm/1.0/v1/chat/completions", {"model": "lm", "stream": True}, "Bearer k")]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "message"),
+    [
+        ("chat/completions", {"messages": []}, 400, 'the body needs "model": one of lm, minilm'),
+        ("chat/completions", {"model": "gpt-4o"}, 404, "model 'gpt-4o' is not served here; served: lm, minilm"),
+        ("chat/completions", {"model": "resnet"}, 404, "model 'resnet' is not served here"),
+        ("embeddings", {"model": "lm"}, 404, "model 'lm' (text-generation) does not answer /v1/embeddings"),
+        ("embeddings", {"model": "minilm"}, 401, "Token Authorization failed"),  # TorchServe's 400: a 401
+    ],
+)
+def test_what_cannot_be_routed_or_is_refused_is_an_openai_error(path, body, status, message):
+    async def calls(client):
+        response = await client.post(f"/v1/{path}", json=body)
+        return response.status, await response.json()
+
+    (got, answer), seen = run(calls)
+    assert got == status and message in answer["error"]["message"] and not seen
+
+
+def test_a_body_that_is_not_json_is_a_400():
+    async def calls(client):
+        response = await client.post("/v1/completions", data=b"{oops")
+        return response.status, await response.json()
+
+    (status, answer), _ = run(calls)
+    assert status == 400 and answer["error"]["message"].startswith("the body must be JSON")
+
+
+def test_models_lists_every_routed_model_a_language_models_with_its_context():
+    async def calls(client):
+        return await (await client.get("/v1/models")).json()
+
+    listed, _ = run(calls)
+    assert [(m["id"], m.get("max_model_len")) for m in listed["data"]] == [("lm", 2048), ("minilm", None)]
+
+
+def test_routes_are_read_from_the_launch_argument():
+    assert Routes.parse("lm=text-generation,minilm=feature-extraction").models == {
+        "lm": Task.TEXT_GENERATION,
+        "minilm": Task.FEATURE_EXTRACTION,
+    }
+    assert json.dumps(ROUTES.serving()) == '["lm", "minilm"]'
