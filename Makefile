@@ -165,11 +165,12 @@ SOAK_SECONDS ?= 300
 # A plan is bench/plans/PLAN.yaml. PLAN=generate (kind: generate): a language model of yours
 # (MODELS=lm) streamed against FastAPI + generate, llama.cpp's server and OpenVINO GenAI
 # (bench/generate/run.py; llama.cpp is built, and OpenVINO GenAI's environment made, in .cache/peers/
-# on first use), with ROUNDS= SECONDS= CONCURRENCY= PEERS= PRECISIONS= BACKENDS= over the file's.
+# on first use), with ROUNDS= SECONDS= CONCURRENCY= PEERS= PRECISIONS= BACKENDS= WORKLOADS= over the file's.
+# PLAN=generate-structured: the same rows free and under a JSON schema (structured output's cost).
 bench: install
 	@$(PY) -m bench --plan $(PLAN) $(if $(MODELS),--models $(MODELS)) $(if $(ROUNDS),--rounds $(ROUNDS)) \
 		$(if $(SECONDS),--seconds $(SECONDS)) $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) $(if $(PEERS),--peers $(PEERS)) \
-		$(if $(PRECISIONS),--precisions $(PRECISIONS)) $(if $(BACKENDS),--backends $(BACKENDS))
+		$(if $(PRECISIONS),--precisions $(PRECISIONS)) $(if $(BACKENDS),--backends $(BACKENDS)) $(if $(WORKLOADS),--workloads $(WORKLOADS))
 
 # Search the layout and write the winner as config/presets/tuned.yaml: `make serve CONFIG=tuned`.
 # A language model among MODELS: its variant and sequences per worker, measured at STREAMS

@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # What a generate plan's file sets and the command line may override (bench/generate/run.py's options).
-GENERATE_OPTIONS = ("rounds", "seconds", "concurrency", "peers", "precisions", "backends")
+GENERATE_OPTIONS = ("rounds", "seconds", "concurrency", "peers", "precisions", "backends", "workloads")
 
 
 def generate_plan(name: str, raw: dict, args: argparse.Namespace) -> int:

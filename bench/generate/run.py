@@ -26,6 +26,7 @@ and inter-token latency (p50, p99), and each kit row against each peer's at its 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -50,11 +51,18 @@ PROMPT_SENTENCES = (2, 8, 30)
 ANSWER_TOKENS = (32, 64)
 
 
-def workload() -> list[Ask]:
+# Structured output's workload: the same prompts and lengths, each answer a JSON string the grammar
+# masks token by token (a random model's string runs to max_tokens as free text does, so the rows
+# differ by the masks' cost alone).
+SCHEMA = {"type": "string"}
+WORKLOADS = {"text": None, "json_schema": SCHEMA}  # the kit's rows measure each asked; peers, text
+
+
+def workload(schema: dict | None = None) -> list[Ask]:
     asks = []
     for index, sentences in enumerate(PROMPT_SENTENCES):
         prompt = " ".join(SENTENCES[(index + i) % len(SENTENCES)] for i in range(sentences))
-        asks += [Ask(prompt, tokens) for tokens in ANSWER_TOKENS]
+        asks += [Ask(prompt, tokens, schema) for tokens in ANSWER_TOKENS]
     return asks
 
 
@@ -134,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         "--backends", default=INDUCTOR, help=f"the kit's rows on {', '.join(KIT_VARIANTS)} (each at every precision)"
     )
     parser.add_argument("--peers", default=",".join(PEERS), help=f"of {', '.join(PEERS)}; none: the kit's rows alone")
+    parser.add_argument(
+        "--workloads", default="text", help=f"of {', '.join(WORKLOADS)}: the kit's rows measure each (peers: text)"
+    )
     args = parser.parse_args(argv)
     models = [Model.load(name) for name in args.model.split(",") if name]
     if others := [f"{m.name} ({m.task.value})" for m in models if m.task is not Task.TEXT_GENERATION]:
@@ -143,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     peers = [peer for peer in args.peers.split(",") if peer and peer != NO_PEERS]
     if unknown := sorted(set(peers) - set(PEERS)):
         log(f"ERROR: no peer {unknown}; PEERS= takes {', '.join(PEERS)}")
+        return 2
+    workloads = [w for w in args.workloads.split(",") if w]
+    if unknown := sorted(set(workloads) - set(WORKLOADS)):
+        log(f"ERROR: no workload {unknown}; WORKLOADS= takes {', '.join(WORKLOADS)}")
         return 2
     backends = [b for b in args.backends.split(",") if b]
     if unknown := sorted(set(backends) - set(KIT_VARIANTS)):
@@ -173,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     systems: list[System] = []
     results: dict[int, dict[str, list[StreamStats]]] = {c: {} for c in concurrencies}
     memory: dict[int, dict[str, list[int]]] = {c: {} for c in concurrencies}  # peak PSS per round
-    asks = workload()
+    measured: list[tuple[System, list[Ask]]] = []  # each row: its system and its workload
     try:
         for kit_model in models:
             for variant, precision in rows:
@@ -189,13 +204,22 @@ def main(argv: list[str] | None = None) -> int:
             for precision in [p for p in precisions if p in PEERS[peer].precisions]:
                 log(f"starting {peer} at {precision}")
                 systems.append(PEERS[peer].start(model, precision, out))
-        for system in systems:
+        # A row per system and workload: the kit's rows at each workload asked, the peers' at text.
+        measured += [
+            (
+                system if kind == "text" else dataclasses.replace(system, name=f"{system.name} {kind}"),
+                workload(WORKLOADS[kind]),
+            )
+            for system in systems
+            for kind in (workloads if system.server == KIT else ["text"])
+        ]
+        for system, asks in measured:
             log(f"warming up {system.name}")
             measure_streams(system.url, system.model, asks, 2, WARMUP_S)
         for round_ in range(args.rounds):
-            order = systems[round_ % len(systems) :] + systems[: round_ % len(systems)]
+            order = measured[round_ % len(measured) :] + measured[: round_ % len(measured)]
             for concurrency in concurrencies:
-                for system in order:
+                for system, asks in order:
                     with PeakPss(system.pid) as peak:
                         stats = measure_streams(system.url, system.model, asks, concurrency, args.seconds)
                     results[concurrency].setdefault(system.name, []).append(stats)
@@ -211,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         for c, rows in results.items()
         if rows
     }
-    by_name = {system.name: system for system in systems}
+    by_name = {system.name: system for system, _ in measured}
     topology = read_topology()
     header = (
         f"# PLAN=generate: {', '.join(m.name for m in models)} ({model.source.location})\n\n`{' '.join(sys.argv)}`; {args.rounds} rounds of "
@@ -221,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(
             {
                 "command": sys.argv,
-                "rows": {s.name: {"server": s.server, "precision": s.precision} for s in systems},
+                "rows": {s.name: {"server": s.server, "precision": s.precision} for s in by_name.values()},
                 "summary": summary,
             },
             indent=2,

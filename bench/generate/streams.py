@@ -21,7 +21,8 @@ import json
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import requests
 
@@ -31,24 +32,34 @@ SERIALS = itertools.count()  # every request's number in this process (Ask.body)
 
 @dataclasses.dataclass(frozen=True)
 class Ask:
-    """One request of a workload: a prompt and how many tokens to write."""
+    """One request of a workload: a prompt and how many tokens to write; with a JSON schema, a chat
+    request whose answer must follow it (response_format: the cost of structured output)."""
 
     prompt: str
     max_tokens: int
+    schema: Mapping[str, Any] | None = None
+
+    def url(self, completions: str) -> str:
+        """Where it goes, given the server's completions URL: a schema needs chat's."""
+        return completions if self.schema is None else completions.removesuffix("completions") + "chat/completions"
 
     def body(self, model: str, serial: int) -> dict:
         # The request's number in this process opens its prompt: no two prompts of a run share a
         # prefix, so no server answers from what it cached of an earlier one (llama.cpp keeps
         # earlier prompts and reuses a matching prefix), as no server could for users' prompts.
-        return {
+        prompt = f"{serial}. {self.prompt}"
+        common = {
             "model": model,
-            "prompt": f"{serial}. {self.prompt}",
             "max_tokens": self.max_tokens,
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
-            "ignore_eos": True,
         }
+        if self.schema is None:
+            return {**common, "prompt": prompt, "ignore_eos": True}
+        # The grammar ends the answer (no ignore_eos); the schema keeps it going to max_tokens.
+        response_format = {"type": "json_schema", "json_schema": {"name": "bench", "schema": self.schema}}
+        return {**common, "messages": [{"role": "user", "content": prompt}], "response_format": response_format}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +124,10 @@ def stream_one(session: requests.Session, url: str, body: dict) -> Record:
                 now = time.perf_counter()
                 if event.get("usage"):
                     record.tokens = int(event["usage"]["completion_tokens"])
-                if any(choice.get("text") for choice in event.get("choices") or ()):
+                if any(
+                    choice.get("text") or choice.get("delta", {}).get("content")
+                    for choice in event.get("choices") or ()
+                ):
                     if last is None:
                         record.first = now
                     else:
@@ -138,8 +152,8 @@ def measure_streams(url: str, model: str, workload: Sequence[Ask], concurrency: 
             # A connection per request: llama.cpp's HTTP server closes a kept-alive connection after
             # a few requests, and a request sent as it closes fails with no answer at all.
             with requests.Session() as session:
-                body = workload[index % len(workload)].body(model, next(SERIALS))
-                record = stream_one(session, url, body)
+                ask = workload[index % len(workload)]
+                record = stream_one(session, ask.url(url), ask.body(model, next(SERIALS)))
             with lock:
                 records.append(record)
             index += concurrency

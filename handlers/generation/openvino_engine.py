@@ -83,6 +83,9 @@ class Pipeline:
         config.max_new_tokens = max_new_tokens
         config.ignore_eos = True  # the kit's end-of-sequence ids end a sequence (Scheduler._accept)
         config.do_sample = not sampling.greedy
+        # Only the model's default (generation_config.json) reaches here, a request's own being
+        # refused (unserved): the pipeline's penalty, over the prompt and the answer as transformers'.
+        config.repetition_penalty = sampling.repetition_penalty
         if not sampling.greedy:
             config.temperature, config.top_p = sampling.temperature, sampling.top_p
             if sampling.top_k:

@@ -24,6 +24,10 @@ class Completions(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        chat = self.path.endswith("/chat/completions")
+        if chat:  # a structured-output ask: the grammar ends it, so no ignore_eos
+            assert body["response_format"]["json_schema"]["schema"] == {"type": "string"} and "ignore_eos" not in body
+            body = {**body, "prompt": body["messages"][0]["content"], "ignore_eos": True}
         self.prompts.append(body["prompt"])
         if body["prompt"].endswith("bad"):
             self.send_response(400)
@@ -37,7 +41,8 @@ class Completions(http.server.BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         time.sleep(FIRST_S)
-        events = [{"choices": [{"text": f"t{i}"}]} for i in range(TOKENS)] + [
+        piece = (lambda i: {"delta": {"content": f"t{i}"}}) if chat else (lambda i: {"text": f"t{i}"})
+        events = [{"choices": [piece(i)]} for i in range(TOKENS)] + [
             {"choices": [], "usage": {"completion_tokens": TOKENS}}
         ]
         for index, event in enumerate(events):
@@ -87,3 +92,9 @@ def test_a_measurement_says_in_one_line_what_it_gave_and_why_requests_failed():
     assert ok.summary() == "12.5 tokens/s, TTFT p50 210 ms, ITL p50 50 ms, 0 errors"
     failed = StreamStats(4, 10.0, 8, 125, Spread(210.4, 400.0), Spread(49.6, 90.0), 2, "503: " + "x" * 300)
     assert failed.summary().endswith(f"2 errors (the first: 503: {'x' * 195})")
+
+
+def test_a_schema_ask_goes_to_chat_with_its_response_format_and_is_measured_alike(url):
+    stats = measure_streams(url, "m", [Ask("hello", TOKENS, {"type": "string"})], concurrency=1, seconds=0.5)
+    assert stats.errors == 0 and stats.output_tokens == TOKENS * stats.requests
+    assert GAP_S * 1000 <= stats.itl_ms.p50 < 2 * GAP_S * 1000

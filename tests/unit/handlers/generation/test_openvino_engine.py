@@ -195,6 +195,7 @@ class Recording:
         (Sampling(), {"do_sample": False}),
         (Sampling(temperature=0.7, top_p=0.9, top_k=40, seed=11), {"do_sample": True, "rng_seed": 11, "top_k": 40}),
         (Sampling(temperature=1.5), {"do_sample": True}),
+        (Sampling(repetition_penalty=1.1), {"do_sample": False}),  # the model's default: not dropped
     ],
 )
 def test_a_requests_sampling_is_the_pipelines_generation_config(sampling, expected):
@@ -205,6 +206,7 @@ def test_a_requests_sampling_is_the_pipelines_generation_config(sampling, expect
     assert config.max_new_tokens == 12 and config.ignore_eos  # the kit's end-of-sequence ids end it
     for name, value in expected.items():
         assert getattr(config, name) == value
+    assert config.repetition_penalty == pytest.approx(sampling.repetition_penalty)
     if not sampling.greedy:
         assert config.temperature == pytest.approx(sampling.temperature)
         assert config.top_p == pytest.approx(sampling.top_p)
