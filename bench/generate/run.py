@@ -52,9 +52,9 @@ ANSWER_TOKENS = (32, 64)
 
 
 # Structured output's workload: the same prompts and lengths, each answer a JSON string the grammar
-# masks token by token (a random model's string runs to max_tokens as free text does, so the rows
-# differ by the masks' cost alone).
-SCHEMA = {"type": "string"}
+# masks token by token, longer than any answer may be (so it runs to max_tokens as free text does
+# under ignore_eos, and the rows differ by the masks' cost alone).
+SCHEMA = {"type": "string", "minLength": 4000}
 WORKLOADS = {"text": None, "json_schema": SCHEMA}  # the kit's rows measure each asked; peers, text
 
 

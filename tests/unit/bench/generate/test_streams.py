@@ -26,7 +26,7 @@ class Completions(http.server.BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         chat = self.path.endswith("/chat/completions")
         if chat:  # a structured-output ask: the grammar ends it, so no ignore_eos
-            assert body["response_format"]["json_schema"]["schema"] == {"type": "string"} and "ignore_eos" not in body
+            assert body["response_format"]["json_schema"]["schema"]["type"] == "string" and "ignore_eos" not in body
             body = {**body, "prompt": body["messages"][0]["content"], "ignore_eos": True}
         self.prompts.append(body["prompt"])
         if body["prompt"].endswith("bad"):
