@@ -2,7 +2,7 @@
 
     python -m kit run --config container --key-file /run/secrets/kit/api-key
 
-- TorchServe (and nginx) run as this process's children, in the foreground; as PID 1 it also
+- TorchServe (and nginx, and the OpenAI router) run as this process's children, in the foreground; as PID 1 it also
   reaps orphans whose parent died (a worker's children), which no one else would.
 - `ready` in the run directory exists only while every model has all its workers READY once
   and no stop has begun: `python -m kit probe ready` (the readiness probe) reads it.
@@ -23,6 +23,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from kit import openai_router
+from kit.procinfo import process_alive
 from kit.proxy import AuthProxy
 from kit.server import Server
 
@@ -53,13 +55,15 @@ def ready_file(run_dir: Path) -> Path:
 
 
 def watch(server: Server, proxy: subprocess.Popen | None) -> str:
-    """Block until TorchServe or the proxy exits on its own; say which."""
+    """Block until TorchServe, the OpenAI router or the proxy exits on its own; say which."""
     while True:
         if proxy is not None and proxy.poll() is not None:
             return f"the auth proxy (nginx) exited with status {proxy.returncode}"
         reap_orphans()
         if not server.is_running():
             return f"TorchServe exited; see {server.logs.output_file}\n{server.logs.tail()}"
+        if server.router_pid and not process_alive(server.router_pid):
+            return f"the OpenAI router exited; see {server.run_dir / openai_router.LOG_FILE}"
         time.sleep(1)
 
 
