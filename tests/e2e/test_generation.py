@@ -832,10 +832,13 @@ def test_an_openvino_variant_is_judged_when_built_and_not_installed_when_too_far
         build[build.index(good)] = strict
         done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=900)
         assert done.returncode != 0
+        said = done.stdout + done.stderr
+        # The stricter limit fails, named (the share of greedy tokens may fail before it, listed first).
         assert (
             f"openvino/{strict} is not installed: float32 on int8 weights answers too far from the float model "
-            "on held-out prompts: next-token distance mean"
-        ) in done.stdout + done.stderr
+            "on held-out prompts: "
+        ) in said
+        assert re.search(r"next-token distance mean [\d.]+ > 0\.0001", said), said[-2000:]
         assert not Variant.load("openvino").archive(strict).exists()
     finally:
         for name in made:
