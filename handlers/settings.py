@@ -367,6 +367,11 @@ class GenerationSettings(OptimizationSettings):
     # writes (Hermes/Qwen <tool_call>, Mistral [TOOL_CALLS], Llama 3 <|python_tag|>); name it
     # where the template shows none of them.
     tool_format: Syntax | None = None
+    # Prompt lookup (handlers/generation/lookup.py): a sequence's next tokens guessed from its own
+    # text, up to this many, checked in one forward; the answer is plain decoding's, sooner where
+    # the answer repeats its prompt (summaries, edits, extraction, code). 0: off. The kit's own
+    # engine only (OpenVINO GenAI's pipeline: off, said at READY).
+    prompt_lookup: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -382,7 +387,7 @@ class GenerationSettings(OptimizationSettings):
         for name in ("context_length", "max_sequences", "max_new_tokens", "accuracy_prompts", "accuracy_tokens"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be 1 or more, got {getattr(self, name)}")
-        for name in ("max_waiting", "prefill_chunk"):
+        for name in ("max_waiting", "prefill_chunk", "prompt_lookup"):
             if (getattr(self, name) or 0) < 0:
                 raise SettingsError(f"{name} must be 0 or more, got {getattr(self, name)}")
         rate = self.accuracy_min_match_rate

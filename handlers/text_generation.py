@@ -30,7 +30,7 @@ import torch
 from ts.utils.util import PredictionException
 
 from handlers.backends import BACKENDS, Backend
-from handlers.generation import agreement, api, openvino_engine
+from handlers.generation import agreement, answers, api, openvino_engine
 from handlers.generation.cache import TORCH_DTYPES
 from handlers.generation.chunking import StepTimes
 from handlers.generation.engine import Engine, prompt_chunk
@@ -121,7 +121,7 @@ class TextGenerationHandler(StreamingHandler):
         graphs, hits = graphs_compiled() - graphs, fx_graph_cache_counts()[0] - hits
         log.info(
             "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB (resident as used) "
-            "prefill_chunk=%d%s prefix_caching=%s weights=%s%s eos=%s load=%.1fs warmup=%.1fs "
+            "prefill_chunk=%d%s prefix_caching=%s prompt_lookup=%d weights=%s%s eos=%s load=%.1fs warmup=%.1fs "
             "graphs=%d (%d from the compile cache)",
             self.model_name,
             settings.backend.value,
@@ -132,6 +132,7 @@ class TextGenerationHandler(StreamingHandler):
             self.engine.prefill_chunk,
             "" if self.step_times is None else f" ({self.step_times})",
             "on" if self.engine.prefix_caching else "off",
+            self.engine.lookup,
             settings.weights.value,
             "".join(f" ({part} {size / 1e6:.0f}MB)" for part, size in self.weight_bytes.items()),
             sorted(eos),
@@ -186,6 +187,7 @@ class TextGenerationHandler(StreamingHandler):
             settings.itt,
             settings.prefill_chunk or 0,  # null: measured after the warm-up (warm_up)
             prefix_caching=settings.prefix_caching,
+            lookup=settings.prompt_lookup,
         )
 
     def openvino_engine(self, model_dir: Path, eos: set[int]) -> OpenVinoEngine:
@@ -290,6 +292,9 @@ class TextGenerationHandler(StreamingHandler):
 
     def after_step(self) -> None:
         self.recompiles.check()
+        acceptance = self.engine.acceptance
+        if acceptance is not None and acceptance.due(time.monotonic()):
+            log.info("%s: %s", self.model_name, acceptance.summary())
         if self.replies is not None:
             self.replies.settle()
 
@@ -316,7 +321,7 @@ class TextGenerationHandler(StreamingHandler):
             refuse(replies, request_id, api.Api.KIT, f"unknown path {path!r}; this model serves {paths}", 404, grpc)
             return
         if kind is api.Api.MODELS:
-            answer_whole(replies, request_id, api.model_list(self.model_name, self.limits.context), grpc)
+            answer_whole(replies, request_id, answers.model_list(self.model_name, self.limits.context), grpc)
             return
         try:
             parsed = api.parse(
@@ -325,7 +330,7 @@ class TextGenerationHandler(StreamingHandler):
         except InvalidInput as error:
             refuse(replies, request_id, kind, str(error), error.code, grpc)
             return
-        answer = api.ANSWERS[kind](request_id, self.model_name, parsed)
+        answer = answers.ANSWERS[kind](request_id, self.model_name, parsed)
         responder = Responder(replies, request_id, answer, parsed.stream, grpc, parsed.n)
         asked = [(generation, responder.choice(i)) for i, generation in enumerate(parsed.generations())]
         try:

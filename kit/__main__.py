@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from handlers.stages import stage_table
-from kit import probe, supervise
+from kit import openai_router, probe, supervise
 from kit.footprint import Footprint, measure_live
 from kit.hints import print_endpoints
 from kit.itt import chrome_trace, read_ranges
@@ -36,6 +36,7 @@ from kit.models import model_names
 from kit.paths import LOGS
 from kit.plan import plan_layout
 from kit.ports import INFERENCE_PORT, METRICS_PORT
+from kit.procinfo import process_alive
 from kit.proxy import AuthProxy
 from kit.serve_config import ConfigError, Placement, ServeConfig
 from kit.server import START_DEADLINE_S, Server, ServerError
@@ -142,6 +143,10 @@ def status(args: argparse.Namespace) -> int:
     variants = ", ".join(f"{model} {c.variant_of(model).name}" for model in c.models)
     print(f"[status] TorchServe pid {server.pid}, variants: {variants}; placement {c.placement.value} ({layout})")
     print(f"[status] {read_topology().summary()[0]}")  # the ISA the workers' kernels use
+    if server.router_pid:
+        log = server.run_dir / openai_router.LOG_FILE
+        alive = "running" if process_alive(server.router_pid) else f"EXITED (see {log})"
+        print(f"[status] OpenAI router pid {server.router_pid} at {server.api.openai_url('/v1')}: {alive}")
     # RSS counts pages shared with sibling workers in full, PSS divides them among the processes
     # that map them, "own" is what the worker alone holds (what one more worker would add).
     print(

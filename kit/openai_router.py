@@ -44,7 +44,6 @@ ROUTES: dict[Task, tuple[str, ...]] = {
     Task.FEATURE_EXTRACTION: ("embeddings",),
 }
 FORWARDED = ("Authorization", "Content-Type", "Accept")
-MAX_BODY = 64 * 1024 * 1024  # TorchServe's max_request_size refuses bigger bodies itself
 UPSTREAM_TIMEOUT_S = 130  # TorchServe answers or times out a request at 120 s
 
 
@@ -106,14 +105,16 @@ def upstream_error(status: int, body: bytes) -> tuple[int, dict[str, Any]]:
 
 
 class Router:
-    def __init__(self, upstream: str, routes: Routes):
+    def __init__(self, upstream: str, routes: Routes, max_body_mb: int = 16):
         self.upstream, self.routes = upstream.rstrip("/"), routes
+        self.max_body = max_body_mb * 1024 * 1024  # TorchServe's max_request_size (config.max_request_mb)
         self.session = None  # aiohttp.ClientSession, made on the server's loop
 
     def app(self):
         from aiohttp import web
 
-        app = web.Application(client_max_size=MAX_BODY)
+        # A bigger body is a 413 here, as TorchServe would answer it.
+        app = web.Application(client_max_size=self.max_body)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/{path:.+}", self.forward)
@@ -146,7 +147,12 @@ class Router:
         from aiohttp import web
 
         path = request.match_info["path"].strip("/")
-        raw = await request.read()
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return openai_error(
+                f"the body is over {self.max_body // 2**20} MB (the serve config's max_request_mb)", 413
+            )
         try:
             body = json.loads(raw)
         except ValueError as error:
@@ -207,9 +213,10 @@ def start(config: ServeConfig, run_dir: Path, upstream: str) -> subprocess.Popen
         return None
     listed = ",".join(f"{name}={task.value}" for name, task in routes.models.items())
     command = [sys.executable, "-m", "kit.openai_router", "--host", config.bind, "--port", str(config.openai_port)]
+    command += ["--max-body-mb", str(config.max_request_mb), "--upstream", upstream, "--models", listed]
     with open(run_dir / LOG_FILE, "ab") as output:
         return subprocess.Popen(
-            [*command, "--upstream", upstream, "--models", listed],
+            command,
             cwd=ROOT,
             stdin=subprocess.DEVNULL,
             stdout=output,
@@ -226,8 +233,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="TorchServe's inference URL")
     parser.add_argument("--models", required=True, help="name=task,... (kit.models Task values)")
+    parser.add_argument("--max-body-mb", type=int, default=16, help="the largest body taken (max_request_mb)")
     args = parser.parse_args(argv)
-    router = Router(args.upstream, Routes.parse(args.models))
+    router = Router(args.upstream, Routes.parse(args.models), args.max_body_mb)
     print(f"[openai] http://{args.host}:{args.port}/v1 -> {args.upstream} for {', '.join(router.routes.serving())}")
     web.run_app(router.app(), host=args.host, port=args.port, print=None, access_log=None)
 

@@ -5,8 +5,8 @@ engine.py     the scheduler thread: admit, prefill, decode every active slot per
 openvino_engine.py  the same scheduling, the steps computed by OpenVINO GenAI's pipeline
 sampling.py   a request's sampling parameters, checked, and the next-token choice
 stream.py     token ids -> text deltas, stop strings held back until they cannot match
-api.py        request bodies (the kit's, OpenAI's completions and chat) -> a Generation,
-              and answers, whole or as server-sent events
+api.py        request bodies (the kit's, OpenAI's completions and chat) -> a Request
+answers.py    a request's answer in its API's shapes, whole or as server-sent events
 fields.py     every field a body may hold: read, taken where it asks for nothing, or refused
 grammar.py    response_format as a token mask (llguidance)
 tools.py      tool calling: tools shown through the template, calls read from the answer

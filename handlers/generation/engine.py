@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from handlers.generation.cache import KvShape, SlotCache
+from handlers.generation.lookup import Acceptance, guess
 from handlers.generation.prefix import PrefixCache
 from handlers.generation.runner import PROMPT_STEP, Part, Runner
 from handlers.generation.scheduler import Running, Scheduler
@@ -60,6 +61,7 @@ class Engine(Scheduler):
         prefill_chunk: int = 0,
         block_size: int = BLOCK_SIZE,
         prefix_caching: bool = True,
+        lookup: int = 0,
     ):
         super().__init__(decode, eos, slots, context, max_waiting, name)
         self.prefill_chunk = prompt_chunk(prefill_chunk)
@@ -67,6 +69,8 @@ class Engine(Scheduler):
         self.cache = SlotCache(KvShape.of(model.config), slots, context, dtype)
         self.runner = Runner(model, self.cache, context, name, itt)
         self.model, self.mixes = model, self.runner.mixes
+        self.lookup = lookup  # draft tokens a step checks (prompt lookup, lookup.py); 0: none
+        self.acceptance = Acceptance() if lookup else None
 
     @property
     def cache_bytes(self) -> int:
@@ -84,6 +88,9 @@ class Engine(Scheduler):
             self._admit()
             parts = self._prompt_parts()
             decoding = [s for s in self.active.values() if not s.prefilling]
+            if not parts and (drafted := self._drafted(decoding)):
+                self._check(decoding, *drafted)
+                return
             if parts and decoding and self.mixes:
                 sequence, part = parts.pop(0)
                 rows, part_logits = self.runner.mixed(*self._decode_rows(), part)
@@ -95,6 +102,42 @@ class Engine(Scheduler):
             if decoding:
                 self._computed_rows(decoding, self.runner.decode(*self._decode_rows()))
 
+    # -- prompt lookup ----------------------------------------------------------------------------
+    def _drafted(self, decoding: list[Running]) -> tuple[Running, tuple[int, ...]] | None:
+        """The first decoding sequence whose text gives a draft, and the draft: one a step, checked
+        in the step's forward (a part of the mixed step), or alone where the model does not mix."""
+        if not self.lookup or not decoding or (len(decoding) > 1 and not self.mixes):
+            return None
+        for sequence in decoding:
+            room = min(
+                self.lookup,
+                sequence.generation.max_new_tokens - len(sequence.tokens) - 1,
+                self.context - sequence.position - 2,
+            )
+            if room > 0 and (draft := guess(sequence.known, room)):
+                return sequence, draft
+        return None
+
+    def _check(self, decoding: list[Running], sequence: Running, draft: tuple[int, ...]) -> None:
+        """The sequence's last token and its draft in one part, the others' rows beside it: each
+        drafted token is kept while it is the token the sequence chooses from the logits before it
+        (lookup.py), then the chosen one; the cache rows past the kept ones are written over later."""
+        part = Part(sequence.slot, (sequence.token_at(sequence.computed), *draft), sequence.computed, last=False)
+        others = [s for s in decoding if s is not sequence]
+        if others:
+            rows, logits = self.runner.mixed(*self._decode_rows(skip=sequence), part, every=True)
+            self._computed_rows(others, rows)
+        else:
+            logits = self.runner.part(part, every=True)
+        self.acceptance.drafted += len(draft)
+        for index in range(len(draft) + 1):
+            self._computed(sequence, 1, logits[index])
+            if self.active.get(sequence.slot) is not sequence or index == len(draft):
+                return  # it ended, or every drafted token was kept and the next chosen
+            if sequence.tokens[-1] != draft[index]:
+                return
+            self.acceptance.kept += 1
+
     def _place(self, sequence: Running) -> int | None:
         """The free slot prefix.py picks; what another row holds of the sequence's text copied in."""
         free = set(range(self.slots)) - set(self.active)
@@ -105,13 +148,14 @@ class Engine(Scheduler):
         return place.row
 
     # -- what a step computes ---------------------------------------------------------------------
-    def _decode_rows(self) -> tuple[list[int], list[int]]:
+    def _decode_rows(self, skip: Running | None = None) -> tuple[list[int], list[int]]:
         """A token and a position per slot up to the last one taken: a decoding sequence's next,
-        else the cache's scratch position (a prompt's slot too: its part has rows of its own)."""
+        else the cache's scratch position (a prompt's slot too, and `skip`'s: a part has rows of
+        its own)."""
         rows = max(self.active) + 1
         tokens, positions = [0] * rows, [self.cache.scratch] * rows
         for slot, sequence in self.active.items():
-            if not sequence.prefilling:
+            if not sequence.prefilling and sequence is not skip:
                 tokens[slot], positions[slot] = sequence.token_at(sequence.computed), sequence.computed
         return tokens, positions
 

@@ -24,7 +24,8 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 
-from handlers.generation.api import JSON, Answer, Api, Said, Usage, encode, error_body
+from handlers.generation.answers import JSON, Answer, Said, Usage, encode, error_body
+from handlers.generation.fields import Api
 from handlers.generation.logprobs import TokenLogprob
 from handlers.generation.scheduler import Finish
 from handlers.generation.tools import CallStream, ToolCall

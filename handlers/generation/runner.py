@@ -4,12 +4,14 @@
     logits = runner.decode(tokens=[17, 0, 5], positions=[40, 2048, 9])          # [rows, vocab]
     logits = runner.part(Part(slot=1, tokens=(5, 6, 7), start=32, last=True))    # [vocab]
     rows, part = runner.mixed([17, 0], [40, 2048], part)   # one forward; where attention.py allows it (`mixes`)
+    rows, every = runner.mixed([17, 0], [40, 2048], draft, every=True)   # [rows, vocab], [len(draft.tokens), vocab]
 
 A decode step has a row per slot up to the last one in use: row r feeds token r at position r of
 slot r and attends over that slot's cache (a slot with nothing to decode writes at the cache's
 scratch position, never read). A part computes a run of one sequence's tokens (a prompt, whole
 or a chunk of it), each attending over the slot's cache before it and the part's tokens up to
-it. Where the model's attention is transformers' pluggable kind (attention.py), decode rows and a
+it; its last token's logits, or (`every`: a draft to check, lookup.py) each of its tokens'. Where
+the model's attention is transformers' pluggable kind (attention.py), decode rows and a
 part are one forward (a mixed step): on CPU a decode step costs mostly the read of the weights,
 which the part's forward makes anyway. Shapes are rounded so that the compiled forward sees few
 of them: a decode step's span to a multiple of SPAN_STEP, a last part to a multiple of
@@ -118,26 +120,33 @@ class Runner:
         self.cache.select(slice(0, ids.shape[0]), where, mask.shape[-1])
         return self._forward(ids, self.model_positions(where), mask, DECODE_KEEP)[:, -1]
 
-    def part(self, part: Part) -> torch.Tensor:
-        """The logits [vocab] at the part's last token: where the model mixes, a mixed step of idle
-        rows (the same graph as a mixed step's, none more to compile)."""
+    def part(self, part: Part, every: bool = False) -> torch.Tensor:
+        """The logits [vocab] at the part's last token (`every`: [tokens, vocab], each token's):
+        where the model mixes, a mixed step of idle rows (the same graph as a mixed step's, none
+        more to compile)."""
         if self.mixes:
-            return self.mixed([], [], part)[1]
+            return self.mixed([], [], part, every)[1]
         ids, positions, mask = self._part(part)
         self.cache.select(slice(part.slot, part.slot + 1), positions, mask.shape[-1])
-        return self._forward(ids, positions, mask, torch.tensor([len(part.tokens) - 1]))[0, -1]
+        take = len(part.tokens)
+        logits = self._forward(ids, positions, mask, torch.arange(take) if every else torch.tensor([take - 1]))[0]
+        return logits if every else logits[-1]
 
-    def mixed(self, tokens: Sequence[int], positions: Sequence[int], part: Part) -> tuple[torch.Tensor, torch.Tensor]:
-        """decode(tokens, positions) and part(part) in one forward: the decode rows and the part
-        flattened into one row of tokens; attention.py splits its attention."""
+    def mixed(
+        self, tokens: Sequence[int], positions: Sequence[int], part: Part, every: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """decode(tokens, positions) and part(part, every) in one forward: the decode rows and the
+        part flattened into one row of tokens; attention.py splits its attention."""
         decode_ids, decode_positions, decode_mask = self._rows(*self.padded(tokens, positions))
         ids, part_positions, mask = self._part(part)
         rows = decode_ids.shape[0]
         slots = torch.cat([torch.arange(rows), torch.full((ids.shape[1],), part.slot)])[None]
         flat_positions = torch.cat([decode_positions.T, part_positions], 1)
         self.cache.select_tokens(slots, flat_positions, max(decode_mask.shape[-1], mask.shape[-1]))
-        keep = torch.cat([torch.arange(rows), torch.tensor([rows + len(part.tokens) - 1])])
+        take = len(part.tokens)
+        kept = rows + torch.arange(take) if every else torch.tensor([rows + take - 1])
+        keep = torch.cat([torch.arange(rows), kept])
         mixed = attention.Mixed(decode_mask, mask, torch.tensor([part.slot]))
         ids = torch.cat([decode_ids.T, ids], 1)
         logits = self._forward(ids, self.model_positions(flat_positions), mask, keep, mixed=mixed)[0]
-        return logits[:rows], logits[rows]
+        return logits[:rows], (logits[rows:] if every else logits[rows])

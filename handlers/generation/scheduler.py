@@ -27,6 +27,7 @@ import torch
 
 from handlers.generation.grammar import Constraint, Matcher
 from handlers.generation.logprobs import TokenLogprob
+from handlers.generation.lookup import Acceptance
 from handlers.generation.sampling import Sampling
 from handlers.generation.stream import TextStream
 
@@ -132,6 +133,8 @@ class Scheduler:
     torch model, openvino_engine.py with OpenVINO GenAI's pipeline."""
 
     unserved: frozenset[str] = frozenset()  # request fields its steps cannot follow (fields.check)
+    lookup = 0  # draft tokens a step checks (prompt lookup: engine.py); 0 where its steps cannot
+    acceptance: Acceptance | None = None  # what the lookup kept of its drafts
 
     def __init__(
         self,

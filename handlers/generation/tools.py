@@ -328,7 +328,7 @@ class CallStream:
     def __init__(self, tools: Tools):
         self.format = tools.format
         self.text = tools.prefix  # a forced answer's marker is the prompt's: the answer is read with it
-        self.released = 0  # content characters passed on
+        self.released = len(tools.prefix)  # content characters passed on (the marker is none of the answer's)
         self.called = 0  # calls passed on
 
     def feed(self, delta: str) -> tuple[str, Sequence[ToolCall]]:

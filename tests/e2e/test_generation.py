@@ -53,6 +53,7 @@ QWEN, GPT2 = "test-yours-qwen2-lm", "test-yours-gpt2-lm"
 MAKERS = {QWEN: qwen2_lm, GPT2: gpt2_lm}
 VARIANTS = ("eager", "inductor", "openvino")
 CHUNK = 32
+LOOKUP = 4  # Qwen's prompt lookup: draft tokens a step
 PROMPTS = [
     "The committee postponed the expansion",
     "A quick brown fox",
@@ -83,10 +84,11 @@ def sources(tmp_path_factory):
             assert "task: text-generation" in model_file(name).read_text()  # inferred from architectures
             assert (source / "config.json").is_file(), f"building the archive deleted {source}"
         # Qwen's prompts are computed CHUNK tokens a step (chunked prefill; the longest prompt here
-        # in 7 parts) while the other streams advance, over continuousBatching; GPT-2's whole
-        # (prefill_chunk 0), over asyncCommunication.
+        # in 7 parts) while the other streams advance, over continuousBatching, and its answers
+        # are drafted by prompt lookup (every answer below must still be transformers'); GPT-2's
+        # prompts whole (prefill_chunk 0), over asyncCommunication, without lookup.
         for name, settings in (
-            (QWEN, {"prefill_chunk": CHUNK, "batching": "continuous"}),
+            (QWEN, {"prefill_chunk": CHUNK, "batching": "continuous", "prompt_lookup": LOOKUP}),
             (GPT2, {"prefill_chunk": 0, "batching": "async"}),
         ):
             document = yaml.safe_load(model_file(name).read_text())
@@ -406,7 +408,7 @@ def test_every_field_of_openais_chat_schema_is_served_or_refused_by_name(server,
 
     schema = set(completion_create_params.CompletionCreateParamsBase.__annotations__)
     assert schema - {"model", "messages", "max_tokens"} == set(NOT_SERVED_YET) | set(SERVED)
-    client = OpenAI(base_url=url(server, QWEN, "v1"), api_key="unused")
+    client = OpenAI(base_url=server.api.openai_url("/v1"), api_key="unused")  # the one base URL
     openvino = server.config.variant.name == "openvino"
     refused = set(NOT_SERVED_YET) | (UNSERVED_ON_OPENVINO if openvino else set())
     for name, value in {**NOT_SERVED_YET, **SERVED}.items():
@@ -419,8 +421,9 @@ def test_every_field_of_openais_chat_schema_is_served_or_refused_by_name(server,
             assert client.chat.completions.create(**ask).choices[0].finish_reason in ("length", "stop", "tool_calls"), (
                 name
             )
+    at_its_path = OpenAI(base_url=url(server, QWEN, "v1"), api_key="unused")  # a model's own path checks it too
     with pytest.raises(NotFoundError, match="model 'elsewhere' is not served at this path"):
-        client.chat.completions.create(model="elsewhere", messages=CHAT)
+        at_its_path.chat.completions.create(model="elsewhere", messages=CHAT)
     if openvino:
         return
     reference = references[QWEN]
@@ -473,7 +476,7 @@ def test_a_strict_json_schema_is_answered_valid_whole_and_streamed(server):
     import jsonschema
     from openai import BadRequestError, OpenAI
 
-    client = OpenAI(base_url=url(server, QWEN, "v1"), api_key="unused")
+    client = OpenAI(base_url=server.api.openai_url("/v1"), api_key="unused")  # the one base URL
     response_format = {"type": "json_schema", "json_schema": {"name": "triage", "schema": TRIAGE, "strict": True}}
     ask = {"model": QWEN, "messages": CHAT, "max_tokens": 64, "temperature": 1.0, "response_format": response_format}
     if server.config.variant.name == "openvino":
@@ -503,7 +506,7 @@ def test_forced_tool_calls_validate_whole_and_streamed_and_the_tools_answer_is_a
     import jsonschema
     from openai import BadRequestError, OpenAI
 
-    client = OpenAI(base_url=url(server, QWEN, "v1"), api_key="unused")
+    client = OpenAI(base_url=server.api.openai_url("/v1"), api_key="unused")  # the one base URL
     ask = {"model": QWEN, "messages": CHAT, "max_tokens": 64, "temperature": 1.0, "tools": [WEATHER, CLOCK]}
     named = {"type": "function", "function": {"name": "get_weather"}}
     if server.config.variant.name == "openvino":
@@ -688,6 +691,9 @@ def test_no_request_waited_for_the_compiler(server):
     log = server.logs.model_log.read_text(errors="replace")
     assert f"{QWEN} ready: backend={server.config.variant.name.split('-')[0]}" in log
     assert "recompiled while serving" not in log, "a request waited for the compiler"
+    # The kit's engine drafts (the prompts above repeat themselves); OpenVINO's pipeline says it does not.
+    lookup = 0 if server.config.variant.name == "openvino" else LOOKUP
+    assert re.search(rf"{QWEN} ready: .* prompt_lookup={lookup} ", log), "the READY line does not say the lookup"
     if server.config.variant.name == "inductor":
         # Two graphs (a decode step; a prompt's part with decode rows): each more is compiled at
         # every start, a graph of a real-size model's some 40 s on 2 cores.

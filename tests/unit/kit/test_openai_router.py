@@ -47,7 +47,7 @@ async def exchange(calls):
     """Start the fake TorchServe and the router in front of it; run `calls(client)`."""
     seen: list = []
     async with TestServer(torchserve(seen)) as upstream:
-        router = Router(str(upstream.make_url("")), ROUTES)
+        router = Router(str(upstream.make_url("")), ROUTES, max_body_mb=1)
         async with TestClient(TestServer(router.app())) as client:
             return await calls(client), seen
 
@@ -87,6 +87,15 @@ def test_what_cannot_be_routed_or_is_refused_is_an_openai_error(path, body, stat
 
     (got, answer), seen = run(calls)
     assert got == status and message in answer["error"]["message"] and not seen
+
+
+def test_a_body_over_the_limit_is_a_413_before_it_is_forwarded():
+    async def calls(client):
+        response = await client.post("/v1/embeddings", data=b'{"model": "minilm", "input": "' + b"x" * 2**20 + b'"}')
+        return response.status, await response.json()
+
+    (status, answer), seen = run(calls)
+    assert status == 413 and "over 1 MB" in answer["error"]["message"] and not seen
 
 
 def test_a_body_that_is_not_json_is_a_400():

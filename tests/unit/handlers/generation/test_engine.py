@@ -513,3 +513,72 @@ def test_constrained_answers_follow_their_schema_and_others_beside_them_are_unch
         )
         jsonschema.validate(json.loads("".join(sequence.sink.parts)), SCHEMA)
     assert free.tokens == reference(model, list(ids), 12)
+
+
+# A prompt that repeats itself: prompt lookup finds drafts in it (and a random model repeats too).
+REPEATING = "the cat sat on the mat and the cat sat on the mat and the cat sat on the"
+
+
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_prompt_lookup_gives_transformers_greedy_answers_and_keeps_drafts(lm, chunk):
+    """Drafts from each sequence's own text, checked a sequence a step beside the others' rows (or
+    alone where the model does not mix): every answer is transformers' greedy one."""
+    model, tokenizer = lm
+    prompts = [REPEATING, PROMPTS[0], PROMPTS[2]]
+    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    new = 24
+    expected = [reference(model, i, new) for i in ids]
+    eng = Engine(model, tokenizer.decode, set(), 3, 256, torch.float32, prefill_chunk=chunk, lookup=4)
+    sequences = [eng.submit(Generation(tuple(i), new), Recorder()) for i in ids]
+    while eng.busy:
+        eng.step()
+    assert [s.tokens for s in sequences] == expected
+    assert all(s.sink.reason is Finish.LENGTH and s.sink.usage[1] == new for s in sequences)
+    assert eng.acceptance.drafted > 0
+
+
+def test_kept_drafts_write_several_tokens_a_step(lm):
+    """An answer the model writes as its prompt does (a logit bias makes it one token over and
+    over): each step keeps the drafted tokens, so the answer takes a few steps, not one a token."""
+    model, tokenizer = lm
+    ids = tuple(tokenizer(REPEATING)["input_ids"])
+    favourite = ids[1]
+    eng = Engine(model, tokenizer.decode, set(), 2, 256, torch.float32, lookup=4)
+    sequence = eng.submit(Generation(ids, 21, Sampling(logit_bias=((favourite, 100.0),))), Recorder())
+    steps = 0
+    while eng.busy:
+        eng.step()
+        steps += 1
+    assert sequence.tokens == [favourite] * 21
+    # The first drafts come from the prompt (what followed that token there) and are dropped; then
+    # the answer's own repeats are kept, up to 5 tokens a step (4 drafted and the next).
+    assert eng.acceptance.kept >= 12 and steps <= 1 + 21 // 2, (eng.acceptance, steps)
+
+
+def test_prompt_lookup_keeps_a_seeded_samples_draws_and_its_logprobs(lm):
+    """A sampled sequence draws once per token it keeps, from the logits its kept text gives:
+    seeded, its tokens and log-probabilities are plain decoding's."""
+    model, tokenizer = lm
+    ids = tuple(tokenizer(REPEATING)["input_ids"])
+    sampled = Generation(ids, 16, Sampling(temperature=0.5, seed=3), logprobs=2)
+    answers = []
+    for lookup in (0, 4):
+        eng = Engine(model, tokenizer.decode, set(), 2, 256, torch.float32, lookup=lookup)
+        recorder = Recorder()
+        sequence = eng.submit(sampled, recorder)
+        while eng.busy:
+            eng.step()
+        answers.append((sequence.tokens, [round(e.logprob, 4) for e in recorder.logprobs]))
+    assert answers[0] == answers[1]
+
+
+def test_prompt_lookup_stops_at_an_end_token_inside_a_kept_draft(lm):
+    model, tokenizer = lm
+    ids = tokenizer(REPEATING)["input_ids"]
+    plain = reference(model, ids, 12)
+    end = plain[5]  # a token the answer writes: it ends the answer there, drafted or not
+    eng = Engine(model, tokenizer.decode, {end}, 2, 256, torch.float32, lookup=4)
+    sequence = eng.submit(Generation(tuple(ids), 12), Recorder())
+    while eng.busy:
+        eng.step()
+    assert sequence.tokens == plain[: plain.index(end)] and sequence.sink.reason is Finish.STOP

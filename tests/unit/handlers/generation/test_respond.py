@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from handlers.generation.api import Api, ChatAnswer, KitAnswer, Limits, Usage, parse
+from handlers.generation.answers import ChatAnswer, KitAnswer, Usage
+from handlers.generation.api import Api, Limits, parse
 from handlers.generation.respond import Responder
 from handlers.generation.sampling import Sampling
 from handlers.generation.scheduler import Finish
@@ -118,7 +119,7 @@ def test_n_choices_whole_is_one_body_once_the_last_has_ended():
 
 @pytest.mark.parametrize("grpc", [False, True], ids=["http", "grpc"])
 def test_an_answer_without_the_engine_is_opened_then_whole_or_one_grpc_message(grpc):
-    from handlers.generation.api import model_list
+    from handlers.generation.answers import model_list
     from handlers.generation.respond import answer_whole
 
     replies = Recorded()

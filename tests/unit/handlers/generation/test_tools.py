@@ -121,6 +121,12 @@ def test_a_forced_answer_is_read_with_the_marker_the_prompt_ended_with():
     assert "".join(content) == "" and last == [("get_weather", {"city": "Paris", "celsius": True})]
 
 
+def test_a_forced_answer_cut_short_is_content_without_the_marker_the_prompt_ended_with():
+    tools = Tools.parse({"tools": [WEATHER], "tool_choice": "required"}, HERMES)
+    content, _, last = read(tools, ['{"name":"get_weather",', '"argu'])  # max_tokens reached
+    assert "".join(content) == '{"name":"get_weather","argu' and last == []
+
+
 @pytest.mark.parametrize(
     ("format", "text", "want"),
     [
