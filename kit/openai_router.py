@@ -200,9 +200,11 @@ LOG_FILE = "openai_router.out"
 
 
 def routes_of(models: Iterable[str]) -> Routes:
-    from kit.models import Model
+    """The models' tasks, from their model files; an archive the store holds without one (built by
+    hand, as some tests do) has no task the kit knows, and is not routed."""
+    from kit.models import Model, model_file
 
-    return Routes({name: Model.load(name).task for name in models})
+    return Routes({name: Model.load(name).task for name in models if model_file(name).is_file()})
 
 
 def start(config: ServeConfig, run_dir: Path, upstream: str) -> subprocess.Popen | None:

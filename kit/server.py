@@ -207,7 +207,11 @@ class Server:
                 start_new_session=True,
             )
         self.pid = process.pid
-        router = openai_router.start(self.config, self.run_dir, self.api.url("inference", ""))
+        try:
+            router = openai_router.start(self.config, self.run_dir, self.api.url("inference", ""))
+        except Exception:
+            self.stop()  # TorchServe is up: a failed start leaves nothing running
+            raise
         self.router_pid = router and router.pid
         ServerState(process.pid, self.config, self.model_store, self.layout, self.oom, self.router_pid).save(
             self.run_dir

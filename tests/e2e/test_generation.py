@@ -830,7 +830,10 @@ def test_an_openvino_variant_is_judged_when_built_and_not_installed_when_too_far
         server = start_server(tmp_path / "good", config)
         try:
             log = server.logs.model_log.read_text(errors="replace")
-            assert re.search(rf"{good} ready: backend=openvino dtype=float32 .* prefix_caching=off weights=int8 ", log)
+            assert re.search(
+                rf"{good} ready: backend=openvino dtype=float32 .* prefix_caching=off prompt_lookup=0 weights=int8 ",
+                log,
+            )
             answer = generate(server, good, {"prompt": PROMPTS[0], "max_new_tokens": 8, "ignore_eos": True})
             assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 8
         finally:

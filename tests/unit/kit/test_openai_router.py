@@ -121,3 +121,9 @@ def test_routes_are_read_from_the_launch_argument():
         "minilm": Task.FEATURE_EXTRACTION,
     }
     assert json.dumps(ROUTES.serving()) == '["lm", "minilm"]'
+
+
+def test_only_models_with_a_model_file_are_routed():
+    from kit.openai_router import routes_of
+
+    assert routes_of(["minilm", "an-archive-built-by-hand"]).models == {"minilm": Task.FEATURE_EXTRACTION}
