@@ -11,6 +11,7 @@ import psutil
 from bench.generate.memory import PeakPss, tree_pss
 
 HOLD = 300_000_000  # bytes a child writes and holds
+DRIFT = 4_000_000  # bytes PSS moves by as other processes map and unmap the same libraries
 
 
 def test_a_childs_memory_counts_in_its_parents_peak():
@@ -23,7 +24,9 @@ def test_a_childs_memory_counts_in_its_parents_peak():
         assert parent.stdout.readline().strip() == b"1"  # the grandchild holds its bytes
         with PeakPss(parent.pid, every_s=0.1) as peak:
             time.sleep(0.5)
-        assert peak.bytes >= HOLD and peak.bytes == max(peak.bytes, tree_pss(parent.pid))
+        # A later reading is the peak but for shared pages' shares (a library's pages divide among
+        # the processes mapping them, which start and end beside the test): within DRIFT.
+        assert peak.bytes >= HOLD and tree_pss(parent.pid) <= peak.bytes + DRIFT
         assert peak.bytes < HOLD + 200_000_000  # two interpreters, not more
     finally:
         for child in psutil.Process(parent.pid).children(recursive=True):
