@@ -167,6 +167,7 @@ SOAK_SECONDS ?= 300
 # (bench/generate/run.py; llama.cpp is built, and OpenVINO GenAI's environment made, in .cache/peers/
 # on first use), with ROUNDS= SECONDS= CONCURRENCY= PEERS= PRECISIONS= BACKENDS= WORKLOADS= over the file's.
 # PLAN=generate-structured: the same rows free and under a JSON schema (structured output's cost).
+# PLAN=generate-lookup MODELS=lm,lm-lookup: prompt lookup off and on, free text and a copy-heavy edit.
 bench: install
 	@$(PY) -m bench --plan $(PLAN) $(if $(MODELS),--models $(MODELS)) $(if $(ROUNDS),--rounds $(ROUNDS)) \
 		$(if $(SECONDS),--seconds $(SECONDS)) $(if $(CONCURRENCY),--concurrency $(CONCURRENCY)) $(if $(PEERS),--peers $(PEERS)) \

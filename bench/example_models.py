@@ -5,6 +5,7 @@
     .venv/bin/python -m bench.example_models vit /tmp/vit                 # ViT-B/16 classifier, 86 M, 224 px
     .venv/bin/python -m bench.example_models qwen2 /tmp/qwen2             # Qwen2-style causal LM, grouped KV heads
     .venv/bin/python -m bench.example_models gpt2 /tmp/gpt2               # GPT-2-style causal LM
+    .venv/bin/python -m bench.example_models qwen2-repeating /tmp/rep     # qwen2's, answers repeat their last token
 
 Written with save_pretrained, as a fine-tuned checkpoint is: config.json (labels in id2label),
 model.safetensors, the tokenizer (bert-base-uncased's vocabulary, shipped in a pip package) or
@@ -178,6 +179,25 @@ def qwen2(
     return _save_causal(Qwen2ForCausalLM(config), tokenizer, directory, eos)
 
 
+def qwen2_repeating(directory: Path, **shape: int) -> Path:
+    """qwen2()'s model whose layers add nothing (every attention and MLP output projection zero): a
+    position's last hidden state is its token's embedding, which the tied head scores highest, so
+    the greedy answer repeats the prompt's last token at the full model's cost. Prompt lookup's
+    best case (after its first few tokens every draft is kept): the generate bench's `copy`
+    workload on it measures the most lookup can give on this CPU, random weights its least."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    qwen2(directory, **shape)
+    model = AutoModelForCausalLM.from_pretrained(directory)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    model.save_pretrained(directory)
+    return directory
+
+
 def gpt2(
     directory: Path, dim: int = 768, layers: int = 12, heads: int = 12, init: float = 0.02, vocabulary: int = 50257
 ) -> Path:
@@ -202,7 +222,13 @@ def gpt2(
     return _save_causal(GPT2LMHeadModel(config), tokenizer, directory, [eos])
 
 
-EXAMPLES: dict[str, Callable[[Path], Path]] = {"distilbert": distilbert, "vit": vit, "qwen2": qwen2, "gpt2": gpt2}
+EXAMPLES: dict[str, Callable[[Path], Path]] = {
+    "distilbert": distilbert,
+    "vit": vit,
+    "qwen2": qwen2,
+    "qwen2-repeating": qwen2_repeating,
+    "gpt2": gpt2,
+}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.generate.memory import PeakPss
@@ -55,15 +56,34 @@ ANSWER_TOKENS = (32, 64)
 # masks token by token, longer than any answer may be (so it runs to max_tokens as free text does
 # under ignore_eos, and the rows differ by the masks' cost alone).
 SCHEMA = {"type": "string", "minLength": 4000}
-WORKLOADS = {"text": None, "json_schema": SCHEMA}  # the kit's rows measure each asked; peers, text
+# Prompt lookup's copy-heavy workload: an edit, whose answer is mostly its prompt's text again.
+EDIT = "Correct the spelling in the text below and write the whole text out again.\n\nText: {}\n\nCorrected text:"
+EDIT_SENTENCES = (8, 30)
 
 
 def workload(schema: dict | None = None) -> list[Ask]:
+    """Free text (or, with `schema`, JSON following it): a mix of prompt and answer lengths."""
     asks = []
     for index, sentences in enumerate(PROMPT_SENTENCES):
         prompt = " ".join(SENTENCES[(index + i) % len(SENTENCES)] for i in range(sentences))
         asks += [Ask(prompt, tokens, schema) for tokens in ANSWER_TOKENS]
     return asks
+
+
+def edits() -> list[Ask]:
+    """Edits of 8 and 30 sentences, each answer as long as the longest free-text answer."""
+    return [
+        Ask(EDIT.format(" ".join(SENTENCES[(index + i) % len(SENTENCES)] for i in range(sentences))), ANSWER_TOKENS[-1])
+        for index, sentences in enumerate(EDIT_SENTENCES)
+    ]
+
+
+# The kit's rows measure each workload asked; the peers, text.
+WORKLOADS: dict[str, Callable[[], list[Ask]]] = {
+    "text": workload,
+    "json_schema": lambda: workload(SCHEMA),
+    "copy": edits,
+}
 
 
 def median_stats(runs: list[StreamStats], peak_pss: list[int]) -> dict:
@@ -79,6 +99,8 @@ def median_stats(runs: list[StreamStats], peak_pss: list[int]) -> dict:
         "peak_pss_gb": spread([b / 1e9 for b in peak_pss]) if any(peak_pss) else None,
         # Each round measures every row: a ratio between rows is taken round by round.
         "output_tokens_per_s_by_round": [r.output_tokens_per_s for r in runs],
+        # Of the tokens prompt lookup drafted over the rounds, the share kept; None: it drafted none.
+        "drafts_kept": StreamStats.kept_share(sum(r.drafts_kept for r in runs), sum(r.drafts_refused for r in runs)),
         "requests": sum(r.requests for r in runs),
         "errors": sum(r.errors for r in runs),
     }
@@ -107,8 +129,8 @@ def report(results: dict, systems: dict[str, System], out: Path, header: str) ->
     lines = [
         header,
         "",
-        f"| concurrency | row | output tokens/s (min–max) |{ratios} TTFT p50 ms | ITL p50 ms | ITL p99 ms | peak PSS GB | errors |",
-        "|---|---|---|" + "---|" * len(peers) + "---|---|---|---|---|",
+        f"| concurrency | row | output tokens/s (min–max) |{ratios} TTFT p50 ms | ITL p50 ms | ITL p99 ms | drafts kept | peak PSS GB | errors |",
+        "|---|---|---|" + "---|" * len(peers) + "---|---|---|---|---|---|",
     ]
     for concurrency, rows in results.items():
         for name, stats in rows.items():
@@ -117,9 +139,11 @@ def report(results: dict, systems: dict[str, System], out: Path, header: str) ->
             kit = systems[name].server == KIT
             tps, pss = stats["output_tokens_per_s"], stats.get("peak_pss_gb") or {"median": float("nan")}
             against = "".join(f" {ratio(stats, same.get(peer)) if kit else ''} |" for peer in peers)
+            kept = stats.get("drafts_kept")
+            drafts = "" if kept is None else f"{kept:.0%}"
             lines.append(
                 f"| {concurrency} | {name} | {tps['median']:.1f} ({tps['min']:.1f}–{tps['max']:.1f}) |{against} "
-                f"{stats['ttft_ms_p50']['median']:.0f} | {stats['itl_ms_p50']['median']:.0f} | {stats['itl_ms_p99']['median']:.0f} | "
+                f"{stats['ttft_ms_p50']['median']:.0f} | {stats['itl_ms_p50']['median']:.0f} | {stats['itl_ms_p99']['median']:.0f} | {drafts} | "
                 f"{pss['median']:.2f} | {stats['errors']} |"
             )
     text = "\n".join(lines) + "\n"
@@ -208,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         measured += [
             (
                 system if kind == "text" else dataclasses.replace(system, name=f"{system.name} {kind}"),
-                workload(WORKLOADS[kind]),
+                WORKLOADS[kind](),
             )
             for system in systems
             for kind in (workloads if system.server == KIT else ["text"])

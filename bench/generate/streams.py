@@ -7,7 +7,9 @@ Each client sends the workload's requests in turn (`stream: true`, usage include
 so every server writes the same number of tokens), keeping `concurrency` streams open for
 `seconds`. Measured per request: time to first token (request sent -> first text chunk), the gaps
 between text chunks (inter-token latency: a chunk is a token, or the few a held-back character
-needed), and the output tokens the server's usage reports. Tokens per second are every answered
+needed; the tokens of a kept prompt-lookup draft arrive together, gaps near 0), the output tokens the server's usage
+reports, and of the tokens prompt lookup drafted, those kept and refused (usage's
+completion_tokens_details, OpenAI's accepted / rejected_prediction_tokens; where a server says). Tokens per second are every answered
 request's tokens over the window, which lasts until the last request ends (a request is never
 abandoned: its server would go on generating into the next measurement). What every server here
 speaks: the kit, the FastAPI peer (bench/generate/fastapi_peer.py) and llama.cpp's server.
@@ -85,6 +87,17 @@ class StreamStats:
     itl_ms: Spread
     errors: int
     first_error: str = ""  # what the first failed request got, to say why a row has errors
+    drafts_kept: int = 0  # prompt lookup's drafted tokens kept, as the answers' usage said
+    drafts_refused: int = 0
+
+    @property
+    def drafts_kept_share(self) -> float | None:
+        return self.kept_share(self.drafts_kept, self.drafts_refused)
+
+    @staticmethod
+    def kept_share(kept: int, refused: int) -> float | None:
+        """The share of drafted tokens kept; None where the server drafted none (or says nothing)."""
+        return kept / (kept + refused) if kept + refused else None
 
     @property
     def output_tokens_per_s(self) -> float:
@@ -96,6 +109,8 @@ class StreamStats:
             f"{self.output_tokens_per_s:.1f} tokens/s, TTFT p50 {self.ttft_ms.p50:.0f} ms, "
             f"ITL p50 {self.itl_ms.p50:.0f} ms, {self.errors} errors"
         )
+        if (share := self.drafts_kept_share) is not None:
+            text += f", {share:.0%} of {self.drafts_kept + self.drafts_refused} drafted tokens kept"
         return text + (f" (the first: {self.first_error[:200]})" if self.errors else "")
 
 
@@ -106,6 +121,8 @@ class Record:
     ended: float | None = None
     gaps: list[float] = dataclasses.field(default_factory=list)
     tokens: int = 0
+    drafts_kept: int = 0
+    drafts_refused: int = 0
     error: str = ""
 
 
@@ -122,8 +139,11 @@ def stream_one(session: requests.Session, url: str, body: dict) -> Record:
                     continue
                 event = json.loads(line[len(b"data: ") :])
                 now = time.perf_counter()
-                if event.get("usage"):
-                    record.tokens = int(event["usage"]["completion_tokens"])
+                if usage := event.get("usage"):
+                    record.tokens = int(usage["completion_tokens"])
+                    details = usage.get("completion_tokens_details") or {}  # where drafts were made
+                    record.drafts_kept = int(details.get("accepted_prediction_tokens") or 0)
+                    record.drafts_refused = int(details.get("rejected_prediction_tokens") or 0)
                 if any(
                     choice.get("text") or choice.get("delta", {}).get("content")
                     for choice in event.get("choices") or ()
@@ -174,4 +194,6 @@ def measure_streams(url: str, model: str, workload: Sequence[Ask], concurrency: 
         itl_ms=Spread.of([1000 * gap for r in done for gap in r.gaps]),
         errors=len(records) - len(done),
         first_error=next((r.error for r in records if r.error), ""),
+        drafts_kept=sum(r.drafts_kept for r in done),
+        drafts_refused=sum(r.drafts_refused for r in done),
     )

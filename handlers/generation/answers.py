@@ -23,7 +23,7 @@ from handlers import openai_shapes
 from handlers.generation.api import Request
 from handlers.generation.fields import Api
 from handlers.generation.logprobs import TokenLogprob
-from handlers.generation.scheduler import Finish
+from handlers.generation.scheduler import Finish, Usage
 from handlers.generation.tools import ToolCall
 from handlers.payload import error_body as kit_error_body
 
@@ -31,19 +31,6 @@ SSE = "text/event-stream"
 TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
 DONE = b"data: [DONE]\n\n"
-
-
-@dataclasses.dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        }
 
 
 TOOL_CALLS = "tool_calls"  # OpenAI's finish_reason of an answer that ends in calls

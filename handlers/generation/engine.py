@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from handlers.generation.cache import KvShape, SlotCache
-from handlers.generation.lookup import Acceptance, guess
+from handlers.generation.lookup import PAUSE_MOST, Acceptance, guess
 from handlers.generation.prefix import PrefixCache
 from handlers.generation.runner import PROMPT_STEP, Part, Runner
 from handlers.generation.scheduler import Running, Scheduler
@@ -114,7 +114,7 @@ class Engine(Scheduler):
                 sequence.generation.max_new_tokens - len(sequence.tokens) - 1,
                 self.context - sequence.position - 2,
             )
-            if room > 0 and (draft := guess(sequence.known, room)):
+            if room > 0 and len(sequence.tokens) >= sequence.draft_at and (draft := guess(sequence.known, room)):
                 return sequence, draft
         return None
 
@@ -129,14 +129,27 @@ class Engine(Scheduler):
             self._computed_rows(others, rows)
         else:
             logits = self.runner.part(part, every=True)
-        self.acceptance.drafted += len(draft)
+        kept = 0
         for index in range(len(draft) + 1):
             self._computed(sequence, 1, logits[index])
             if self.active.get(sequence.slot) is not sequence or index == len(draft):
-                return  # it ended, or every drafted token was kept and the next chosen
+                break  # it ended, or every drafted token was kept and the next chosen
             if sequence.tokens[-1] != draft[index]:
-                return
-            self.acceptance.kept += 1
+                break
+            kept += 1
+        self._drafts_kept(sequence, len(draft), kept)
+
+    def _drafts_kept(self, sequence: Running, drafted: int, kept: int) -> None:
+        """Counted for its usage and the log; after a draft wholly refused, the sequence drafts
+        again only after 2, 4, ... PAUSE_MOST tokens: a draft costs its tokens' compute, and text
+        that repeats nothing (free text) must not pay it every step."""
+        sequence.drafted += drafted
+        sequence.kept += kept
+        self.acceptance.drafted += drafted
+        self.acceptance.kept += kept
+        sequence.refusals = 0 if kept else sequence.refusals + 1
+        if sequence.refusals:
+            sequence.draft_at = len(sequence.tokens) + min(2**sequence.refusals, PAUSE_MOST)
 
     def _place(self, sequence: Running) -> int | None:
         """The free slot prefix.py picks; what another row holds of the sequence's text copied in."""

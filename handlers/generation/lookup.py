@@ -9,7 +9,8 @@ from LONGEST down to SHORTEST) are a draft that is often right, with no second m
 `ngram` proposer, transformers' `prompt_lookup_num_tokens`). engine.py feeds the draft after the
 sequence's last token and keeps each drafted token only while it is the token the sequence
 chooses anyway (greedy, or drawn from the same distribution with the same generator), so the
-answer is the one plain decoding gives.
+answer is the one plain decoding gives. A sequence whose drafts are refused drafts less often
+(engine.py), and its answer's usage counts the drafted tokens kept and refused.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from collections.abc import Sequence
 
 LONGEST, SHORTEST = 3, 1  # n-gram lengths looked up, longest first
 WINDOW = 4096  # tokens searched back from the end: a step's lookup stays well under a millisecond
+# After a wholly refused draft a sequence pauses its drafts 2, 4, ... tokens, at most this many: on
+# text that repeats nothing a draft is tried about every PAUSE_MOST tokens (a few % more compute).
+PAUSE_MOST = 32
 SAY_EVERY_S = 60  # the worker logs the acceptance at most this often, while it changes
 
 

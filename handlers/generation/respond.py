@@ -24,10 +24,10 @@ import dataclasses
 import threading
 from collections.abc import Sequence
 
-from handlers.generation.answers import JSON, Answer, Said, Usage, encode, error_body
+from handlers.generation.answers import JSON, Answer, Said, encode, error_body
 from handlers.generation.fields import Api
 from handlers.generation.logprobs import TokenLogprob
-from handlers.generation.scheduler import Finish
+from handlers.generation.scheduler import NO_USAGE, Finish, Usage
 from handlers.generation.tools import CallStream, ToolCall
 from handlers.replies import Transport
 
@@ -44,7 +44,7 @@ class Responder:
         tools = answer.request.tools
         self.readers = [CallStream(tools) for _ in range(choices)] if tools else []
         self.calls: list[list[ToolCall]] = [[] for _ in range(choices)]
-        self.prompt_tokens = self.completion_tokens = 0
+        self.usage = NO_USAGE  # of the choices ended so far
         self.lock = threading.Lock()
 
     @property
@@ -87,13 +87,11 @@ class Responder:
             self.calls[index].extend(calls)
         return body
 
-    def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int, index: int = 0) -> None:
+    def finish(self, reason: Finish, usage: Usage, index: int = 0) -> None:
         with self.lock:
             self.reasons[index] = reason
-            self.prompt_tokens = prompt_tokens  # the same prompt for every choice, counted once
-            self.completion_tokens += completion_tokens
+            self.usage = usage = self.usage.plus(usage)
             last = len(self.reasons) == len(self.parts)
-            usage = Usage(self.prompt_tokens, self.completion_tokens)
             if self.stream:
                 body = self._read(index, *self.readers[index].close(), ()) if self.readers else b""
                 body += self.answer.finished(reason, index, bool(self.calls[index]))
@@ -125,8 +123,8 @@ class Choice:
     def text(self, delta: str, logprobs: Sequence[TokenLogprob] = ()) -> None:
         self.responder.text(delta, logprobs, self.index)
 
-    def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None:
-        self.responder.finish(reason, prompt_tokens, completion_tokens, self.index)
+    def finish(self, reason: Finish, usage: Usage) -> None:
+        self.responder.finish(reason, usage, self.index)
 
 
 def answer_whole(replies: Transport, request_id: str, payload: dict, grpc: bool) -> None:

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -61,13 +61,50 @@ class Generation:
     constraint: Constraint | None = None  # a grammar every token follows (response_format); None: free text
 
 
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    """What a request's sequences took: the prompt's tokens (counted once for its choices), the
+    tokens generated, and of the tokens prompt lookup drafted for them (lookup.py), those kept and
+    those refused (OpenAI's accepted / rejected_prediction_tokens)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    accepted_drafts: int = 0
+    rejected_drafts: int = 0
+
+    def plus(self, other: Usage) -> Usage:
+        """Two choices of one request: one prompt, their generated and drafted tokens summed."""
+        return Usage(
+            other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.accepted_drafts + other.accepted_drafts,
+            self.rejected_drafts + other.rejected_drafts,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+        if self.accepted_drafts or self.rejected_drafts:
+            body["completion_tokens_details"] = {
+                "accepted_prediction_tokens": self.accepted_drafts,
+                "rejected_prediction_tokens": self.rejected_drafts,
+            }
+        return body
+
+
+NO_USAGE = Usage(0, 0)
+
+
 class Sink(Protocol):
     """Where a sequence's text goes (the handler answers its client from these calls)."""
 
     def text(self, delta: str, logprobs: Sequence[TokenLogprob] = ()) -> None:
         """`logprobs`: of the tokens whose text `delta` releases (when the request asks for them)."""
 
-    def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None: ...
+    def finish(self, reason: Finish, usage: Usage) -> None: ...
 
 
 class Discard:
@@ -76,7 +113,7 @@ class Discard:
     def text(self, delta: str, logprobs: Sequence[TokenLogprob] = ()) -> None:
         pass
 
-    def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None:
+    def finish(self, reason: Finish, usage: Usage) -> None:
         pass
 
 
@@ -96,6 +133,10 @@ class Running:
     key: str = ""  # what Engine.cancel finds it by
     logprobs: list[TokenLogprob] = dataclasses.field(default_factory=list)  # tokens whose text is not yet sent
     matcher: Matcher | None = None  # where it is in its constraint's grammar
+    drafted: int = 0  # tokens prompt lookup drafted for it (engine.py)
+    kept: int = 0  # of them, those it kept
+    draft_at: int = 0  # drafts resume when it has this many tokens (engine.py: after refused drafts)
+    refusals: int = 0  # drafts refused in a row
 
     @property
     def known(self) -> tuple[int, ...]:
@@ -297,4 +338,12 @@ class Scheduler:
         held = [] if sequence.stream.stopped else self._released(sequence)
         if rest or held:
             sequence.sink.text(rest, held)
-        sequence.sink.finish(reason, len(sequence.generation.prompt), len(sequence.tokens))
+        sequence.sink.finish(
+            reason,
+            Usage(
+                len(sequence.generation.prompt),
+                len(sequence.tokens),
+                sequence.kept,
+                sequence.drafted - sequence.kept,
+            ),
+        )

@@ -139,7 +139,7 @@ def test_bundled_plans_are_valid():
     names = {p.stem for p in PLANS.glob("*.yaml")}
     assert with_baseline | {"frontend", "phone"} <= names
     serving = {name for name in names if read_plan(name)[1].get("kind") != GENERATE}
-    assert names - serving == {"generate", "generate-structured"}
+    assert names - serving == {"generate", "generate-lookup", "generate-structured"}
     for name in serving:
         plan = load_plan(name)
         assert plan.rows, name
@@ -219,7 +219,7 @@ def test_plan_errors_name_the_problem(raw, message):
 def test_unknown_plan_lists_choices():
     with pytest.raises(
         PlanError,
-        match="plan 'fast' not found; choose one of: backends, batching, default, frontend, full, generate, generate-structured, lengths, phone, placement, quick, served, tune",
+        match="plan 'fast' not found; choose one of: backends, batching, default, frontend, full, generate, generate-lookup, generate-structured, lengths, phone, placement, quick, served, tune",
     ):
         load_plan("fast")
 

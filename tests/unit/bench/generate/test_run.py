@@ -61,7 +61,8 @@ def test_a_kit_row_is_divided_by_the_peers_rows_at_its_own_precision(tmp_path):
     assert lines["kit inductor-bf16"][3:6] == ["3.00× (3.00–3.00)", "1.50× (1.50–1.50)", ""]
     assert lines["kit inductor-bf16-woq"][3:6] == ["", "0.50× (0.50–0.50)", ""]  # int8 weights: llama.cpp's Q8_0
     assert lines["llama.cpp bf16"][3:6] == lines["fastapi float32"][3:6] == ["", "", ""]  # peers are not divided
-    assert "| peak PSS GB |" in text and lines["kit inductor"][9] == "3.25"  # every row's memory
+    assert "| peak PSS GB |" in text and lines["kit inductor"][10] == "3.25"  # every row's memory
+    assert lines["kit inductor"][9] == ""  # no drafts: the column is empty
     assert (tmp_path / "report.md").read_text() == text
 
 
@@ -102,3 +103,9 @@ def test_a_serving_plan_refuses_a_generate_plans_settings_by_name(capsys):
     assert "--rounds set a generate plan's settings; plan 'quick' is a serving plan" in capsys.readouterr().err
     assert bench_main.main(["--plan", "generate"]) == 2
     assert "give MODELS=lm" in capsys.readouterr().err
+
+
+def test_a_row_with_prompt_lookup_says_the_share_of_drafted_tokens_kept(tmp_path):
+    systems = {"kit inductor copy": system("kit inductor copy", KIT, "float32")}
+    text = report({1: {"kit inductor copy": {**stats(10), "drafts_kept": 0.625}}}, systems, tmp_path, "# header")
+    assert "| drafts kept |" in text and text.splitlines()[-1].split(" | ")[6] == "62%"

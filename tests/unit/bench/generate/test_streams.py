@@ -42,9 +42,10 @@ class Completions(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         time.sleep(FIRST_S)
         piece = (lambda i: {"delta": {"content": f"t{i}"}}) if chat else (lambda i: {"text": f"t{i}"})
-        events = [{"choices": [piece(i)]} for i in range(TOKENS)] + [
-            {"choices": [], "usage": {"completion_tokens": TOKENS}}
-        ]
+        usage = {"completion_tokens": TOKENS}
+        if body["prompt"].endswith("copy"):  # a server that drafted: 3 of its 4 drafted tokens kept
+            usage["completion_tokens_details"] = {"accepted_prediction_tokens": 3, "rejected_prediction_tokens": 1}
+        events = [{"choices": [piece(i)]} for i in range(TOKENS)] + [{"choices": [], "usage": usage}]
         for index, event in enumerate(events):
             data = b"data: " + json.dumps(event).encode() + b"\n\n"
             self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
@@ -98,3 +99,13 @@ def test_a_schema_ask_goes_to_chat_with_its_response_format_and_is_measured_alik
     stats = measure_streams(url, "m", [Ask("hello", TOKENS, {"type": "string"})], concurrency=1, seconds=0.5)
     assert stats.errors == 0 and stats.output_tokens == TOKENS * stats.requests
     assert GAP_S * 1000 <= stats.itl_ms.p50 < 2 * GAP_S * 1000
+
+
+def test_the_drafted_tokens_kept_and_refused_are_what_the_usage_said(url):
+    stats = measure_streams(url, "m", [Ask("copy", TOKENS)], concurrency=1, seconds=0.5)
+    assert (stats.drafts_kept, stats.drafts_refused) == (3 * stats.requests, stats.requests)
+    assert stats.drafts_kept_share == 0.75 and stats.summary().endswith(
+        f"75% of {4 * stats.requests} drafted tokens kept"
+    )
+    plain = measure_streams(url, "m", [Ask("hello", TOKENS)], concurrency=1, seconds=0.3)
+    assert plain.drafts_kept_share is None and "drafted" not in plain.summary()

@@ -120,3 +120,16 @@ def test_completion_logprobs_count_text_offsets_across_chunks():
     assert second["text_offset"] == [2]
     whole = answer.whole([Said("Hello", Finish.STOP, ENTRIES)], Usage(1, 2))["choices"][0]["logprobs"]
     assert whole["tokens"] == ["He", "llo"] and whole["text_offset"] == [0, 2]
+
+
+def test_usage_names_prompt_lookups_kept_and_refused_drafts_as_openai_does():
+    """OpenAI's accepted / rejected_prediction_tokens, only where drafts were made; a request's
+    choices share one prompt and sum the rest."""
+    assert "completion_tokens_details" not in Usage(3, 4).as_dict()
+    both = Usage(3, 4, 2, 5).plus(Usage(3, 6, 1, 0))
+    assert both.as_dict() == {
+        "prompt_tokens": 3,
+        "completion_tokens": 10,
+        "total_tokens": 13,
+        "completion_tokens_details": {"accepted_prediction_tokens": 3, "rejected_prediction_tokens": 5},
+    }

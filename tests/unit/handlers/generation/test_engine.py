@@ -8,9 +8,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from handlers.generation.engine import Engine, prompt_chunk
+from handlers.generation.lookup import PAUSE_MOST
 from handlers.generation.runner import MIN_ROWS
 from handlers.generation.sampling import Sampling
-from handlers.generation.scheduler import Finish, Generation, QueueFull
+from handlers.generation.scheduler import Finish, Generation, QueueFull, Usage
 from tests.hf_models import gpt2_lm, qwen2_lm
 
 FAMILIES = {"qwen2": qwen2_lm, "gpt2": gpt2_lm}
@@ -23,14 +24,14 @@ class Recorder:
         self.parts: list[str] = []
         self.logprobs: list = []
         self.reason: Finish | None = None
-        self.usage: tuple[int, int] | None = None
+        self.usage: Usage | None = None
 
     def text(self, delta: str, logprobs=()) -> None:
         self.parts.append(delta)
         self.logprobs += logprobs
 
-    def finish(self, reason: Finish, prompt_tokens: int, completion_tokens: int) -> None:
-        self.reason, self.usage = reason, (prompt_tokens, completion_tokens)
+    def finish(self, reason: Finish, usage: Usage) -> None:
+        self.reason, self.usage = reason, usage
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
@@ -94,7 +95,7 @@ def test_sequences_joining_mid_generation_each_get_transformers_greedy_answer(lm
     run(eng, sequences, later, after_steps=5)
     for sequence, want, prompt in zip(sequences, expected, ids, strict=True):
         assert sequence.tokens == want
-        assert sequence.sink.reason is Finish.LENGTH and sequence.sink.usage == (len(prompt), new)
+        assert sequence.sink.reason is Finish.LENGTH and sequence.sink.usage == Usage(len(prompt), new)
 
 
 def test_an_end_of_sequence_token_ends_the_answer_without_it(lm):
@@ -533,7 +534,7 @@ def test_prompt_lookup_gives_transformers_greedy_answers_and_keeps_drafts(lm, ch
     while eng.busy:
         eng.step()
     assert [s.tokens for s in sequences] == expected
-    assert all(s.sink.reason is Finish.LENGTH and s.sink.usage[1] == new for s in sequences)
+    assert all(s.sink.reason is Finish.LENGTH and s.sink.usage.completion_tokens == new for s in sequences)
     assert eng.acceptance.drafted > 0
 
 
@@ -553,6 +554,26 @@ def test_kept_drafts_write_several_tokens_a_step(lm):
     # The first drafts come from the prompt (what followed that token there) and are dropped; then
     # the answer's own repeats are kept, up to 5 tokens a step (4 drafted and the next).
     assert eng.acceptance.kept >= 12 and steps <= 1 + 21 // 2, (eng.acceptance, steps)
+    usage = sequence.sink.usage  # what its answer's usage tells the client
+    assert (usage.accepted_drafts, usage.rejected_drafts) == (
+        eng.acceptance.kept,
+        eng.acceptance.drafted - eng.acceptance.kept,
+    )
+
+
+def test_refused_drafts_pause_a_sequences_drafts_longer_each_time(lm):
+    """Free text repeats nothing: after each wholly refused draft the sequence drafts again only
+    2, 4, 8, ... PAUSE_MOST tokens later; a kept draft ends the pause."""
+    model, tokenizer = lm
+    eng = Engine(model, tokenizer.decode, set(), 2, 256, torch.float32, lookup=4)
+    sequence = eng.submit(Generation((1, 2, 3), 200), Recorder())
+    pauses = []
+    for _ in range(7):
+        eng._drafts_kept(sequence, 4, 0)
+        pauses.append(sequence.draft_at - len(sequence.tokens))
+    assert pauses == [2, 4, 8, 16, 32, 32, 32][: len(pauses)] and PAUSE_MOST == 32
+    eng._drafts_kept(sequence, 4, 1)
+    assert sequence.refusals == 0 and (sequence.drafted, sequence.kept) == (32, 1)
 
 
 def test_prompt_lookup_keeps_a_seeded_samples_draws_and_its_logprobs(lm):

@@ -11,7 +11,7 @@ import pytest
 
 from handlers.generation.openvino_engine import SEED_BITS, OpenVinoEngine, Pipeline
 from handlers.generation.sampling import Sampling
-from handlers.generation.scheduler import Finish, Generation, QueueFull
+from handlers.generation.scheduler import Finish, Generation, QueueFull, Usage
 from tests.unit.handlers.generation.test_engine import Recorder
 
 RUNNING, FINISHED, IGNORED = (
@@ -107,7 +107,7 @@ def test_each_token_the_pipeline_gives_is_streamed_and_its_end_of_sequence_ends_
     e.submit(Generation((1, 2, 3), 10), recorder)
     finish(e)
     assert "".join(recorder.parts) == "<5><6><9>"
-    assert recorder.reason is Finish.STOP and recorder.usage == (3, 3)  # the end-of-sequence token is not counted
+    assert recorder.reason is Finish.STOP and recorder.usage == Usage(3, 3)  # the end-of-sequence token is not counted
     assert pipeline.handles[0].cancelled  # its blocks are the next request's
     assert pipeline.asked[0][1:3] == ((1, 2, 3), 10)
 
@@ -118,7 +118,7 @@ def test_ignore_eos_takes_the_end_of_sequence_token_as_any_other_until_max_new_t
     e = engine(pipeline)
     e.submit(Generation((1,), 3, ignore_eos=True), recorder)
     finish(e)
-    assert recorder.reason is Finish.LENGTH and recorder.usage == (1, 3)
+    assert recorder.reason is Finish.LENGTH and recorder.usage == Usage(1, 3)
 
 
 def test_a_stop_string_ends_the_sequence_within_one_read_of_several_tokens():
@@ -128,7 +128,7 @@ def test_a_stop_string_ends_the_sequence_within_one_read_of_several_tokens():
     e.submit(Generation((1,), 10, stop=("<6>",)), recorder)
     finish(e)
     assert "".join(recorder.parts) == "<5>" and recorder.reason is Finish.STOP
-    assert recorder.usage == (1, 2)  # the tokens after the stop string in the same read are not taken
+    assert recorder.usage == Usage(1, 2)  # the tokens after the stop string in the same read are not taken
 
 
 def test_the_pipeline_is_asked_for_at_most_one_token_past_the_positions_the_context_leaves():
@@ -139,7 +139,7 @@ def test_the_pipeline_is_asked_for_at_most_one_token_past_the_positions_the_cont
     e.submit(Generation(tuple(range(10)), 100, ignore_eos=True), recorder)
     finish(e)
     assert pipeline.asked[0][2] == 16 - 10 + 1
-    assert recorder.reason is Finish.LENGTH and recorder.usage == (10, 7)
+    assert recorder.reason is Finish.LENGTH and recorder.usage == Usage(10, 7)
 
 
 def test_a_sequence_the_pipeline_drops_ends_cancelled_and_the_engine_serves_on():
@@ -148,7 +148,7 @@ def test_a_sequence_the_pipeline_drops_ends_cancelled_and_the_engine_serves_on()
     e = engine(pipeline)
     e.submit(Generation((1,), 10), dropped)
     finish(e)
-    assert dropped.reason is Finish.CANCELLED and dropped.usage == (1, 1)
+    assert dropped.reason is Finish.CANCELLED and dropped.usage == Usage(1, 1)
     pipeline.drop_after = None
     e.submit(Generation((1,), 2, ignore_eos=True), next_one)
     finish(e)
@@ -174,7 +174,7 @@ def test_slots_admit_in_order_a_full_queue_refuses_and_a_cancel_frees_a_slot_at_
     assert [asked[1] for asked in pipeline.asked] == [(1,), (2,), (3,)]
     assert e.cancel("b")
     finish(e)
-    assert recorders[2].reason is Finish.LENGTH and recorders[2].usage == (1, 2)
+    assert recorders[2].reason is Finish.LENGTH and recorders[2].usage == Usage(1, 2)
     assert not e.cancel("a")  # ended: nothing to cancel
 
 

@@ -39,7 +39,7 @@ def respond(
         responder.open()
     for delta in deltas:
         responder.text(delta)
-    responder.finish(Finish.LENGTH, 2, len(deltas))
+    responder.finish(Finish.LENGTH, Usage(2, len(deltas)))
     if opened:
         responder.open()  # late, from the reader thread: nothing more
     return replies.frames
@@ -86,9 +86,9 @@ def test_n_choices_stream_interleaved_each_at_its_index_and_end_after_the_last()
     responder.open()
     first.text("a")
     second.text("b")
-    second.finish(Finish.STOP, 2, 1)
+    second.finish(Finish.STOP, Usage(2, 1))
     first.text("c")
-    first.finish(Finish.LENGTH, 2, 2)
+    first.finish(Finish.LENGTH, Usage(2, 2))
     bodies = b"".join(body for body, _, _ in replies.frames)
     events = [json.loads(e.removeprefix(b"data: ")) for e in bodies.split(b"\n\n") if e and e != b"data: [DONE]"]
     choices = [(c["index"], c["delta"].get("content"), c["finish_reason"]) for e in events for c in e["choices"]]
@@ -108,10 +108,10 @@ def test_n_choices_whole_is_one_body_once_the_last_has_ended():
     responder = Responder(replies, "r1", ChatAnswer("r1", "lm", chat(2, False)), False, False, choices=2)
     responder.open()
     responder.choice(1).text("b")
-    responder.choice(1).finish(Finish.STOP, 2, 1)
+    responder.choice(1).finish(Finish.STOP, Usage(2, 1))
     assert [body for body, _, _ in replies.frames] == [b""]  # nothing until the last choice ends
     responder.choice(0).text("a")
-    responder.choice(0).finish(Finish.LENGTH, 2, 3)
+    responder.choice(0).finish(Finish.LENGTH, Usage(2, 3))
     whole = json.loads(replies.frames[-1][0])
     assert [c["message"]["content"] for c in whole["choices"]] == ["a", "b"] and replies.frames[-1][2] is False
     assert whole["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
@@ -146,7 +146,7 @@ def test_a_streamed_answers_calls_come_as_tool_call_deltas_and_it_ends_for_tool_
     responder = Responder(replies, "r1", ChatAnswer("r1", "lm", tool_request(True)), True, False)
     for delta in CALLING:
         responder.text(delta)
-    responder.finish(Finish.STOP, 2, 9)
+    responder.finish(Finish.STOP, Usage(2, 9))
     chunks = [
         json.loads(line[6:])
         for body, _, _ in replies.frames
@@ -168,7 +168,7 @@ def test_a_whole_answers_calls_are_its_messages_tool_calls():
     responder = Responder(replies, "r1", ChatAnswer("r1", "lm", tool_request(False)), False, False)
     for delta in CALLING:
         responder.text(delta)
-    responder.finish(Finish.STOP, 2, 9)
+    responder.finish(Finish.STOP, Usage(2, 9))
     (choice,) = json.loads(replies.frames[-1][0])["choices"]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Checking."
     assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["weather"]
