@@ -175,9 +175,12 @@ bench: install
 
 # Search the layout and write the winner as config/presets/tuned.yaml: `make serve CONFIG=tuned`.
 # A language model among MODELS: its variant and sequences per worker, measured at STREAMS
-# concurrent streams (16), ROUNDS rounds (2) of SECONDS (30) each, within ITL_MS if given.
+# concurrent streams (16), ROUNDS rounds (2) of SECONDS (30) each, within ITL_MS if given; then the
+# winner with and without prompt lookup (LOOKUP drafted tokens, 4; 0: not tried) on WORKLOAD (text;
+# copy: edits of their prompt), lookup served where it paid.
 tune: install
-	@$(PY) -m bench --plan tune --write-preset tuned $(if $(MODELS),--models $(MODELS)) $(if $(STREAMS),--streams $(STREAMS)) $(if $(ITL_MS),--itl-ms $(ITL_MS)) $(if $(ROUNDS),--lm-rounds $(ROUNDS)) $(if $(SECONDS),--lm-seconds $(SECONDS))
+	@$(PY) -m bench --plan tune --write-preset tuned $(if $(MODELS),--models $(MODELS)) $(if $(STREAMS),--streams $(STREAMS)) $(if $(ITL_MS),--itl-ms $(ITL_MS)) $(if $(ROUNDS),--lm-rounds $(ROUNDS)) $(if $(SECONDS),--lm-seconds $(SECONDS)) \
+		$(if $(LOOKUP),--lookup $(LOOKUP)) $(if $(WORKLOAD),--workload $(WORKLOAD))
 
 # Soak at concurrency 8, kill -9 a worker under load, restart on a warm cache: bench/results/soak-<time>/.
 soak: archive

@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     lm.add_argument("--streams", type=int, default=Tuning.streams, help="the concurrent streams to tune for")
     lm.add_argument("--itl-ms", type=float, default=Tuning.itl_ms, help="the ITL p50 the choice must meet (0: none)")
+    lm.add_argument("--lookup", type=int, default=Tuning.lookup, help="prompt lookup's drafts tried (0: not tried)")
+    lm.add_argument("--workload", default=Tuning.workload, help="the traffic measured: text, copy (edits), json_schema")
     lm.add_argument("--lm-rounds", type=int, default=Tuning.rounds)
     lm.add_argument("--lm-seconds", type=float, default=Tuning.seconds, help="per candidate and round")
     lm.add_argument(
@@ -93,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     requested = [m for m in args.models.split(",") if m]
     try:
         check_models(requested)
-        tuning = Tuning(args.streams, args.lm_rounds, args.lm_seconds, args.itl_ms)
+        tuning = Tuning(args.streams, args.lm_rounds, args.lm_seconds, args.itl_ms, args.lookup, args.workload)
     except (SettingsError, ValueError) as error:
         print(f"[bench] ERROR: {error}", file=sys.stderr)
         return 2

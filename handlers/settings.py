@@ -15,7 +15,7 @@ import typing
 
 from handlers.backends import BACKENDS, Backend, BackendTraits, DType, backends_serving, serving_buckets
 from handlers.generation.tools import Syntax
-from handlers.typed_config import SettingsError
+from handlers.typed_config import SettingsError, parse_settings
 
 
 class Architecture(enum.StrEnum):
@@ -330,6 +330,12 @@ class GenerationSettings(OptimizationSettings):
     """A causal language model served many sequences at once (handlers/generation/)."""
 
     transformer: typing.ClassVar[bool] = True
+    # What a preset may serve over the archive's settings (ServeConfig.model_settings): how the
+    # engine schedules and drafts; not what the archive was built with or the memory plan sized
+    # (context_length, max_sequences, dtype, ...).
+    SERVED: typing.ClassVar[frozenset[str]] = frozenset(
+        {"prompt_lookup", "prefill_chunk", "prefix_caching", "max_waiting", "max_new_tokens"}
+    )
 
     architecture: Architecture = Architecture.HF_CAUSAL_LM
     # Tokens a sequence holds, prompt and answer together: the KV cache has this many positions
@@ -393,6 +399,18 @@ class GenerationSettings(OptimizationSettings):
         rate = self.accuracy_min_match_rate
         if rate is not None and not 0 <= rate <= 1:
             raise SettingsError(f"accuracy_min_match_rate must be between 0 and 1 or null, got {rate}")
+
+    @classmethod
+    def served_over(
+        cls, section: typing.Mapping[str, typing.Any] | None, served: typing.Mapping[str, typing.Any]
+    ) -> GenerationSettings:
+        """The settings of a model file's `handler:` section with a preset's served over them;
+        SettingsError naming a served key outside SERVED or a wrong value."""
+        if outside := sorted(set(served) - cls.SERVED):
+            raise SettingsError(
+                f"model_settings cannot serve {outside} over the archive's; it serves {sorted(cls.SERVED)}"
+            )
+        return parse_settings(cls, {**(section or {}), **served})
 
     @property
     def single_worker(self) -> bool:

@@ -5,6 +5,7 @@ passed to its workers through the environment, read once by each worker's `initi
     Diagnostics(profile_requests=20).environment()     # {"KIT_PROFILE_REQUESTS": "20"}
     Diagnostics.from_environment()                     # in the worker
     WorkerDirs.from_environment().stages              # where it writes its stage histograms
+    model_settings_environment({"lm": {"prompt_lookup": 4}}); served_settings("lm")   # {"prompt_lookup": 4}
 
 Torch-free: the kit's serving side imports it too.
 """
@@ -12,9 +13,11 @@ Torch-free: the kit's serving side imports it too.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from handlers.typed_config import SettingsError
 
@@ -26,6 +29,9 @@ STAGES_DIR = "stages"  # in it: each worker's stage histograms
 # Set by kit/pin_worker.py from the plan: the sequences a language model's worker generates at
 # once, fewer than its archive's max_sequences when the memory budget holds no more KV cache.
 PLANNED_SEQUENCES_VAR = "KIT_MAX_SEQUENCES"
+# Set by kit/properties.py from the preset's model_settings: per model, handler settings served
+# over its archive's ({"lm": {"prompt_lookup": 4}}, JSON), the ones a worker reads as it starts.
+MODEL_SETTINGS_VAR = "KIT_MODEL_SETTINGS"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,3 +89,18 @@ def planned_sequences(environ: Mapping[str, str] = os.environ) -> int | None:
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"{PLANNED_SEQUENCES_VAR} must be a number of sequences >= 1, got {raw!r}")
     return int(raw)
+
+
+def model_settings_environment(settings: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """What served_settings reads back in each model's workers (the server sets it for all)."""
+    return (
+        {MODEL_SETTINGS_VAR: json.dumps({model: dict(values) for model, values in settings.items()})}
+        if settings
+        else {}
+    )
+
+
+def served_settings(model: str, environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """The handler settings the server serves `model` with over its archive's; {} when none."""
+    raw = environ.get(MODEL_SETTINGS_VAR)
+    return dict(json.loads(raw).get(model, {})) if raw else {}

@@ -50,8 +50,7 @@ from handlers.payload import URL_PATH, InvalidInput, over_grpc, request_decoded,
 from handlers.replies import Transport
 from handlers.settings import GenerationSettings, Weights
 from handlers.streaming import StreamingHandler
-from handlers.switches import planned_sequences
-from handlers.typed_config import parse_settings
+from handlers.switches import planned_sequences, served_settings
 
 log = logging.getLogger(__name__)
 SERVICE_UNAVAILABLE = 503
@@ -94,7 +93,9 @@ class TextGenerationHandler(StreamingHandler):
         start = time.perf_counter()
         self.model_name = context.model_name
         model_dir = Path(context.system_properties["model_dir"])
-        settings = parse_settings(GenerationSettings, (context.model_yaml_config or {}).get("handler"))
+        # The model file's settings, with what the preset serves over them (make tune's prompt lookup).
+        section = (context.model_yaml_config or {}).get("handler")
+        settings = GenerationSettings.served_over(section, served_settings(self.model_name))
         if (planned := planned_sequences()) is not None:
             # The plan's: the settings' max_sequences or the preset's model_sequences, within memory.
             settings = dataclasses.replace(settings, max_sequences=planned)

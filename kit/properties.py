@@ -13,6 +13,7 @@ import string
 from pathlib import Path
 from typing import Any
 
+from handlers.switches import model_settings_environment
 from kit.itt import collector_environment
 from kit.layout import Allocator, Layout, OmpWaitPolicy
 from kit.paths import CONFIG
@@ -98,6 +99,7 @@ def worker_environment(config: ServeConfig) -> dict[str, str]:
     if config.omp_wait_policy is not OmpWaitPolicy.DEFAULT:
         env["OMP_WAIT_POLICY"] = config.omp_wait_policy.value.upper()
     env.update(config.diagnostics.environment())
+    env.update(model_settings_environment(config.model_settings))
     if config.itt_trace_dir:
         env.update(collector_environment(Path(config.itt_trace_dir)))
     return env

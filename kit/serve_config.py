@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from handlers.settings import GenerationSettings
 from handlers.switches import Diagnostics
 from handlers.typed_config import SettingsError, parse_settings
 from kit.footprint import recorded
@@ -81,6 +82,10 @@ class ServeConfig:
     # settings' max_sequences: what `make tune MODELS=lm` measured best. The memory plan may serve
     # fewer (placement plan only: the plan tells the workers).
     model_sequences: dict[str, int] = dataclasses.field(default_factory=dict, hash=False)
+    # Per language model, handler settings served over its archive's ({lm: {prompt_lookup: 4}}),
+    # those a worker reads as it starts (GenerationSettings.SERVED): what `make tune MODELS=lm`
+    # writes where prompt lookup paid.
+    model_settings: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict, hash=False)
     bind: str = "127.0.0.1"  # inference and metrics APIs
     # The management API can load, scale and delete models: loopback unless asked explicitly.
     management_bind: str = "127.0.0.1"
@@ -153,6 +158,13 @@ class ServeConfig:
             raise ConfigError(f"model_variants names {strangers}, which are not served (models: {list(self.models)})")
         if strangers := sorted(set(self.model_sequences) - set(self.models)):
             raise ConfigError(f"model_sequences names {strangers}, which are not served (models: {list(self.models)})")
+        if strangers := sorted(set(self.model_settings) - set(self.models)):
+            raise ConfigError(f"model_settings names {strangers}, which are not served (models: {list(self.models)})")
+        for model, served in self.model_settings.items():
+            try:
+                GenerationSettings.served_over({}, served)
+            except (SettingsError, TypeError, AttributeError) as error:
+                raise ConfigError(f"model_settings of {model}: {error}") from None
         if wrong := {m: n for m, n in self.model_sequences.items() if type(n) is not int or n < 1}:
             raise ConfigError(f"model_sequences takes a number of sequences >= 1 per model, got {wrong}")
         if self.model_sequences and self.placement is not Placement.PLAN:
@@ -254,9 +266,10 @@ class ServeConfig:
         archive = self.variant_of(model).archive(model)
         footprint = recorded(archive, self.batch_size)
         sequences = served_sequences(model, archive)
+        for field in ("model_sequences", "model_settings"):
+            if model in getattr(self, field) and sequences is None:
+                raise ConfigError(f"{field} names {model!r}, which is not a language model (or has no archive)")
         if model in self.model_sequences:
-            if sequences is None:
-                raise ConfigError(f"model_sequences names {model!r}, which is not a language model (or has no archive)")
             sequences = dataclasses.replace(sequences, most=self.model_sequences[model])
         if sequences and footprint and not footprint.sequences:
             footprint = None  # recorded before the kit counted a language model's sequences: measure again

@@ -16,9 +16,12 @@ plan gave fewer sequences than asked is measured as served, once.
 
 The winner: the most output tokens/s (median over the rounds) among the candidates whose
 inter-token latency p50 meets `itl_ms` (0: no limit); within 3 % of it, the one with fewer
-sequences (less memory, shorter steps). The preset names the model's variant (`model_variants`
-when it differs from the others') and its sequences (`model_sequences`), and says what was
-measured.
+sequences (less memory, shorter steps). Then prompt lookup (handlers/generation/lookup.py): the
+winner with `prompt_lookup` drafts and without, measured again in rotated rounds; lookup is served
+only where it wrote more than 3 % more tokens/s within the ITL limit (its drafts cost compute
+where the answers repeat nothing). The preset names the model's variant (`model_variants` when it
+differs from the others'), its sequences (`model_sequences`) and, where it paid, its prompt lookup
+(`model_settings`), and says what was measured.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.generate.run import WARMUP_S, workload
+from bench.generate.run import WARMUP_S, WORKLOADS
 from bench.generate.streams import StreamStats, measure_streams
 from bench.generate.systems import KIT_VARIANTS, completions_url, kit_variants
 from bench.tune import save_preset
@@ -59,23 +62,33 @@ class Tuning:
     rounds: int = 2
     seconds: float = 30  # per candidate and round
     itl_ms: float = 0  # the inter-token latency p50 the choice must meet; 0: none
+    lookup: int = 4  # prompt lookup's drafted tokens tried on the winner; 0: not tried
+    workload: str = "text"  # the traffic measured (bench/generate/run.py's WORKLOADS): text, copy, ...
 
     def __post_init__(self) -> None:
-        if self.streams < 1 or self.rounds < 1 or self.seconds <= 0 or self.itl_ms < 0:
+        if self.streams < 1 or self.rounds < 1 or self.seconds <= 0 or self.itl_ms < 0 or self.lookup < 0:
             raise ValueError(
-                f"need streams >= 1, rounds >= 1, seconds > 0 and itl_ms >= 0, got {self.streams}, "
-                f"{self.rounds}, {self.seconds}, {self.itl_ms}"
+                f"need streams >= 1, rounds >= 1, seconds > 0, itl_ms >= 0 and lookup >= 0, got {self.streams}, "
+                f"{self.rounds}, {self.seconds}, {self.itl_ms}, {self.lookup}"
             )
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"no workload {self.workload!r}; choose one of {', '.join(WORKLOADS)}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     variant: str
     sequences: int  # asked of the plan: it may serve fewer under a memory budget
+    lookup: int = 0  # prompt lookup's drafted tokens (the preset's model_settings); 0: off
 
     @property
     def name(self) -> str:
-        return f"{self.variant} x{self.sequences}"
+        return f"{self.variant} x{self.sequences}" + (f" lookup {self.lookup}" if self.lookup else "")
+
+    @property
+    def settings(self) -> dict[str, int]:
+        """What the preset serves over the archive's settings (ServeConfig.model_settings)."""
+        return {"prompt_lookup": self.lookup} if self.lookup else {}
 
 
 @dataclasses.dataclass
@@ -105,8 +118,9 @@ class Measured:
     def summary(self) -> str:
         if not self.usable:
             return f"{self.candidate.name}: out ({self.failure or 'requests failed'})"
+        lookup = f", prompt lookup {self.candidate.lookup}" if self.candidate.lookup else ""
         return (
-            f"{self.candidate.variant} x{self.served} sequences: {self.tokens_per_s:.1f} tokens/s, "
+            f"{self.candidate.variant} x{self.served} sequences{lookup}: {self.tokens_per_s:.1f} tokens/s, "
             f"ITL p50 {self.itl_ms:.0f} ms, TTFT p50 {self.ttft_ms:.0f} ms"
         )
 
@@ -148,10 +162,26 @@ def choose(measured: list[Measured], itl_ms: float) -> tuple[Measured, str]:
     return winner, why
 
 
+def choose_lookup(plain: Measured, drafting: Measured, itl_ms: float) -> tuple[Measured, str]:
+    """The winner measured again without and with prompt lookup: lookup where it paid."""
+    if not drafting.usable:
+        return plain, f"prompt lookup not served: {drafting.summary()}"
+    if itl_ms and drafting.itl_ms > itl_ms:
+        return plain, f"prompt lookup not served: ITL p50 {drafting.itl_ms:.0f} ms > {itl_ms:.0f} ms"
+    gain = drafting.tokens_per_s / plain.tokens_per_s - 1 if plain.usable and plain.tokens_per_s else float("inf")
+    if gain <= TIE:
+        return plain, f"prompt lookup not served: {gain:+.0%} tokens/s (it pays above +{TIE:.0%})"
+    return drafting, f"prompt lookup served: {gain:+.0%} tokens/s"
+
+
 def config_of(model: Model, candidate: Candidate) -> ServeConfig:
     # The optimized preset as `make serve` starts it, with the candidate's variant and sequences.
     return ServeConfig.from_preset(
-        "optimized", variant=candidate.variant, models=[model.name], model_sequences={model.name: candidate.sequences}
+        "optimized",
+        variant=candidate.variant,
+        models=[model.name],
+        model_sequences={model.name: candidate.sequences},
+        model_settings={model.name: candidate.settings} if candidate.settings else {},
     )
 
 
@@ -167,7 +197,7 @@ def measure_once(model: Model, entry: Measured, tuning: Tuning, run_dir: Path) -
     try:
         entry.served = server.layout.models[model.name].sequences
         url = completions_url(server, model.name)
-        asks = workload()
+        asks = WORKLOADS[tuning.workload]()
         log(
             f"{entry.candidate.name}: started in {time.monotonic() - started:.0f} s, {entry.served} sequences; measuring"
         )
@@ -187,7 +217,11 @@ def skip_reason(model: Model, entry: Measured, measured: list[Measured]) -> str:
     except PlanError as error:
         return f"the memory plan refuses it: {error}"
     same = [
-        m for m in measured if m is not entry and m.candidate.variant == entry.candidate.variant and m.served == planned
+        m
+        for m in measured
+        if m is not entry
+        and (m.candidate.variant, m.candidate.lookup) == (entry.candidate.variant, entry.candidate.lookup)
+        and m.served == planned
     ]
     return f"the memory plan serves {planned} sequences, as {same[0].candidate.name}" if same else ""
 
@@ -201,6 +235,12 @@ def measure_candidates(
     if subprocess.run(build, cwd=ROOT).returncode != 0:
         raise ValueError(f"building the {variants} archives of {model.name} failed (output above)")
     measured = [Measured(c, model.name) for c in candidates(variants, tuning.streams)]
+    measure_rounds(model, measured, tuning, run_dir)
+    return measured
+
+
+def measure_rounds(model: Model, measured: list[Measured], tuning: Tuning, run_dir: Path) -> None:
+    """`tuning.rounds` rounds of every entry, each in a rotated order."""
     for round_ in range(tuning.rounds):
         shift = round_ % len(measured)
         for entry in measured[shift:] + measured[:shift]:
@@ -209,10 +249,17 @@ def measure_candidates(
             if entry.failure:
                 continue
             log(f"round {round_ + 1}/{tuning.rounds}: {entry.candidate.name}")
-            measure_once(
-                model, entry, tuning, run_dir / f"{entry.candidate.variant}-{entry.candidate.sequences}-r{round_}"
-            )
-    return measured
+            candidate = entry.candidate
+            lookup = f"-lookup{candidate.lookup}" if candidate.lookup else ""
+            measure_once(model, entry, tuning, run_dir / f"{candidate.variant}-{candidate.sequences}{lookup}-r{round_}")
+
+
+def measure_lookup(model: Model, winner: Measured, tuning: Tuning, run_dir: Path) -> tuple[Measured, Measured]:
+    """The winner without and with prompt lookup, measured again in the same rounds."""
+    asked = winner.candidate
+    pair = [Measured(asked, model.name), Measured(dataclasses.replace(asked, lookup=tuning.lookup), model.name)]
+    measure_rounds(model, pair, tuning, run_dir / "lookup")
+    return pair[0], pair[1]
 
 
 def write_lm_preset(name: str, chosen: list[tuple[Measured, str]], base: dict | None) -> Path:
@@ -224,13 +271,17 @@ def write_lm_preset(name: str, chosen: list[tuple[Measured, str]], base: dict | 
     if base is None:
         layout["variant"] = chosen[0][0].candidate.variant
     variants, sequences = dict(layout.get("model_variants") or {}), dict(layout.get("model_sequences") or {})
+    settings = dict(layout.get("model_settings") or {})
     for entry, _ in chosen:
         models.append(entry.model)
         if entry.candidate.variant != Variant.load(layout.get("variant", ServeConfig.variant)).name:
             variants[entry.model] = entry.candidate.variant
         sequences[entry.model] = entry.served
+        if entry.candidate.settings:
+            settings[entry.model] = entry.candidate.settings
     layout = {"models": sorted(set(models)), **{k: v for k, v in layout.items() if k != "models"}}
     layout.update(({"model_variants": variants} if variants else {}), model_sequences=sequences)
+    layout.update({"model_settings": settings} if settings else {})
     header = "".join(f"# Written by `make tune` for {e.model}: {e.summary()}; {why}\n" for e, why in chosen)
     return save_preset(name, layout, header, keep_header=base is not None)
 
@@ -246,7 +297,14 @@ def tune_models(
             measured = measure_candidates(Model.load(name), tuning, out_dir / name, variants)
             for entry in measured:
                 log(entry.summary())
-            chosen.append(choose(measured, tuning.itl_ms))
+            winner, why = choose(measured, tuning.itl_ms)
+            if tuning.lookup:
+                plain, drafting = measure_lookup(Model.load(name), winner, tuning, out_dir / name)
+                for entry in (plain, drafting):
+                    log(entry.summary())
+                winner, lookup_why = choose_lookup(plain, drafting, tuning.itl_ms)
+                why = f"{why}; {lookup_why}"
+            chosen.append((winner, why))
         except ValueError as error:
             log(f"ERROR: no preset written: {name}: {error}")
             return 1

@@ -54,6 +54,7 @@ MAKERS = {QWEN: qwen2_lm, GPT2: gpt2_lm}
 VARIANTS = ("eager", "inductor", "openvino")
 CHUNK = 32
 LOOKUP = 4  # Qwen's prompt lookup: draft tokens a step
+DRAFTED = {QWEN: {"prompt_lookup": LOOKUP}}  # served over its archive's settings (a preset's model_settings)
 PROMPTS = [
     "The committee postponed the expansion",
     "A quick brown fox",
@@ -84,11 +85,11 @@ def sources(tmp_path_factory):
             assert "task: text-generation" in model_file(name).read_text()  # inferred from architectures
             assert (source / "config.json").is_file(), f"building the archive deleted {source}"
         # Qwen's prompts are computed CHUNK tokens a step (chunked prefill; the longest prompt here
-        # in 7 parts) while the other streams advance, over continuousBatching, and its answers
-        # are drafted by prompt lookup (every answer below must still be transformers'); GPT-2's
-        # prompts whole (prefill_chunk 0), over asyncCommunication, without lookup.
+        # in 7 parts) while the other streams advance, over continuousBatching, and the servers
+        # below draft its answers by prompt lookup (DRAFTED: every answer must still be
+        # transformers'); GPT-2's prompts whole (prefill_chunk 0), over asyncCommunication.
         for name, settings in (
-            (QWEN, {"prefill_chunk": CHUNK, "batching": "continuous", "prompt_lookup": LOOKUP}),
+            (QWEN, {"prefill_chunk": CHUNK, "batching": "continuous"}),
             (GPT2, {"prefill_chunk": 0, "batching": "async"}),
         ):
             document = yaml.safe_load(model_file(name).read_text())
@@ -168,7 +169,9 @@ def references(sources) -> dict[str, Reference]:
 
 @pytest.fixture(scope="module", params=VARIANTS)
 def server(request, sources, tmp_path_factory):
-    config = ServeConfig.from_preset("optimized", variant=request.param, models=list(MAKERS), cpus=one_cpu())
+    config = ServeConfig.from_preset(
+        "optimized", variant=request.param, models=list(MAKERS), cpus=one_cpu(), model_settings=DRAFTED
+    )
     server = start_server(tmp_path_factory.mktemp(request.param), config)
     yield server
     server.stop()
@@ -210,6 +213,21 @@ def test_greedy_answers_equal_transformers_token_for_token_whole_and_streamed(se
     assert bare.status_code == 200 and bare.json()["usage"]["prompt_tokens"] == len(
         reference.tokenizer(PROMPTS[0])["input_ids"]
     )
+
+
+def test_an_answers_usage_says_what_prompt_lookup_drafted_for_it(server, references):
+    """OpenAI's accepted / rejected_prediction_tokens, where the model's engine drafted (Qwen, served
+    with prompt lookup on the kit's engine); absent where nothing was drafted."""
+    prompt = "one two three four one two three four one two three four one two three"
+    for model in sorted(MAKERS):
+        answer = generate(server, model, {"prompt": prompt, "max_tokens": 24}, "v1/completions").json()
+        assert answer["choices"][0]["text"] == references[model].prompt(prompt)[0]
+        details = answer["usage"].get("completion_tokens_details")
+        if model == QWEN and server.config.variant.name != "openvino":
+            kept, refused = details["accepted_prediction_tokens"], details["rejected_prediction_tokens"]
+            assert kept + refused >= LOOKUP and kept <= answer["usage"]["completion_tokens"], details
+        else:
+            assert details is None, f"{model} drafted nothing, yet its usage says {details}"
 
 
 def test_requests_generated_together_each_get_their_solo_answer(server, references):
@@ -694,6 +712,7 @@ def test_no_request_waited_for_the_compiler(server):
     # The kit's engine drafts (the prompts above repeat themselves); OpenVINO's pipeline says it does not.
     lookup = 0 if server.config.variant.name == "openvino" else LOOKUP
     assert re.search(rf"{QWEN} ready: .* prompt_lookup={lookup} ", log), "the READY line does not say the lookup"
+    assert re.search(rf"{GPT2} ready: .* prompt_lookup=0 ", log), "model_settings reached a model it does not name"
     if server.config.variant.name == "inductor":
         # Two graphs (a decode step; a prompt's part with decode rows): each more is compiled at
         # every start, a graph of a real-size model's some 40 s on 2 cores.
@@ -965,11 +984,18 @@ def test_make_tune_measures_each_number_of_sequences_and_its_preset_serves_the_c
         config = ServeConfig.from_preset(name)
         assert config.models == (QWEN,) and config.variant.name == "eager"
         chosen = config.model_sequences[QWEN]
-        assert f"[tune] {QWEN}: eager x{chosen} sequences:" in done.stdout
+        assert f"[tune] {QWEN}: eager x{chosen} sequences" in done.stdout
+        # The winner again, without and with prompt lookup: served only where it paid, said either way.
+        drafted = tmp_path / "tune" / QWEN / "lookup" / f"eager-{chosen}-lookup4-r0" / "model_log.log"
+        assert " prompt_lookup=4 " in drafted.read_text(errors="replace")
+        assert re.search(rf"\[tune\] eager x{chosen} sequences, prompt lookup 4: [\d.]+ tokens/s", done.stdout)
+        served = config.model_settings.get(QWEN, {}).get("prompt_lookup", 0)
+        assert ("prompt lookup served" if served else "prompt lookup not served") in done.stdout
         server = start_server(tmp_path / "tuned", dataclasses.replace(config, cpus=one_cpu()))
         try:
             log = server.logs.model_log.read_text(errors="replace")
             assert f"{QWEN} ready: backend=eager dtype=float32 sequences={chosen} " in log
+            assert f" prompt_lookup={served} " in log
             text, _ = references[QWEN].prompt(PROMPTS[0])
             assert generate(server, QWEN, {"prompt": PROMPTS[0], "max_new_tokens": 24}).json()["text"] == text
         finally:

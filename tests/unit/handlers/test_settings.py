@@ -90,6 +90,16 @@ def test_a_generative_models_settings_refuse_what_it_cannot_serve(key, value, me
         parse_settings(GenerationSettings, {key: value})
 
 
+def test_a_preset_serves_scheduling_settings_over_the_archives_and_nothing_it_was_built_with():
+    """ServeConfig.model_settings (make tune's prompt lookup) over the model file's `handler:`."""
+    section = {"prompt_lookup": 2, "context_length": 512}
+    served = GenerationSettings.served_over(section, {"prompt_lookup": 4, "prefill_chunk": 64})
+    assert (served.prompt_lookup, served.prefill_chunk, served.context_length) == (4, 64, 512)
+    assert GenerationSettings.served_over(section, {}) == parse_settings(GenerationSettings, section)
+    with pytest.raises(SettingsError, match=re.escape("cannot serve ['context_length', 'dtype'] over the archive's")):
+        GenerationSettings.served_over(section, {"context_length": 64, "dtype": "bfloat16"})
+
+
 @pytest.mark.parametrize(("given", "chunk"), [({}, 256), ({"prefill_chunk": None}, None), ({"prefill_chunk": 0}, 0)])
 def test_a_prefill_chunk_is_256_by_default_null_to_measure_it_0_for_whole_prompts(given, chunk):
     assert parse_settings(GenerationSettings, given).prefill_chunk == chunk

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from handlers.switches import Diagnostics
+from handlers.switches import Diagnostics, served_settings
 from handlers.typed_config import SettingsError, parse_settings
 from kit import serve_config
 from kit.layout import Sequences
@@ -218,6 +218,13 @@ def test_models_of_different_variants_get_their_archives_and_allocators():
             {"model_sequences": {"bert": 4}, "placement": "launcher", "workers": 1, "threads": 1},
             "model_sequences needs placement: plan",
         ),
+        ({"model_settings": {"vit": {"prompt_lookup": 4}}}, r"model_settings names \['vit'\], which are not served"),
+        ({"model_settings": {"bert": {"context_length": 64}}}, r"cannot serve \['context_length'\] over the archive's"),
+        (
+            {"model_settings": {"bert": {"prompt_lookup": -1}}},
+            "model_settings of bert: prompt_lookup must be 0 or more",
+        ),
+        ({"model_settings": {"bert": 4}}, "model_settings.bert must be a mapping"),
     ],
 )
 def test_per_model_settings_errors_name_the_problem(overrides, message):
@@ -236,6 +243,28 @@ def test_a_presets_model_sequences_replace_the_archives_and_name_only_language_m
     assert parse_settings(ServeConfig, json.loads(json.dumps(config.to_dict()))) == config
     wrong = ServeConfig.from_preset("optimized", models=["resnet50"], model_sequences={"resnet50": 4})
     with pytest.raises(ConfigError, match="model_sequences names 'resnet50', which is not a language model"):
+        wrong.demand("resnet50")
+
+
+def test_a_presets_model_settings_reach_its_workers_for_language_models_only(monkeypatch):
+    """What `make tune MODELS=lm` writes where prompt lookup paid: in every worker's environment,
+    read back by the model's own (handlers/switches.py); a model that is no language model is refused."""
+    monkeypatch.setattr(
+        serve_config, "served_sequences", lambda model, archive: Sequences(2**20, 8) if model == "bert" else None
+    )
+    config = ServeConfig.from_preset(
+        "optimized", models=["bert", "resnet50"], model_settings={"bert": {"prompt_lookup": 4}}
+    )
+    environment = worker_environment(config)
+    assert (
+        served_settings("bert", environment) == {"prompt_lookup": 4} and served_settings("resnet50", environment) == {}
+    )
+    assert (
+        config.demand("bert").sequences
+        and parse_settings(ServeConfig, json.loads(json.dumps(config.to_dict()))) == config
+    )
+    wrong = ServeConfig.from_preset("optimized", models=["resnet50"], model_settings={"resnet50": {"prompt_lookup": 4}})
+    with pytest.raises(ConfigError, match="model_settings names 'resnet50', which is not a language model"):
         wrong.demand("resnet50")
 
 

@@ -8,7 +8,7 @@ import yaml
 from bench import tune
 from bench.generate import tune as tune_lm
 from bench.generate.streams import Spread, StreamStats
-from bench.generate.tune import Candidate, Measured, Tuning, choose, sequence_choices, write_lm_preset
+from bench.generate.tune import Candidate, Measured, Tuning, choose, choose_lookup, sequence_choices, write_lm_preset
 from kit import serve_config
 from kit.layout import Sequences
 from kit.serve_config import ServeConfig
@@ -62,9 +62,9 @@ def test_candidates_with_errors_or_that_did_not_start_cannot_win_and_none_left_i
         choose(rows[:2], itl_ms=0)
 
 
-@pytest.mark.parametrize("fields", [{"streams": 0}, {"rounds": 0}, {"seconds": 0}, {"itl_ms": -1}])
+@pytest.mark.parametrize("fields", [{"streams": 0}, {"rounds": 0}, {"seconds": 0}, {"itl_ms": -1}, {"lookup": -1}])
 def test_tuning_refuses_what_cannot_be_measured(fields):
-    with pytest.raises(ValueError, match="need streams >= 1, rounds >= 1, seconds > 0 and itl_ms >= 0"):
+    with pytest.raises(ValueError, match="need streams >= 1, rounds >= 1, seconds > 0, itl_ms >= 0 and lookup >= 0"):
         Tuning(**fields)
 
 
@@ -131,3 +131,34 @@ def test_a_candidate_the_memory_plan_cuts_to_one_measured_already_or_refuses_is_
 
     monkeypatch.setattr(tune_lm, "config_of", refusing)
     assert tune_lm.skip_reason(model, rows[0], rows) == "the memory plan refuses it: 1.0 GiB of memory holds no worker"
+
+
+def test_prompt_lookup_is_served_only_where_it_wrote_more_tokens_within_the_itl_limit():
+    plain = measured("inductor", 8, [20.0, 21.0])
+    drafting = Measured(
+        Candidate("inductor", 8, lookup=4), "lm", served=8, runs=measured("inductor", 8, [24.0, 25.0]).runs
+    )
+    winner, why = choose_lookup(plain, drafting, itl_ms=0)
+    assert winner is drafting and why == "prompt lookup served: +20% tokens/s"
+    assert choose_lookup(plain, drafting, itl_ms=40)[1] == "prompt lookup not served: ITL p50 50 ms > 40 ms"
+    level = Measured(drafting.candidate, "lm", served=8, runs=measured("inductor", 8, [20.5]).runs)
+    winner, why = choose_lookup(plain, level, itl_ms=0)
+    assert winner is plain and why == "prompt lookup not served: +0% tokens/s (it pays above +3%)"
+    failed = Measured(drafting.candidate, "lm", failure="did not start")
+    assert choose_lookup(plain, failed, itl_ms=0)[0] is plain
+
+
+def test_a_preset_serves_prompt_lookup_where_it_paid(presets):
+    drafting = Measured(Candidate("inductor", 8, lookup=4), "lm", served=8, runs=measured("inductor", 8, [20.0]).runs)
+    path = write_lm_preset("tuned", [(drafting, "prompt lookup served: +19% tokens/s")], None)
+    assert yaml.safe_load(path.read_text())["model_settings"] == {"lm": {"prompt_lookup": 4}}
+    assert "prompt lookup 4" in path.read_text().splitlines()[0]
+    assert ServeConfig.from_preset(str(path)).model_settings == {"lm": {"prompt_lookup": 4}}
+    plain = write_lm_preset("plain", [(measured("inductor", 8, [20.0]), "the most tokens/s")], None)
+    assert "model_settings" not in yaml.safe_load(plain.read_text())
+
+
+def test_tuning_measures_a_workload_the_bench_has():
+    assert Tuning(workload="copy").workload == "copy"
+    with pytest.raises(ValueError, match="no workload 'chat'; choose one of text, json_schema, copy"):
+        Tuning(workload="chat")
