@@ -22,7 +22,7 @@ from bench.results import RowFailure, RowResult
 from kit.paths import CONFIG, STORE
 from kit.properties import render
 from kit.serve_config import PRESETS, Placement, ServeConfig
-from kit.server import link_store
+from kit.server_state import link_store
 from kit.topology import read_topology
 from kit.variant import Variant
 

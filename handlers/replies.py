@@ -1,5 +1,5 @@
 """Answer frames a language model's handler writes to the frontend itself, over one of TorchServe
-0.12's two generative protocols (the model file's `batching`, handlers/settings.py).
+0.12's two generative protocols (the model file's `batching`, handlers/generation/settings.py).
 
     replies = Replies(socket)                                       # asyncCommunication
     replies.send(request_id, b"chunk", "text/plain", more=True)     # one piece of a stream

@@ -42,13 +42,14 @@ from handlers.generation.respond import Responder, answer_whole, refuse
 from handlers.generation.runner import SPAN_STEP
 from handlers.generation.sampling import Sampling
 from handlers.generation.scheduler import Discard, Generation, QueueFull
+from handlers.generation.settings import GenerationSettings
 from handlers.generation.tools import detect
 from handlers.generation.weights import own_memory, weight_parts
 from handlers.loaders import load_model
 from handlers.optimize import RecompileWatch, fx_graph_cache_counts, graphs_compiled
 from handlers.payload import URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
 from handlers.replies import Transport
-from handlers.settings import GenerationSettings, Weights
+from handlers.settings import Weights
 from handlers.streaming import StreamingHandler
 from handlers.switches import planned_sequences, served_settings
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from handlers.settings import GenerationSettings
+from handlers.generation.settings import GenerationSettings
 from handlers.typed_config import parse_settings
 from kit.layout import Sequences
 from kit.models import Model, Task, model_file

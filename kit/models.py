@@ -31,7 +31,8 @@ from typing import Any
 
 import yaml
 
-from handlers.settings import GenerationSettings, ImageSettings, OptimizationSettings, TensorSettings, TextSettings
+from handlers.generation.settings import GenerationSettings
+from handlers.settings import ImageSettings, OptimizationSettings, TensorSettings, TextSettings
 from handlers.typed_config import SettingsError, parse_settings
 from kit.layout import Grouping, OmpWaitPolicy
 from kit.paths import CONFIG, ROOT

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from handlers.settings import GenerationSettings
+from handlers.generation.settings import GenerationSettings
 from handlers.switches import Diagnostics
 from handlers.typed_config import SettingsError, parse_settings
 from kit.footprint import recorded

@@ -13,10 +13,8 @@ process group this instance started.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -28,7 +26,6 @@ import requests
 
 from handlers.stages import Histogram, Stage, merge, read_stage_files
 from handlers.switches import STAGES_DIR
-from handlers.typed_config import parse_settings
 from kit import openai_router
 from kit.footprint import measure, record
 from kit.kv_cache import served_sequences
@@ -42,9 +39,9 @@ from kit.properties import render
 from kit.serve_config import Placement, ServeConfig, free_ports_config
 from kit.server_api import ServerApi
 from kit.server_logs import OomWatch, RunLogs, wait_until_unchanged
+from kit.server_state import STATE_FILE, ServerState, link_store
 from kit.topology import read_topology
 
-STATE_FILE = "server.json"
 # Cold Inductor compiles of every worker on a few cores; a Kubernetes startupProbe allows as long.
 START_DEADLINE_S = STARTUP_TIMEOUT_S
 # TorchServe's CPU launcher: with placement launcher it stays as every worker's parent.
@@ -58,53 +55,6 @@ class ServerError(RuntimeError):
 
 class PortTakenError(ServerError, PortInUseError):
     """TorchServe exited at start because a port it was given was taken (start_ready retries)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ServerState:
-    """What `start` leaves in the run directory for a later `stop` or `status` (server.json)."""
-
-    pid: int
-    config: ServeConfig
-    model_store: Path
-    layout: Layout | None
-    oom: OomWatch
-    router_pid: int | None = None  # the OpenAI router's (kit/openai_router.py), if one runs
-
-    def save(self, run_dir: Path) -> None:
-        state = {
-            "pid": self.pid,
-            "config": self.config.to_dict(),
-            "model_store": str(self.model_store),
-            "layout": self.layout.to_dict() if self.layout else None,
-            "cgroup": self.oom.cgroup,
-            "oom_kills_at_start": self.oom.kills_at_start,
-            "router_pid": self.router_pid,
-        }
-        (run_dir / STATE_FILE).write_text(json.dumps(state, indent=2))
-
-    @classmethod
-    def load(cls, run_dir: Path) -> ServerState | None:
-        state_file = run_dir / STATE_FILE
-        if not state_file.is_file():
-            return None
-        state = json.loads(state_file.read_text())
-        layout = Layout.from_dict(state["layout"]) if state.get("layout") else None
-        oom = OomWatch(state.get("cgroup"), state.get("oom_kills_at_start"))
-        config = parse_settings(ServeConfig, state["config"])
-        return cls(state["pid"], config, Path(state["model_store"]), layout, oom, state.get("router_pid"))
-
-
-def link_store(archives: dict[str, Path], store: Path) -> None:
-    """One directory holding each model's archive (TorchServe loads from one store): hard links,
-    which stay inside the store's path as TorchServe resolves it, or copies across file systems."""
-    shutil.rmtree(store, ignore_errors=True)
-    store.mkdir(parents=True)
-    for model, archive in archives.items():
-        try:
-            os.link(archive, store / f"{model}.mar")
-        except OSError:
-            shutil.copy2(archive, store / f"{model}.mar")
 
 
 class Server:

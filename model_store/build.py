@@ -127,7 +127,8 @@ def export_language_model(handler_config: dict, staging: Path, label: str) -> No
     from handlers.backends import Backend, cpu_refusal
     from handlers.generation import agreement, openvino_engine
     from handlers.loaders import load_model
-    from handlers.settings import GenerationSettings, Weights
+    from handlers.generation.settings import GenerationSettings
+    from handlers.settings import Weights
     from handlers.typed_config import parse_settings
     from model_store import openvino_lm
 

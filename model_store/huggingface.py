@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from handlers.settings import Architecture, Fit, GenerationSettings, Pooling, Resample, TextSettings
+from handlers.generation.settings import GenerationSettings
+from handlers.settings import Architecture, Fit, Pooling, Resample, TextSettings
 from handlers.typed_config import SettingsError
 from handlers.text import ENCODING_FIELDS, TOKENIZER_FILE
 from kit.models import TASKS, Task

@@ -18,7 +18,7 @@ import requests
 from bench.generate import llama_cpp, openvino_genai
 from bench.generate.completions import HEALTH_PATH, HOST
 from handlers.backends import Backend, DType
-from handlers.settings import GenerationSettings
+from handlers.generation.settings import GenerationSettings
 from kit.kv_cache import archive_settings
 from kit.models import Model
 from kit.paths import ROOT, process_environment

@@ -1,5 +1,6 @@
 """Generative text: a causal language model served many sequences at once (continuous batching).
 
+settings.py   its handler settings (the model file's `handler:`), and what a preset serves over them
 cache.py      the KV cache: one row per sequence slot, allocated once
 engine.py     the scheduler thread: admit, prefill, decode every active slot per step
 openvino_engine.py  the same scheduling, the steps computed by OpenVINO GenAI's pipeline
@@ -11,4 +12,5 @@ fields.py     every field a body may hold: read, taken where it asks for nothing
 grammar.py    response_format as a token mask (llguidance)
 tools.py      tool calling: tools shown through the template, calls read from the answer
 logprobs.py   a token's log-probability and its alternatives
+lookup.py     prompt lookup: drafts guessed from a sequence's own text, checked in one forward
 """

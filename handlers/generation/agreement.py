@@ -28,8 +28,9 @@ from torch import nn
 from handlers.accuracy import AccuracyError
 from handlers.backends import DType
 from handlers.calibration import SENTENCES
+from handlers.generation.settings import GenerationSettings
 from handlers.samples import UserSamples
-from handlers.settings import GenerationSettings, Weights
+from handlers.settings import Weights
 
 
 def judged_tokens(settings: GenerationSettings) -> int:

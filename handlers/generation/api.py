@@ -33,7 +33,7 @@ MAX_CHOICES = 16  # n: each choice a sequence of its own, in the same slots as e
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """What the model and its worker allow a request (handlers/settings.py GenerationSettings)."""
+    """What the model and its worker allow a request (handlers/generation/settings.py)."""
 
     context: int
     max_new_tokens: int

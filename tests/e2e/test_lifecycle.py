@@ -9,7 +9,8 @@ import pytest
 import requests
 
 from kit.serve_config import ServeConfig
-from kit.server import STATE_FILE, ServerError
+from kit.server import ServerError
+from kit.server_state import STATE_FILE
 from tests.e2e.conftest import start_server
 
 pytestmark = pytest.mark.e2e

@@ -15,8 +15,9 @@ from bench.cpu_accounting import per_request_ms
 from bench.metrics import parse_prometheus, server_latency, worker_load_seconds
 from bench.payloads import DEFAULT_PAYLOAD
 from bench.plan import PLANS, Peer, PlanError, Runtime, load_plan, parse_plan
-from bench.report import check_targets, write_report
+from bench.report import write_report
 from bench.results import BenchRun, InProcessResult, RowResult, RunEnvironment, add_derived
+from bench.targets import check_targets
 from handlers.backends import DType
 from kit.models import Model
 from kit.topology import parse_topology

@@ -36,7 +36,7 @@ def test_every_backend_has_traits_and_a_builder(backend):
 
 
 def test_a_language_models_backends_each_name_an_engine_the_handler_makes():
-    from handlers.settings import GENERATION_BACKENDS
+    from handlers.generation.settings import GENERATION_BACKENDS
     from handlers.text_generation import TextGenerationHandler
 
     engines = {b: t.generation_engine for b, t in BACKENDS.items() if t.generation_engine}

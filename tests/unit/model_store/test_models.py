@@ -309,7 +309,7 @@ def test_a_language_models_task_and_context_come_from_its_directory(registry, tm
 
 
 def test_a_language_model_is_served_by_the_backends_and_dtypes_that_serve_it():
-    from handlers.settings import GenerationSettings
+    from handlers.generation.settings import GenerationSettings
 
     assert parse_settings(GenerationSettings, {"backend": "inductor", "dtype": "bfloat16"}).max_sequences == 16
     assert parse_settings(GenerationSettings, {"backend": "openvino", "weights": "int8"}).precision == (

@@ -16,7 +16,8 @@ from handlers.generation import agreement
 from handlers.generation.agreement import Agreement, AgreementLimits, Reference, measure, require
 from handlers.generation.packed_linear import can_pack, pack_linears
 from handlers.generation.quantized import int8_weights
-from handlers.settings import GenerationSettings, Weights
+from handlers.generation.settings import GenerationSettings
+from handlers.settings import Weights
 from tests.hf_models import gpt2_lm, qwen2_lm
 
 MAKERS = {"qwen2": qwen2_lm, "gpt2": gpt2_lm}
