@@ -2,7 +2,7 @@
 and the one model store it serves from.
 
     ServerState(pid, config, store, layout, oom).save(run_dir); ServerState.load(run_dir)
-    link_store({"bert": Path("model_store/inductor/bert.mar")}, run_dir / "model_store")
+    link_store({name: Variant.load("inductor").archive(name)}, run_dir / "model_store")
 """
 
 from __future__ import annotations

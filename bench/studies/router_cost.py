@@ -1,9 +1,10 @@
 """What the OpenAI router (kit/openai_router.py) costs a request: why it has a port of its own
 rather than standing in front of TorchServe's inference port (`make bench-router`).
 
-    .venv/bin/python -m bench.studies.router_cost [--models minilm] [--rounds 3] [--requests 300]
+    .venv/bin/python -m bench.studies.router_cost [--models NAME] [--rounds 3] [--requests 300]
 
-One server as `make serve` starts it, serving an embedder; in each round, in turns, `--requests`
+One server as `make serve` starts it, serving an embedder (--models, else the first of
+config/models/ whose task is feature-extraction); in each round, in turns, `--requests`
 sequential embeddings asked at the model's own path (`/predictions/<model>/1.0/v1/embeddings`)
 and through the router (`:openai_port/v1/embeddings`), the same body. Per request: the wall time
 and the router process's CPU time (user + system, from /proc). A proxy in front of the inference
@@ -24,6 +25,7 @@ import psutil
 import requests
 
 from bench.results import RESULTS, RunEnvironment
+from kit.models import Model, Task, model_names
 from kit.serve_config import ServeConfig
 from kit.server import start_ready
 from kit.server_state import ServerState
@@ -70,11 +72,15 @@ def table(turns: list[Turn], header: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="minilm", help="an embedder (feature-extraction model)")
+    parser.add_argument("--models", default="", help="an embedder (default: the first feature-extraction model)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=300)
     args = parser.parse_args(argv)
-    model = args.models.split(",")[0]
+    embedders = [name for name in model_names() if Model.load(name).task is Task.FEATURE_EXTRACTION]
+    model = args.models.split(",")[0] if args.models else next(iter(embedders), "")
+    if not model:
+        print("[router] ERROR: no feature-extraction model in config/models/; name one with MODELS=", file=sys.stderr)
+        return 2
     out = RESULTS / f"router-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
     server = start_ready(ServeConfig.from_preset("optimized", models=[model]), out / "server", progress=print)
