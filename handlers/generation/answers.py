@@ -62,6 +62,19 @@ class Said:
     calls: Sequence[ToolCall] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class Piece:
+    """What a choice's entry of an OpenAI answer says: a streamed delta (`text`), a streamed end
+    (`reason`), or the whole choice (`streamed` False)."""
+
+    index: int
+    text: str | None
+    reason: str | None
+    streamed: bool
+    logprobs: Sequence[TokenLogprob] = ()
+    calls: Sequence[ToolCall] = ()
+
+
 class Answer(abc.ABC):
     """One request's answer, in its API's shapes: streamed, `first`, then a `chunk` per text delta
     of a choice (with the log-probabilities of the tokens it releases), its `finished` once it
@@ -125,21 +138,13 @@ class OpenAiAnswer(Answer):
         }
 
     @abc.abstractmethod
-    def choice(
-        self,
-        index: int,
-        text: str | None,
-        reason: str | None,
-        streamed: bool,
-        logprobs: Sequence[TokenLogprob],
-        calls: Sequence[ToolCall] = (),
-    ) -> dict[str, Any]: ...
+    def choice(self, piece: Piece) -> dict[str, Any]: ...
 
     def chunk(self, delta: str, index: int = 0, logprobs: Sequence[TokenLogprob] = ()) -> bytes:
-        return event(self.envelope(self.chunk_name, [self.choice(index, delta, None, True, logprobs)]))
+        return event(self.envelope(self.chunk_name, [self.choice(Piece(index, delta, None, True, logprobs))]))
 
     def finished(self, reason: Finish, index: int = 0, called: bool = False) -> bytes:
-        said = self.choice(index, None, finish_reason(reason, called), True, ())
+        said = self.choice(Piece(index, None, finish_reason(reason, called), True))
         return event(self.envelope(self.chunk_name, [said]))
 
     def closing(self, usage: Usage) -> bytes:
@@ -149,7 +154,9 @@ class OpenAiAnswer(Answer):
 
     def whole(self, choices: list[Said], usage: Usage) -> dict[str, Any]:
         answers = [
-            self.choice(i, said.text, finish_reason(said.reason, bool(said.calls)), False, said.logprobs, said.calls)
+            self.choice(
+                Piece(i, said.text, finish_reason(said.reason, bool(said.calls)), False, said.logprobs, said.calls)
+            )
             for i, said in enumerate(choices)
         ]
         return {**self.envelope(self.object_name, answers), "usage": usage.as_dict()}
@@ -166,21 +173,9 @@ class CompletionAnswer(OpenAiAnswer):
         super().__init__(request_id, model, request)
         self.offsets: dict[int, int] = {}  # by choice: where its next token's text begins in its answer
 
-    def choice(
-        self,
-        index: int,
-        text: str | None,
-        reason: str | None,
-        streamed: bool,
-        logprobs: Sequence[TokenLogprob],
-        calls: Sequence[ToolCall] = (),
-    ) -> dict[str, Any]:
-        return {
-            "index": index,
-            "text": text or "",
-            "logprobs": self.logprobs(index, logprobs, streamed) if self.asks_logprobs else None,
-            "finish_reason": reason,
-        }
+    def choice(self, piece: Piece) -> dict[str, Any]:
+        logprobs = self.logprobs(piece.index, piece.logprobs, piece.streamed) if self.asks_logprobs else None
+        return {"index": piece.index, "text": piece.text or "", "logprobs": logprobs, "finish_reason": piece.reason}
 
     def logprobs(self, index: int, entries: Sequence[TokenLogprob], streamed: bool) -> dict[str, Any]:
         """The completions API's shape; text_offset counts from the answer's start (no echo)."""
@@ -217,25 +212,18 @@ class ChatAnswer(OpenAiAnswer):
             for i in range(self.request.n)
         )
 
-    def choice(
-        self,
-        index: int,
-        text: str | None,
-        reason: str | None,
-        streamed: bool,
-        logprobs: Sequence[TokenLogprob],
-        calls: Sequence[ToolCall] = (),
-    ) -> dict[str, Any]:
-        if streamed:
+    def choice(self, piece: Piece) -> dict[str, Any]:
+        index, text = piece.index, piece.text
+        if piece.streamed:
             said = {"index": index, "delta": {} if text is None else {"content": text}}
-        elif calls:  # the text around the calls (a newline before a marker) is no answer of its own
+        elif piece.calls:  # the text around the calls (a newline before a marker) is no answer of its own
             content = text.strip() if text else None
             said = {
                 "index": index,
                 "message": {
                     "role": "assistant",
                     "content": content or None,
-                    "tool_calls": [c.as_dict() for c in calls],
+                    "tool_calls": [c.as_dict() for c in piece.calls],
                 },
             }
         else:
@@ -243,10 +231,10 @@ class ChatAnswer(OpenAiAnswer):
         if self.asks_logprobs:
             content = [
                 {**chat_entry(e.token, e.logprob), "top_logprobs": [chat_entry(t, v) for t, v in e.top]}
-                for e in logprobs
+                for e in piece.logprobs
             ]
             said["logprobs"] = {"content": content, "refusal": None}
-        return {**said, "finish_reason": reason}
+        return {**said, "finish_reason": piece.reason}
 
     def calls(self, calls: Sequence[ToolCall], index: int, first: int) -> bytes:
         deltas = [{"index": first + k, **call.as_dict()} for k, call in enumerate(calls)]
