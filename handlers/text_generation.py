@@ -34,6 +34,7 @@ from handlers.generation import agreement, answers, api, openvino_engine
 from handlers.generation.cache import TORCH_DTYPES
 from handlers.generation.chunking import StepTimes
 from handlers.generation.engine import Engine, prompt_chunk
+from handlers.generation.file_embedding import read_embedding_from_file
 from handlers.generation.grammar import Grammars
 from handlers.generation.openvino_engine import OpenVinoEngine, Pipeline
 from handlers.generation.packed_linear import can_pack, pack_linears
@@ -159,6 +160,8 @@ class TextGenerationHandler(StreamingHandler):
             # Also in float32: a packed weight sums its products in another order than F.linear's,
             # as compiled code does; the greedy answers the tests compare stay transformers'.
             log.info("%s: %d linear layers on prepacked weights", self.model_name, pack_linears(model))
+        if (kept := read_embedding_from_file(model, model_dir)) is not None:
+            log.info("%s: the input embedding is held in memory: %s", self.model_name, kept)
         own_memory(model)  # nothing left that maps the checkpoint's file
         self.weight_bytes = weight_parts(model)
         if reference is not None:

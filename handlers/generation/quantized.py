@@ -6,7 +6,7 @@ torchao quantizes each weight (`Int8WeightOnlyConfig`: symmetric, a scale per ou
 round to nearest): a layer stores half of bfloat16's bytes, a quarter of float32's, and its
 answers move by the rounding, which the accuracy guard measures before serving
 (handlers/generation/agreement.py). A head tied to the embedding gets its own int8 copy; the
-embedding keeps its float table (a lookup reads one row).
+embedding reads its rows from the checkpoint's file (file_embedding.py).
 
 How a layer multiplies is chosen at each call by the rows it is given (linears.py):
 - a few rows (a decode step): `_weight_int8pack_mm` reads each int8 weight once per row and

@@ -1,7 +1,7 @@
 """A served language model's weights held once, and counted by part for the READY line.
 
     own_memory(model)          # after packing: nothing left that maps the checkpoint's file
-    weight_parts(model)        # {"linear kernels": 1.9e9, "other": 6.2e8}
+    weight_parts(model)        # {"linear kernels": 1.9e9, "other": 1.8e5, "embedding read from the file": 5.4e8}
 
 transformers maps a safetensors checkpoint and, where its dtype is the served one, hands the
 model views of the mapping: the file's pages stay resident (and counted in the worker's memory)
@@ -9,10 +9,10 @@ for as long as any of them is referenced, though packing (packed_linear.py, quan
 replaced most of them with copies of their own. Copying what is left (embeddings, norms) into
 memory of its own lets the mapping go.
 
-A head tied to the input embedding is packed too, a second copy of the largest weight (Qwen3-0.6B:
-151936 x 1024, 0.62 GB in float32): the plain weight's product took 3-4x as long at 16 rows and
-twice as long at one, every decode step (2-core AMD EPYC, float32; medians of 10 calls in one
-process, far past the ±20 % between runs).
+A head tied to the input embedding is packed too (the plain weight's product took 3-4x as long
+at 16 rows and twice as long at one, every decode step: 2-core AMD EPYC, float32; medians of 10
+calls in one process, far past the ±20 % between runs), and the embedding then reads its rows
+from the checkpoint's file (file_embedding.py): the largest weight is held once.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from handlers.generation.file_embedding import FileEmbedding
 from handlers.generation.linears import OpaqueLinear
 
 
@@ -42,7 +43,10 @@ def kernel_bytes(module: OpaqueLinear) -> int:
 
 
 def weight_parts(model: nn.Module) -> dict[str, int]:
-    """Bytes of the linear layers' kernels (packed or int8) and of the other weights, each counted once."""
+    """Bytes of the linear layers' kernels (packed or int8), of the other weights, each counted
+    once, and of an embedding table read from the file (in no memory of the worker's)."""
     kernels = sum(kernel_bytes(m) for m in model.modules() if isinstance(m, OpaqueLinear))
     others = {id(t): t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]}
-    return {"linear kernels": kernels, "other": sum(others.values())}
+    parts = {"linear kernels": kernels, "other": sum(others.values())}
+    read = sum(m.table.bytes for m in model.modules() if isinstance(m, FileEmbedding))
+    return parts | ({"embedding read from the file": read} if read else {})
