@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from handlers.generation.file_pages import FilePages
+
 # safetensors' dtype names (its header's "dtype") an embedding table may be saved in.
 DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
 INDEX = "model.safetensors.index.json"
@@ -104,13 +106,14 @@ class Table:
         """Whether the stored table, in the loaded one's dtype, is the loaded one."""
         if tuple(loaded.shape) != self.stored.shape:
             return False
-        total = self.stored.shape[0]
-        return all(
-            torch.equal(
-                self.span(row, min(CHECKED_ROWS, total - row)).to(loaded.dtype), loaded[row : row + CHECKED_ROWS]
-            )
-            for row in range(0, total, CHECKED_ROWS)
-        )
+        total, pages = self.stored.shape[0], FilePages()
+        for row in range(0, total, CHECKED_ROWS):
+            chunk = loaded[row : row + CHECKED_ROWS]
+            equal = torch.equal(self.span(row, min(CHECKED_ROWS, total - row)).to(loaded.dtype), chunk)
+            pages.release(chunk)  # where the loaded table maps the checkpoint: read once, not kept
+            if not equal:
+                return False
+        return True
 
 
 TABLES: dict[int, Table] = {}  # the graphs name a table by its key, as linears.py's kernels

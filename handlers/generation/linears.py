@@ -17,6 +17,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from handlers.generation.file_pages import FilePages
+
 
 class Kernel(Protocol):
     out_features: int
@@ -53,14 +55,17 @@ class OpaqueLinear(nn.Module):
 
 def replace_linears(model: nn.Module, kernel_of: Callable[[nn.Linear], Kernel]) -> int:
     """Every nn.Linear of the model replaced by its kernel, its plain weight dropped (a head tied
-    to the embedding keeps the embedding); how many there were."""
+    to the embedding keeps the embedding) and its checkpoint's pages let go as it goes
+    (file_pages.py); how many there were."""
     linears = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
         if type(child) is nn.Linear
     ]
+    pages = FilePages()
     for parent, name, linear in linears:
         with torch.no_grad():
             setattr(parent, name, OpaqueLinear(kernel_of(linear)))
+        pages.release(linear.weight)  # the checkpoint's pages of it: the kernel has its own copy
     return len(linears)

@@ -1,0 +1,85 @@
+"""handlers/generation/file_pages.py: a tensor's pages that map a file leave the process's
+memory (the mapping's Rss in /proc/self/smaps) and read the same afterwards; a tensor written
+in place and the process's own memory are never released; packing a checkpoint's model lets its pages go weight by weight."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from handlers.generation.file_pages import FilePages
+from handlers.generation.packed_linear import can_pack, pack_linears
+from tests.hf_models import qwen2_lm
+
+
+def resident_kb(path: Path) -> int:
+    """The Rss of every mapping of the file, from /proc/self/smaps."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:
+            inside = len(fields) >= 6 and fields[5] == str(path.resolve())
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+def test_a_files_pages_are_released_and_read_the_same_again(tmp_path):
+    path = tmp_path / "table.bin"
+    values = np.arange(1 << 20, dtype=np.float32)  # 4 MB
+    values.tofile(path)
+    mapped = torch.from_numpy(np.memmap(path, dtype=np.float32, mode="c"))
+    total = float(mapped.sum())  # every page read: resident
+    assert resident_kb(path) >= 4000
+    released = FilePages().release(mapped)
+    assert released >= 4 * (1 << 20) - 2 * 4096  # all but the partial pages at its ends
+    assert resident_kb(path) <= 8
+    assert float(mapped.sum()) == total  # read again from the file
+
+
+def test_a_tensor_written_after_it_was_mapped_keeps_its_pages_and_its_values(tmp_path):
+    path = tmp_path / "table.bin"
+    np.arange(1 << 20, dtype=np.float32).tofile(path)
+    mapped = torch.from_numpy(np.memmap(path, dtype=np.float32, mode="c"))  # private, as transformers'
+    float(mapped.sum())
+    mapped[5000] = -1.0  # a weight changed in place: that page is the process's own now
+    assert FilePages().release(mapped) == 0
+    assert float(mapped[5000]) == -1.0
+
+
+def test_the_processs_own_memory_is_never_released():
+    tensor = torch.arange(1 << 20, dtype=torch.float32)
+    assert FilePages().release(tensor) == 0
+    assert torch.equal(tensor, torch.arange(1 << 20, dtype=torch.float32))
+
+
+def test_only_mappings_of_a_file_count():
+    maps = "\n".join(
+        [
+            "7f0000000000-7f0000100000 r--p 00000000 fd:01 1234 /models/lm/model.safetensors",
+            "7f0000100000-7f0000200000 rw-p 00000000 00:00 0 ",
+            "7f0000200000-7f0000300000 rw-p 00000000 00:00 0 [heap]",
+        ]
+    )
+    pages = FilePages(maps)
+    assert pages.ranges == [(0x7F0000000000, 0x7F0000100000)]
+    assert pages.of_file(0x7F0000001000, 0x7F0000002000) and not pages.of_file(0x7F0000101000, 0x7F0000102000)
+
+
+@pytest.mark.skipif(not can_pack(), reason="this torch has no oneDNN")
+def test_packing_a_checkpoints_model_lets_its_pages_go(tmp_path):
+    directory = qwen2_lm(tmp_path / "lm")
+    checkpoint = directory / "model.safetensors"
+    model = AutoModelForCausalLM.from_pretrained(directory).eval()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([[1, 2, 3]]))  # every weight read: the file's pages resident
+    before = resident_kb(checkpoint)
+    assert before * 1024 >= 0.9 * checkpoint.stat().st_size
+    pack_linears(model)
+    # The linear weights (the tied head, so the embedding's pages too) let go; norms and the
+    # pages at the weights' ends stay.
+    assert resident_kb(checkpoint) < before / 10
