@@ -22,6 +22,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ from handlers.generation.chunking import StepTimes
 from handlers.generation.engine import Engine, prompt_chunk
 from handlers.generation.file_embedding import read_embedding_from_file
 from handlers.generation.grammar import Grammars
+from handlers.generation.metrics import SUFFIX as METRICS_SUFFIX
+from handlers.generation.metrics import EngineMetrics, MetricsWriter
 from handlers.generation.openvino_engine import OpenVinoEngine, Pipeline
 from handlers.generation.packed_linear import can_pack, pack_linears
 from handlers.generation.quantized import int8_weights
@@ -52,7 +55,7 @@ from handlers.payload import URL_PATH, InvalidInput, over_grpc, request_decoded,
 from handlers.replies import Transport
 from handlers.settings import Weights
 from handlers.streaming import StreamingHandler
-from handlers.switches import planned_sequences, served_settings
+from handlers.switches import WorkerDirs, planned_sequences, served_settings
 
 log = logging.getLogger(__name__)
 SERVICE_UNAVAILABLE = 503
@@ -121,6 +124,10 @@ class TextGenerationHandler(StreamingHandler):
         load_seconds = time.perf_counter() - start
         graphs, (hits, _, _) = graphs_compiled(), fx_graph_cache_counts()
         warm_seconds = self.warm_up()
+        self.engine.metrics = EngineMetrics()  # the warm-up's sequences were no one's requests
+        if (stages := WorkerDirs.from_environment().stages) is not None:  # in a server: for its /metrics
+            path = stages / f"{self.model_name}-{os.getpid()}{METRICS_SUFFIX}"
+            MetricsWriter(path, self.model_name, self.engine.metrics, self.engine.gauges).start()
         graphs, hits = graphs_compiled() - graphs, fx_graph_cache_counts()[0] - hits
         log.info(
             "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB (resident as used) "

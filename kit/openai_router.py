@@ -6,6 +6,7 @@
     POST /v1/chat/completions, /v1/completions   a language model's (handlers/generation/api.py)
     POST /v1/embeddings                          a feature-extraction model's (handlers/embeddings_api.py)
     GET  /v1/models                              every model above, a language model's context as max_model_len
+    GET  /metrics                                the language models' serving numbers (kit/metrics_text.py)
 
 Every OpenAI-compatible server (vLLM, llama.cpp, OpenVINO Model Server, Ollama) serves one base
 URL, and clients, SDKs and agent frameworks assume it; TorchServe serves each model at its own
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from handlers.openai_shapes import error_body
+from handlers.switches import STAGES_DIR
+from kit import metrics_text
 from kit.models import Task
 from kit.paths import ROOT
 
@@ -105,8 +108,9 @@ def upstream_error(status: int, body: bytes) -> tuple[int, dict[str, Any]]:
 
 
 class Router:
-    def __init__(self, upstream: str, routes: Routes, max_body_mb: int = 16):
+    def __init__(self, upstream: str, routes: Routes, max_body_mb: int = 16, stages_dir: Path | None = None):
         self.upstream, self.routes = upstream.rstrip("/"), routes
+        self.stages_dir = stages_dir  # where the workers write their numbers; None: /metrics is empty
         self.max_body = max_body_mb * 1024 * 1024  # TorchServe's max_request_size (config.max_request_mb)
         self.session = None  # aiohttp.ClientSession, made on the server's loop
 
@@ -117,6 +121,7 @@ class Router:
         app = web.Application(client_max_size=self.max_body)
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
         app.router.add_post("/v1/{path:.+}", self.forward)
         app.on_startup.append(self.open)
         app.on_cleanup.append(self.close)
@@ -126,6 +131,12 @@ class Router:
         from aiohttp import web
 
         return web.json_response({"status": "ok"})
+
+    async def metrics(self, request):
+        from aiohttp import web
+
+        text = "" if self.stages_dir is None else metrics_text.render(self.stages_dir)
+        return web.Response(text=text, headers={"Content-Type": metrics_text.CONTENT_TYPE})
 
     async def open(self, app) -> None:
         import aiohttp
@@ -216,6 +227,7 @@ def start(config: ServeConfig, run_dir: Path, upstream: str) -> subprocess.Popen
     listed = ",".join(f"{name}={task.value}" for name, task in routes.models.items())
     command = [sys.executable, "-m", "kit.openai_router", "--host", config.bind, "--port", str(config.openai_port)]
     command += ["--max-body-mb", str(config.max_request_mb), "--upstream", upstream, "--models", listed]
+    command += ["--stages-dir", str(run_dir / STAGES_DIR)]
     with open(run_dir / LOG_FILE, "ab") as output:
         return subprocess.Popen(
             command,
@@ -236,8 +248,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--upstream", required=True, help="TorchServe's inference URL")
     parser.add_argument("--models", required=True, help="name=task,... (kit.models Task values)")
     parser.add_argument("--max-body-mb", type=int, default=16, help="the largest body taken (max_request_mb)")
+    parser.add_argument("--stages-dir", type=Path, default=None, help="the workers' numbers, for /metrics")
     args = parser.parse_args(argv)
-    router = Router(args.upstream, Routes.parse(args.models), args.max_body_mb)
+    router = Router(args.upstream, Routes.parse(args.models), args.max_body_mb, args.stages_dir)
     print(f"[openai] http://{args.host}:{args.port}/v1 -> {args.upstream} for {', '.join(router.routes.serving())}")
     web.run_app(router.app(), host=args.host, port=args.port, print=None, access_log=None)
 

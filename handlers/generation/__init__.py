@@ -13,4 +13,7 @@ grammar.py    response_format as a token mask (llguidance)
 tools.py      tool calling: tools shown through the template, calls read from the answer
 logprobs.py   a token's log-probability and its alternatives
 lookup.py     prompt lookup: drafts guessed from a sequence's own text, checked in one forward
+metrics.py    the engine's serving numbers (vLLM's meanings), in a file the router's /metrics renders
+file_embedding.py  the input embedding's rows read from the checkpoint's file
+file_pages.py a checkpoint's mapped pages let go once what was read from them is copied
 """

@@ -80,6 +80,10 @@ class Engine(Scheduler):
     def prefix_caching(self) -> bool:
         return self.prefix.enabled
 
+    def kv_cache_usage(self) -> float:
+        """The positions its sequences' computed tokens hold, of every row's."""
+        return sum(s.computed for s in list(self.active.values())) / (self.slots * self.context)
+
     def step(self) -> None:
         """Admit what fits, compute prompts (a chunk's worth), and advance every sequence whose
         prompt is done by one token: in one forward with the first prompt's part where the model
@@ -147,6 +151,7 @@ class Engine(Scheduler):
         sequence.kept += kept
         self.acceptance.drafted += drafted
         self.acceptance.kept += kept
+        self.metrics.drafted(drafted, kept)
         sequence.refusals = 0 if kept else sequence.refusals + 1
         if sequence.refusals:
             sequence.draft_at = len(sequence.tokens) + min(2**sequence.refusals, PAUSE_MOST)

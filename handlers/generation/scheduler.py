@@ -28,6 +28,7 @@ import torch
 from handlers.generation.grammar import Constraint, Matcher
 from handlers.generation.logprobs import TokenLogprob
 from handlers.generation.lookup import Acceptance
+from handlers.generation.metrics import EngineMetrics, Gauges
 from handlers.generation.sampling import Sampling
 from handlers.generation.stream import TextStream
 
@@ -137,6 +138,7 @@ class Running:
     kept: int = 0  # of them, those it kept
     draft_at: int = 0  # drafts resume when it has this many tokens (engine.py: after refused drafts)
     refusals: int = 0  # drafts refused in a row
+    last_token_at: float | None = None  # when its latest token was chosen (perf_counter)
 
     @property
     def known(self) -> tuple[int, ...]:
@@ -193,6 +195,15 @@ class Scheduler:
         self.keyed: dict[str, list[Running]] = {}  # submitted with a key (a request id), until they end
         self.lock = threading.Condition()
         self.stopping = False
+        self.metrics = EngineMetrics()  # the handler gives it a fresh one after its warm-up
+
+    def gauges(self) -> Gauges:
+        """Read by the metrics writer's thread (metrics.py), between steps or during one."""
+        return Gauges(len(self.active), len(self.waiting), self.kv_cache_usage())
+
+    def kv_cache_usage(self) -> float:
+        """The KV cache's share holding sequences' tokens (0 where the engine cannot tell)."""
+        return 0.0
 
     # -- any thread --------------------------------------------------------------------------
     def submit(self, generation: Generation, sink: Sink, key: str = "") -> Running:
@@ -283,6 +294,9 @@ class Scheduler:
                 continue
             sequence.slot = self._place(sequence)
             self.active[sequence.slot] = sequence
+            prompt = len(sequence.generation.prompt)
+            # The prefix cache's find (engine.py's _place): the prompt's tokens already computed.
+            self.metrics.admitted(time.perf_counter() - sequence.submitted, prompt, min(sequence.computed, prompt))
             admitted.append(sequence)
         return admitted
 
@@ -293,6 +307,9 @@ class Scheduler:
     def _accept(self, sequence: Running, token: int, logits: torch.Tensor | None = None) -> None:
         """The sequence's next token, chosen from `logits` (given where the request asks for its
         log-probabilities): its text sent, or the sequence ended."""
+        chosen = time.perf_counter()
+        self.metrics.token(sequence.last_token_at is None, chosen - (sequence.last_token_at or sequence.submitted))
+        sequence.last_token_at = chosen
         generation = sequence.generation
         if token in self.eos and not generation.ignore_eos:
             self._end(sequence, Finish.STOP)
@@ -323,6 +340,9 @@ class Scheduler:
                 siblings.remove(sequence)
             if not siblings:
                 self.keyed.pop(sequence.key, None)
+        # A request's prompt counts once, with its last choice to end (as its usage does).
+        prompt = len(sequence.generation.prompt) if not siblings else 0
+        self.metrics.ended(reason.value, time.perf_counter() - sequence.submitted, prompt, len(sequence.tokens))
         if sequence.cancelled:
             log.info(
                 "%s: request %s cancelled after %d token(s); %d of %d sequences generating",

@@ -230,6 +230,50 @@ def test_an_answers_usage_says_what_prompt_lookup_drafted_for_it(server, referen
             assert details is None, f"{model} drafted nothing, yet its usage says {details}"
 
 
+def scraped(server: Server, model: str) -> dict[str, float]:
+    """The model's series on the router's /metrics, summed over its workers, by name and reason."""
+    text = requests.get(server.api.openai_url("/metrics"), timeout=10).text
+    values: dict[str, float] = {}
+    for name, labels, value in re.findall(r"^(kit_lm_\w+)\{([^}]*)\} (\S+)$", text, re.MULTILINE):
+        if f'model_name="{model}"' in labels and 'le="' not in labels:
+            reason = re.search(r'finished_reason="(\w+)"', labels)
+            key = f"{name}:{reason[1]}" if reason else name
+            values[key] = values.get(key, 0.0) + float(value)
+    return values
+
+
+def test_the_metrics_endpoint_counts_what_the_clients_were_told_within_a_second(server):
+    """Six streamed completions: a scrape 1.5 s after the last answer (no request since) has moved
+    each counter by what the answers' usage said, and the latency histograms by each token."""
+    from openai import OpenAI
+
+    time.sleep(1.5)  # what the tests before it asked is in the file by now
+    before = scraped(server, QWEN)
+    client = OpenAI(base_url=server.api.openai_url("/v1"), api_key="unused")
+    usages = []
+    for index in range(6):
+        chunks = client.completions.create(
+            model=QWEN,
+            prompt=f"{index}. {PROMPTS[index % len(PROMPTS)]}",
+            max_tokens=5 + index,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        usages.append([chunk.usage for chunk in chunks if chunk.usage][0])
+    time.sleep(1.5)
+    after = scraped(server, QWEN)
+    moved = {name: after[name] - before.get(name, 0.0) for name in after}
+    assert moved["kit_lm_prompt_tokens_total"] == sum(u.prompt_tokens for u in usages)
+    generated = sum(u.completion_tokens for u in usages)
+    assert moved["kit_lm_generation_tokens_total"] == generated
+    assert sum(v for k, v in moved.items() if k.startswith("kit_lm_request_success_total:")) == 6
+    assert moved["kit_lm_time_to_first_token_seconds_count"] == 6
+    assert moved["kit_lm_e2e_request_latency_seconds_count"] == 6
+    assert moved["kit_lm_inter_token_latency_seconds_count"] == generated - 6
+    assert after["kit_lm_num_requests_running"] == after["kit_lm_num_requests_waiting"] == 0
+
+
 def test_requests_generated_together_each_get_their_solo_answer(server, references):
     jobs = [(model, prompt) for model in sorted(MAKERS) for prompt in PROMPTS] * 2
     answers: dict[int, str] = {}

@@ -1,0 +1,171 @@
+"""A generation engine's serving numbers, with vLLM's meanings, in a file the metrics endpoint reads.
+
+    metrics = EngineMetrics()                         # the scheduler records into it (scheduler.py)
+    writer = MetricsWriter(path, metrics, gauges)     # a thread: the file rewritten each second it changed
+    read_engine_files(run_dir / "stages")             # [(model, pid, Snapshot)]: kit/metrics_text.py
+
+Recorded as they happen, on the engine's thread: a request's wait in the queue, its time to first
+token, the gap before each later token, its whole time, its prompt and generated tokens, why it
+ended, what the prefix cache found of its prompt, what prompt lookup drafted and kept. Gauges
+(running and waiting sequences, the KV cache's use) are read when the file is written. The file
+is rewritten within a second of a change, whether or not another request comes: a scrape a
+second after the last answer counts it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+import os
+import threading
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+# Upper bounds in seconds, 1 ms to about 20 minutes, 25 % apart (a quantile within ~12 %).
+BOUNDS_S: tuple[float, ...] = tuple(round(0.001 * 1.25**i, 6) for i in range(64))
+WRITE_S = 1.0  # how often the writer looks for a change
+SUFFIX = ".engine"  # <model>-<pid>.engine beside the stage files (handlers/stages.py reads *.json)
+
+
+@dataclasses.dataclass
+class Histogram:
+    counts: list[int] = dataclasses.field(default_factory=lambda: [0] * (len(BOUNDS_S) + 1))  # last: overflow
+    total: float = 0.0  # seconds, summed
+    count: int = 0
+
+    def add(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(BOUNDS_S, seconds)] += 1
+        self.total += seconds
+        self.count += 1
+
+    def quantile(self, q: float) -> float | None:
+        """The q-quantile, in seconds: the upper bound of the bucket it falls in."""
+        if not self.count:
+            return None
+        rank, seen = q * self.count, 0
+        for index, count in enumerate(self.counts):
+            seen += count
+            if seen >= rank and count:
+                return BOUNDS_S[min(index, len(BOUNDS_S) - 1)]
+        return BOUNDS_S[-1]
+
+
+@dataclasses.dataclass
+class Gauges:
+    running: int = 0  # sequences generating
+    waiting: int = 0  # sequences queued for a place
+    kv_cache_usage: float = 0.0  # the KV cache's share holding sequences' tokens, 0..1
+
+
+@dataclasses.dataclass
+class EngineMetrics:
+    """What the engine's thread records; `changes` counts the records (the writer's cue)."""
+
+    queue: Histogram = dataclasses.field(default_factory=Histogram)  # submitted -> admitted
+    first_token: Histogram = dataclasses.field(default_factory=Histogram)  # submitted -> its first token
+    inter_token: Histogram = dataclasses.field(default_factory=Histogram)  # each later token after the one before
+    request: Histogram = dataclasses.field(default_factory=Histogram)  # submitted -> ended
+    prompt_tokens: int = 0  # a request's prompt, once for its choices
+    generation_tokens: int = 0
+    finished: dict[str, int] = dataclasses.field(default_factory=dict)  # by finish reason
+    prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hit_tokens: int = 0  # of them, found computed
+    draft_tokens: int = 0  # prompt lookup's drafts
+    accepted_tokens: int = 0  # of them, kept
+    changes: int = 0
+
+    def ended(self, reason: str, seconds: float, prompt_tokens: int, generated: int) -> None:
+        self.request.add(seconds)
+        self.finished[reason] = self.finished.get(reason, 0) + 1
+        self.prompt_tokens += prompt_tokens
+        self.generation_tokens += generated
+        self.changes += 1
+
+    def admitted(self, waited: float, prompt_tokens: int, hit_tokens: int) -> None:
+        self.queue.add(waited)
+        self.prefix_queried_tokens += prompt_tokens
+        self.prefix_hit_tokens += hit_tokens
+        self.changes += 1
+
+    def token(self, first: bool, seconds: float) -> None:
+        (self.first_token if first else self.inter_token).add(seconds)
+        self.changes += 1
+
+    def drafted(self, drafted: int, kept: int) -> None:
+        self.draft_tokens += drafted
+        self.accepted_tokens += kept
+        self.changes += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """One worker's file: its metrics and its gauges when written."""
+
+    metrics: EngineMetrics
+    gauges: Gauges
+
+    def as_json(self, model: str) -> str:
+        return json.dumps(
+            {
+                "model": model,
+                "pid": os.getpid(),
+                "bounds_s": BOUNDS_S,
+                "metrics": dataclasses.asdict(self.metrics),
+                "gauges": dataclasses.asdict(self.gauges),
+            }
+        )
+
+    @classmethod
+    def parse(cls, record: dict) -> Snapshot:
+        fields = dict(record["metrics"])
+        for name in ("queue", "first_token", "inter_token", "request"):
+            fields[name] = Histogram(**fields[name])
+        return cls(EngineMetrics(**fields), Gauges(**record["gauges"]))
+
+
+class MetricsWriter:
+    """A daemon thread that rewrites the worker's file within WRITE_S of a change."""
+
+    def __init__(self, path: Path, model: str, metrics: EngineMetrics, gauges: Callable[[], Gauges]):
+        self.path, self.model, self.metrics, self.gauges = path, model, metrics, gauges
+        self.written = -1
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="engine-metrics", daemon=True)
+
+    def start(self) -> MetricsWriter:
+        self.write()
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def _run(self) -> None:
+        while not self.stopped.wait(WRITE_S):
+            if self.metrics.changes != self.written:
+                self.write()
+
+    def write(self) -> None:
+        self.written = self.metrics.changes  # read first: a change while writing is written next time
+        try:
+            text = Snapshot(self.metrics, self.gauges()).as_json(self.model)
+        except RuntimeError:  # the engine's thread added a finish reason while it was copied
+            self.written = -1
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_suffix(".partial")
+        partial.write_text(text)
+        partial.replace(self.path)  # readers never see half a file
+
+
+def read_engine_files(directory: Path) -> Iterable[tuple[str, int, Snapshot]]:
+    """(model, pid, snapshot) of every engine file in `directory`; another bucket layout is skipped."""
+    for path in sorted(directory.glob(f"*{SUFFIX}")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue  # removed or replaced while read
+        if tuple(record.get("bounds_s", ())) != BOUNDS_S:
+            continue
+        yield record["model"], int(record["pid"]), Snapshot.parse(record)

@@ -1,0 +1,100 @@
+"""The workers' serving numbers in Prometheus' text format, for a scrape of the router's /metrics.
+
+    text = render(run_dir / "stages")    # every language-model worker's engine file (handlers/generation/metrics.py)
+
+Each series is labelled with the model and the worker's pid: a worker TorchServe starts again is
+a new series whose counters start from 0, which Prometheus' rate() and increase() read as a
+reset, as they do a restarted vLLM. Names follow vLLM's (`vllm:` becomes `kit_lm_`), with its
+meanings, so a vLLM dashboard's queries carry over with the prefix changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from handlers.generation.metrics import BOUNDS_S, EngineMetrics, Gauges, Histogram, read_engine_files
+
+PREFIX = "kit_lm_"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# name (after PREFIX), the EngineMetrics histogram, help (and the vLLM series it corresponds to)
+HISTOGRAMS: tuple[tuple[str, Callable[[EngineMetrics], Histogram], str], ...] = (
+    ("time_to_first_token_seconds", lambda m: m.first_token, "Time to first token (vllm:time_to_first_token_seconds)."),
+    ("inter_token_latency_seconds", lambda m: m.inter_token, "Time between tokens (vllm:inter_token_latency_seconds)."),
+    ("e2e_request_latency_seconds", lambda m: m.request, "Request's whole time (vllm:e2e_request_latency_seconds)."),
+    ("request_queue_time_seconds", lambda m: m.queue, "Time waiting for a place (vllm:request_queue_time_seconds)."),
+)
+COUNTERS: tuple[tuple[str, Callable[[EngineMetrics], int], str], ...] = (
+    ("prompt_tokens_total", lambda m: m.prompt_tokens, "Prompt tokens, once per request (vllm:prompt_tokens_total)."),
+    ("generation_tokens_total", lambda m: m.generation_tokens, "Generated tokens (vllm:generation_tokens_total)."),
+    (
+        "prefix_cache_queries_total",
+        lambda m: m.prefix_queried_tokens,
+        "Prompt tokens looked up in the prefix cache (vllm:prefix_cache_queries_total).",
+    ),
+    (
+        "prefix_cache_hits_total",
+        lambda m: m.prefix_hit_tokens,
+        "Prompt tokens the prefix cache held (vllm:prefix_cache_hits_total).",
+    ),
+    (
+        "num_preemptions_total",
+        lambda m: 0,
+        "Sequences preempted: none, a sequence keeps its place (vllm:num_preemptions_total).",
+    ),
+    (
+        "spec_decode_num_draft_tokens_total",
+        lambda m: m.draft_tokens,
+        "Tokens prompt lookup drafted (vllm:spec_decode_num_draft_tokens_total).",
+    ),
+    (
+        "spec_decode_num_accepted_tokens_total",
+        lambda m: m.accepted_tokens,
+        "Drafted tokens kept (vllm:spec_decode_num_accepted_tokens_total).",
+    ),
+)
+GAUGES: tuple[tuple[str, Callable[[Gauges], float], str], ...] = (
+    ("num_requests_running", lambda g: g.running, "Sequences generating (vllm:num_requests_running)."),
+    ("num_requests_waiting", lambda g: g.waiting, "Sequences waiting for a place (vllm:num_requests_waiting)."),
+    ("kv_cache_usage_perc", lambda g: g.kv_cache_usage, "KV cache share in use, 0 to 1 (vllm:kv_cache_usage_perc)."),
+)
+FINISHED = "request_success_total"  # by finished_reason (vllm:request_success_total)
+
+
+def labels(**values: object) -> str:
+    return "{" + ",".join(f'{key}="{value}"' for key, value in values.items()) + "}"
+
+
+def number(value: float) -> str:
+    return repr(float(value)) if isinstance(value, float) else str(value)
+
+
+def render(stages_dir: Path) -> str:
+    workers = list(read_engine_files(stages_dir))
+    lines: list[str] = []
+
+    def family(name: str, kind: str, help_text: str) -> None:
+        lines.extend([f"# HELP {PREFIX}{name} {help_text}", f"# TYPE {PREFIX}{name} {kind}"])
+
+    for name, histogram_of, help_text in HISTOGRAMS:
+        family(name, "histogram", help_text)
+        for model, pid, snapshot in workers:
+            histogram, seen = histogram_of(snapshot.metrics), 0
+            for bound, count in zip(BOUNDS_S, histogram.counts, strict=False):
+                seen += count
+                lines.append(f"{PREFIX}{name}_bucket{labels(model_name=model, pid=pid, le=bound)} {seen}")
+            lines.append(f"{PREFIX}{name}_bucket{labels(model_name=model, pid=pid, le='+Inf')} {histogram.count}")
+            lines.append(f"{PREFIX}{name}_sum{labels(model_name=model, pid=pid)} {number(histogram.total)}")
+            lines.append(f"{PREFIX}{name}_count{labels(model_name=model, pid=pid)} {histogram.count}")
+    for name, value_of, help_text in COUNTERS:
+        family(name, "counter", help_text)
+        lines += [f"{PREFIX}{name}{labels(model_name=m, pid=p)} {value_of(s.metrics)}" for m, p, s in workers]
+    family(FINISHED, "counter", "Requests ended, by why (vllm:request_success_total).")
+    for model, pid, snapshot in workers:
+        for reason, count in sorted(snapshot.metrics.finished.items()):
+            lines.append(f"{PREFIX}{FINISHED}{labels(model_name=model, pid=pid, finished_reason=reason)} {count}")
+    for name, value_of, help_text in GAUGES:
+        family(name, "gauge", help_text)
+        lines += [f"{PREFIX}{name}{labels(model_name=m, pid=p)} {number(value_of(s.gauges))}" for m, p, s in workers]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,62 @@
+"""kit/metrics_text.py: every language-model worker's file as Prometheus text: cumulative buckets
+ending at the count, counters and gauges labelled by model and pid, a family's HELP and TYPE once."""
+
+from __future__ import annotations
+
+import re
+
+from handlers.generation.metrics import BOUNDS_S, EngineMetrics, Gauges, MetricsWriter
+from kit.metrics_text import render
+
+SAMPLE = re.compile(r'^(kit_lm_[a-z0-9_]+)\{([a-z_]+="[^"]*"(?:,[a-z_]+="[^"]*")*)\} (\S+)$')
+
+
+def write(directory, model: str, metrics: EngineMetrics, gauges: Gauges) -> None:
+    MetricsWriter(directory / f"{model}-1.engine", model, metrics, lambda: gauges).write()
+
+
+def samples(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        match = SAMPLE.match(line)
+        assert match, line
+        out[f"{match[1]}{{{match[2]}}}"] = float(match[3])
+    return out
+
+
+def test_a_workers_numbers_become_series_with_vllms_names(tmp_path):
+    metrics = EngineMetrics()
+    metrics.admitted(0.01, 40, 32)
+    metrics.token(True, 0.2)
+    for _ in range(3):
+        metrics.token(False, 0.05)
+    metrics.ended("stop", 0.4, 40, 4)
+    metrics.drafted(4, 3)
+    write(tmp_path, "lm", metrics, Gauges(2, 5, 0.125))
+    text = render(tmp_path)
+    values = samples(text)
+    worker = 'model_name="lm",pid="'
+    pid = next(k for k in values if k.startswith("kit_lm_prompt_tokens_total")).split('pid="')[1].split('"')[0]
+    at = f'{worker}{pid}"'
+    assert values[f"kit_lm_prompt_tokens_total{{{at}}}"] == 40
+    assert values[f"kit_lm_generation_tokens_total{{{at}}}"] == 4
+    assert values[f'kit_lm_request_success_total{{{at},finished_reason="stop"}}'] == 1
+    assert values[f"kit_lm_prefix_cache_hits_total{{{at}}}"] == 32
+    assert values[f"kit_lm_spec_decode_num_accepted_tokens_total{{{at}}}"] == 3
+    assert values[f"kit_lm_num_requests_waiting{{{at}}}"] == 5
+    assert values[f"kit_lm_kv_cache_usage_perc{{{at}}}"] == 0.125
+    assert values[f"kit_lm_inter_token_latency_seconds_count{{{at}}}"] == 3
+    assert abs(values[f"kit_lm_inter_token_latency_seconds_sum{{{at}}}"] - 0.15) < 1e-9
+    buckets = [v for k, v in values.items() if k.startswith(f"kit_lm_time_to_first_token_seconds_bucket{{{at}")]
+    assert len(buckets) == len(BOUNDS_S) + 1 and buckets == sorted(buckets) and buckets[-1] == 1
+    assert text.count("# TYPE kit_lm_time_to_first_token_seconds histogram") == 1
+
+
+def test_two_workers_are_two_series_and_no_worker_renders_the_families_alone(tmp_path):
+    assert "kit_lm_prompt_tokens_total{" not in render(tmp_path)
+    write(tmp_path, "lm", EngineMetrics(), Gauges())
+    write(tmp_path, "chat", EngineMetrics(), Gauges())
+    models = {m for m in re.findall(r'model_name="([^"]+)"', render(tmp_path))}
+    assert models == {"lm", "chat"}
