@@ -19,7 +19,6 @@ through every path before the first request.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import logging
 import os
@@ -37,17 +36,18 @@ from handlers.generation.chunking import StepTimes
 from handlers.generation.engine import Engine, prompt_chunk
 from handlers.generation.file_embedding import read_embedding_from_file
 from handlers.generation.grammar import Grammars
+from handlers.generation.lookup import AcceptanceLog
 from handlers.generation.metrics import SUFFIX as METRICS_SUFFIX
 from handlers.generation.metrics import EngineMetrics, MetricsWriter
 from handlers.generation.openvino_engine import OpenVinoEngine, Pipeline
 from handlers.generation.packed_linear import can_pack, pack_linears
 from handlers.generation.quantized import int8_weights
 from handlers.generation.respond import Responder, answer_whole, refuse
-from handlers.generation.runner import SPAN_STEP
 from handlers.generation.sampling import Sampling
-from handlers.generation.scheduler import Discard, Generation, QueueFull
+from handlers.generation.sequences import QueueFull
 from handlers.generation.settings import GenerationSettings
 from handlers.generation.tools import detect
+from handlers.generation.warm_up import WarmUp
 from handlers.generation.weights import own_memory, weight_parts
 from handlers.loaders import load_model
 from handlers.optimize import RecompileWatch, fx_graph_cache_counts, graphs_compiled
@@ -125,6 +125,7 @@ class TextGenerationHandler(StreamingHandler):
         graphs, (hits, _, _) = graphs_compiled(), fx_graph_cache_counts()
         warm_seconds = self.warm_up()
         self.engine.metrics = EngineMetrics()  # the warm-up's sequences were no one's requests
+        self.acceptance = AcceptanceLog()  # what prompt lookup kept, logged now and then
         if (stages := WorkerDirs.from_environment().stages) is not None:  # in a server: for its /metrics
             path = stages / f"{self.model_name}-{os.getpid()}{METRICS_SUFFIX}"
             MetricsWriter(path, self.model_name, self.engine.metrics, self.engine.gauges).start()
@@ -242,57 +243,14 @@ class TextGenerationHandler(StreamingHandler):
         return reference
 
     def warm_up(self) -> float:
-        """Every kind of step a request takes, compiled before the first, at the least compute: the
-        compiler traces each graph (decode rows; a prompt's part, alone or mixed with decode rows)
-        at its first call and again at the first call whose sizes differ from it, after which it is
-        general. So each size is met twice, each time with values no other size has (a size equal
-        to another would be tied to it): a prompt alone (one decode row with idle ones) whose decode
-        crosses a span boundary (two spans); every slot at once; prompts arriving while others
-        decode; prompts whose first blocks are in the prefix cache, alone and arriving (a part that
-        starts past position 0). Each prompt is of a token of its own, so that none finds another's
-        blocks but where meant to, and generates a few tokens: each compiled call is slow the
-        first time, and a longer warm-up only computes more of what is already compiled."""
+        """Every kind of step a request takes, compiled before the first (warm_up.py); the prefill
+        chunk timed where the settings leave it open."""
         start = time.perf_counter()
-        tokens = itertools.count((self.tokenizer("Hello")["input_ids"] or [0])[0])
-        vocabulary = len(self.tokenizer)
-
-        def prompt(length: int, new: int = 3) -> Generation:
-            return self.warm_prompt(next(tokens) % vocabulary, length, new)
-
-        self.warm(prompt(SPAN_STEP - 1))  # decodes at SPAN_STEP - 1 and SPAN_STEP: spans of 1 and 2 steps
-        self.warm(*(prompt(2) for _ in range(self.settings.max_sequences)))
-        for length in (2, SPAN_STEP + 1) if self.engine.mixes else ():
-            self.warm(prompt(3, new=5), prompt(length), arriving=1)
-        cached = prompt(SPAN_STEP + 1)
-        self.warm(cached)
-        self.warm(self.longer(cached))  # its first blocks found: a part from a block's end
-        if self.engine.mixes:
-            self.warm(prompt(3, new=5), self.longer(self.longer(cached)), arriving=1)
-        if self.settings.prefill_chunk is None and isinstance(self.engine, Engine):
-            self.step_times = StepTimes.measure(self.engine, prompt)
+        self.step_times = WarmUp(self.engine, self.tokenizer, self.settings).run()
+        if self.step_times is not None:
             self.engine.prefill_chunk = prompt_chunk(self.step_times.chunk())
         self.recompiles = RecompileWatch(self.model_name)
         return time.perf_counter() - start
-
-    def warm_prompt(self, token: int, length: int, new: int) -> Generation:
-        """`length` tokens and `new` more (what the context holds)."""
-        prompt = (token,) * min(length, self.settings.context_length - 1)
-        return Generation(prompt, max(1, min(new, self.settings.context_length - len(prompt))), ignore_eos=True)
-
-    def longer(self, generation: Generation) -> Generation:
-        """The prompt and 8 tokens more (what the context holds): it begins with the other's blocks."""
-        return self.warm_prompt(generation.prompt[0], len(generation.prompt) + 8, generation.max_new_tokens)
-
-    def warm(self, *generations: Generation, arriving: int = 0) -> None:
-        """Step the engine until `generations` are answered; the last `arriving` of them are
-        submitted when the others decode."""
-        first = [self.engine.submit(g, Discard()) for g in generations[: len(generations) - arriving]]
-        while self.engine.busy and not all(sequence.tokens for sequence in first):
-            self.engine.step()
-        for generation in generations[len(first) :]:
-            self.engine.submit(generation, Discard())
-        while self.engine.busy:
-            self.engine.step()
 
     def serve(self) -> None:
         """The engine's loop on the calling thread, the one that warmed it up (handlers/worker.py),
@@ -304,9 +262,9 @@ class TextGenerationHandler(StreamingHandler):
 
     def after_step(self) -> None:
         self.recompiles.check()
-        acceptance = self.engine.acceptance
-        if acceptance is not None and acceptance.due(time.monotonic()):
-            log.info("%s: %s", self.model_name, acceptance.summary())
+        metrics = self.engine.metrics
+        if line := self.acceptance.line(time.monotonic(), metrics.draft_tokens, metrics.accepted_tokens):
+            log.info("%s: %s", self.model_name, line)
         if self.replies is not None:
             self.replies.settle()
 

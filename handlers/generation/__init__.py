@@ -2,6 +2,8 @@
 
 settings.py   its handler settings (the model file's `handler:`), and what a preset serves over them
 cache.py      the KV cache: one row per sequence slot, allocated once
+sequences.py  what a sequence is asked for and gives back (Generation, Sink, Finish, Usage)
+scheduler.py  the queue, admission, each token's fate: shared by both engines
 engine.py     the scheduler thread: admit, prefill, decode every active slot per step
 openvino_engine.py  the same scheduling, the steps computed by OpenVINO GenAI's pipeline
 sampling.py   a request's sampling parameters, checked, and the next-token choice

@@ -23,7 +23,7 @@ from handlers import openai_shapes
 from handlers.generation.api import Request
 from handlers.generation.fields import Api
 from handlers.generation.logprobs import TokenLogprob
-from handlers.generation.scheduler import Finish, Usage
+from handlers.generation.sequences import Finish, Usage
 from handlers.generation.tools import ToolCall
 from handlers.payload import error_body as kit_error_body
 

@@ -23,7 +23,7 @@ from handlers.generation.fields import Api
 from handlers.generation.grammar import Constraint, Grammars
 from handlers.generation.logprobs import MAX_TOP
 from handlers.generation.sampling import SEED_LIMIT, Sampling, integer
-from handlers.generation.scheduler import Generation
+from handlers.generation.sequences import Generation
 from handlers.generation.tools import Format, Tools, template_calls
 from handlers.payload import InvalidInput, NotFound
 

@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable
 
 from handlers.generation.runner import PROMPT_STEP
-from handlers.generation.scheduler import Discard, Generation, Scheduler
+from handlers.generation.scheduler import Scheduler
+from handlers.generation.sequences import Discard, Generation
 
 # A step with a prompt's part takes at most this many times a decode step of every slot: the
 # inter-token latency's p99 stays within 4x its p50 (issue 57's bound) with room for noise.

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from handlers.generation.cache import KvShape, SlotCache
-from handlers.generation.lookup import PAUSE_MOST, Acceptance, guess
+from handlers.generation.lookup import PAUSE_MOST, guess
 from handlers.generation.prefix import PrefixCache
 from handlers.generation.runner import PROMPT_STEP, Part, Runner
 from handlers.generation.scheduler import Running, Scheduler
@@ -70,7 +70,6 @@ class Engine(Scheduler):
         self.runner = Runner(model, self.cache, context, name, itt)
         self.model, self.mixes = model, self.runner.mixes
         self.lookup = lookup  # draft tokens a step checks (prompt lookup, lookup.py); 0: none
-        self.acceptance = Acceptance() if lookup else None
 
     @property
     def cache_bytes(self) -> int:
@@ -149,8 +148,6 @@ class Engine(Scheduler):
         that repeats nothing (free text) must not pay it every step."""
         sequence.drafted += drafted
         sequence.kept += kept
-        self.acceptance.drafted += drafted
-        self.acceptance.kept += kept
         self.metrics.drafted(drafted, kept)
         sequence.refusals = 0 if kept else sequence.refusals + 1
         if sequence.refusals:

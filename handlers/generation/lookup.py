@@ -27,24 +27,18 @@ SAY_EVERY_S = 60  # the worker logs the acceptance at most this often, while it 
 
 
 @dataclasses.dataclass
-class Acceptance:
-    """Drafted tokens checked, and kept: what the lookup saves (a step per kept token)."""
+class AcceptanceLog:
+    """When the worker last said what prompt lookup kept (the counts are the engine's metrics)."""
 
-    drafted: int = 0
-    kept: int = 0
-    said_at: float = 0.0  # when it was last logged (time.monotonic())
-    said: int = 0  # drafted then
+    said_at: float = 0.0  # time.monotonic()
+    said: int = 0  # tokens drafted then
 
-    def summary(self) -> str:
-        rate = self.kept / self.drafted if self.drafted else 0.0
-        return f"prompt lookup kept {self.kept} of {self.drafted} drafted tokens ({rate:.0%})"
-
-    def due(self, now: float) -> bool:
-        """Whether to log it now: it changed, and SAY_EVERY_S passed since it was last logged."""
-        if self.drafted == self.said or now - self.said_at < SAY_EVERY_S:
-            return False
-        self.said_at, self.said = now, self.drafted
-        return True
+    def line(self, now: float, drafted: int, kept: int) -> str | None:
+        """What to log now: None unless more was drafted and SAY_EVERY_S passed since the last line."""
+        if drafted == self.said or now - self.said_at < SAY_EVERY_S:
+            return None
+        self.said_at, self.said = now, drafted
+        return f"prompt lookup kept {kept} of {drafted} drafted tokens ({kept / drafted:.0%})"
 
 
 def guess(tokens: Sequence[int], size: int, longest: int = LONGEST, shortest: int = SHORTEST) -> tuple[int, ...]:

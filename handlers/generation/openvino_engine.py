@@ -25,7 +25,8 @@ from pathlib import Path
 
 from handlers.backends import DType
 from handlers.generation.sampling import Sampling
-from handlers.generation.scheduler import Finish, Running, Scheduler
+from handlers.generation.scheduler import Running, Scheduler
+from handlers.generation.sequences import Finish
 from handlers.itt import inference_range
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from handlers.generation.answers import JSON, Answer, Said, encode, error_body
 from handlers.generation.fields import Api
 from handlers.generation.logprobs import TokenLogprob
-from handlers.generation.scheduler import NO_USAGE, Finish, Usage
+from handlers.generation.sequences import NO_USAGE, Finish, Usage
 from handlers.generation.tools import CallStream, ToolCall
 from handlers.replies import Transport
 

@@ -7,7 +7,7 @@ import json
 from handlers.generation.answers import ANSWERS, DONE, Said, Usage, error_body
 from handlers.generation.api import Api
 from handlers.generation.logprobs import TokenLogprob
-from handlers.generation.scheduler import Finish
+from handlers.generation.sequences import Finish
 from tests.unit.handlers.generation.test_api import parsed
 
 

@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from handlers.generation.cache import KvShape, SlotCache, row_bytes
 from handlers.generation.engine import Engine
-from handlers.generation.scheduler import Discard, Generation
+from handlers.generation.sequences import Discard, Generation
 from kit.paths import ROOT
 from tests.hf_models import gpt2_lm, qwen2_lm
 

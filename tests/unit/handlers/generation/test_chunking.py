@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from handlers.generation.chunking import LEAST, MOST, PROBE, StepTimes
 from handlers.generation.engine import Engine
-from handlers.generation.scheduler import Generation
+from handlers.generation.sequences import Generation
 from tests.hf_models import qwen2_lm
 
 

@@ -11,7 +11,7 @@ from handlers.generation.engine import Engine, prompt_chunk
 from handlers.generation.lookup import PAUSE_MOST
 from handlers.generation.runner import MIN_ROWS
 from handlers.generation.sampling import Sampling
-from handlers.generation.scheduler import Finish, Generation, QueueFull, Usage
+from handlers.generation.sequences import Finish, Generation, QueueFull, Usage
 from tests.hf_models import gpt2_lm, qwen2_lm
 
 FAMILIES = {"qwen2": qwen2_lm, "gpt2": gpt2_lm}
@@ -535,7 +535,7 @@ def test_prompt_lookup_gives_transformers_greedy_answers_and_keeps_drafts(lm, ch
         eng.step()
     assert [s.tokens for s in sequences] == expected
     assert all(s.sink.reason is Finish.LENGTH and s.sink.usage.completion_tokens == new for s in sequences)
-    assert eng.acceptance.drafted > 0
+    assert eng.metrics.draft_tokens > 0
 
 
 def test_kept_drafts_write_several_tokens_a_step(lm):
@@ -553,11 +553,11 @@ def test_kept_drafts_write_several_tokens_a_step(lm):
     assert sequence.tokens == [favourite] * 21
     # The first drafts come from the prompt (what followed that token there) and are dropped; then
     # the answer's own repeats are kept, up to 5 tokens a step (4 drafted and the next).
-    assert eng.acceptance.kept >= 12 and steps <= 1 + 21 // 2, (eng.acceptance, steps)
+    assert eng.metrics.accepted_tokens >= 12 and steps <= 1 + 21 // 2, (eng.metrics.accepted_tokens, steps)
     usage = sequence.sink.usage  # what its answer's usage tells the client
     assert (usage.accepted_drafts, usage.rejected_drafts) == (
-        eng.acceptance.kept,
-        eng.acceptance.drafted - eng.acceptance.kept,
+        eng.metrics.accepted_tokens,
+        eng.metrics.draft_tokens - eng.metrics.accepted_tokens,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from handlers.generation.lookup import Acceptance, guess
+from handlers.generation.lookup import AcceptanceLog, guess
 
 
 @pytest.mark.parametrize(
@@ -25,9 +25,8 @@ def test_a_draft_is_what_followed_the_last_tokens_before(tokens, size, want):
 
 
 def test_the_acceptance_is_logged_when_it_changed_at_most_once_a_minute():
-    acceptance = Acceptance(drafted=8, kept=6)
-    assert acceptance.summary() == "prompt lookup kept 6 of 8 drafted tokens (75%)"
-    assert acceptance.due(100.0) and not acceptance.due(130.0)  # said; not again within the minute
-    assert not acceptance.due(200.0)  # nothing new drafted
-    acceptance.drafted += 4
-    assert acceptance.due(200.0)
+    said = AcceptanceLog()
+    assert said.line(100.0, 8, 6) == "prompt lookup kept 6 of 8 drafted tokens (75%)"
+    assert said.line(130.0, 12, 9) is None  # said; not again within the minute
+    assert said.line(200.0, 8, 6) is None  # nothing new drafted since
+    assert said.line(200.0, 12, 9) == "prompt lookup kept 9 of 12 drafted tokens (75%)"

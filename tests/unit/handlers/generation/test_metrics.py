@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from handlers.generation.engine import Engine
 from handlers.generation.metrics import BOUNDS_S, EngineMetrics, Gauges, Histogram, MetricsWriter, read_engine_files
-from handlers.generation.scheduler import Finish, Generation, Usage
+from handlers.generation.sequences import Finish, Generation, Usage
 from tests.hf_models import qwen2_lm
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from handlers.generation.openvino_engine import SEED_BITS, OpenVinoEngine, Pipeline
 from handlers.generation.sampling import Sampling
-from handlers.generation.scheduler import Finish, Generation, QueueFull, Usage
+from handlers.generation.sequences import Finish, Generation, QueueFull, Usage
 from tests.unit.handlers.generation.test_engine import Recorder
 
 RUNNING, FINISHED, IGNORED = (

@@ -10,7 +10,7 @@ from handlers.generation.answers import ChatAnswer, KitAnswer, Usage
 from handlers.generation.api import Api, Limits, parse
 from handlers.generation.respond import Responder
 from handlers.generation.sampling import Sampling
-from handlers.generation.scheduler import Finish
+from handlers.generation.sequences import Finish
 
 
 class Recorded:

@@ -1,0 +1,52 @@
+"""handlers/generation/warm_up.py on a real engine: every kind of step a request takes is computed
+(decode rows alone, a prompt mixed with decode rows, a part that starts past its prompt's first
+block), the engine is idle after it, and the step times are measured only where the chunk is open."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from handlers.generation.chunking import StepTimes
+from handlers.generation.engine import Engine
+from handlers.generation.settings import GenerationSettings
+from handlers.generation.warm_up import WarmUp
+from tests.hf_models import qwen2_lm
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    directory = qwen2_lm(tmp_path_factory.mktemp("lm"))
+    return AutoModelForCausalLM.from_pretrained(directory).eval(), AutoTokenizer.from_pretrained(directory)
+
+
+def counted(engine: Engine) -> dict[str, list]:
+    """The runner's calls by kind, with a part's start position."""
+    calls: dict[str, list] = {"decode": [], "part": [], "mixed": []}
+    runner = engine.runner
+    for kind in calls:
+        method = getattr(runner, kind)
+
+        def wrapper(*args, _method=method, _kind=kind, **kwargs):
+            part = next((a for a in args if hasattr(a, "start")), None)
+            calls[_kind].append(part.start if part is not None else None)
+            return _method(*args, **kwargs)
+
+        setattr(runner, kind, wrapper)
+    return calls
+
+
+@pytest.mark.parametrize("chunk", [256, None])
+def test_every_kind_of_step_is_computed_and_the_chunk_timed_only_when_left_open(lm, chunk):
+    model, tokenizer = lm
+    settings = GenerationSettings(max_sequences=3, context_length=256, prefill_chunk=chunk)
+    engine = Engine(model, tokenizer.decode, set(), 3, 256, torch.float32, prefill_chunk=chunk or 0)
+    calls = counted(engine)
+    times = WarmUp(engine, tokenizer, settings).run()
+    assert not engine.busy
+    assert calls["decode"], "decode rows alone"
+    assert calls["mixed"], "a prompt beside decode rows"
+    assert any(start for start in calls["mixed"] if start), "a part from past a block found in the prefix cache"
+    assert (times is None) == (chunk is not None)
+    assert times is None or isinstance(times, StepTimes)
