@@ -9,10 +9,13 @@ Every record is a dataclass that `dataclasses.asdict` turns into results.json as
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import platform
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -180,6 +183,23 @@ class RunEnvironment:
             date=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             topology=read_topology().summary(),
         )
+
+
+def study_report(out: Path, title: str, what: str, table: Callable[[str], str], records: dict[str, list]) -> str:
+    """A study's report.md (its table under a header naming the command, the commit and the CPU)
+    and results.json (the environment and each list of records), printed too; the report's text."""
+    environment = RunEnvironment.capture()
+    header = (
+        f"# {title}\n\n`{' '.join(sys.argv)}` at {environment.git_commit}; {what}; CPU: {environment.cpu_model} "
+        f"({environment.cores} CPUs usable)."
+    )
+    text = table(header)
+    (out / "report.md").write_text(text)
+    document = {"environment": dataclasses.asdict(environment)}
+    document |= {key: [dataclasses.asdict(r) for r in rows] for key, rows in records.items()}
+    (out / "results.json").write_text(json.dumps(document))
+    print(text)
+    return text
 
 
 @dataclasses.dataclass

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -26,7 +25,7 @@ import time
 import requests
 
 from bench.generate.streams import stream_one
-from bench.results import RESULTS, RunEnvironment
+from bench.results import RESULTS, study_report
 from handlers.calibration import SENTENCES
 from kit.models import Model, Task
 from kit.serve_config import ServeConfig
@@ -124,18 +123,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[prefix] round {number + 1}/{args.rounds}: {rounds[-1]}", flush=True)
     finally:
         server.stop()
-    environment = RunEnvironment.capture()
-    header = (
-        f"# A shared system prompt: {name}\n\n`{' '.join(sys.argv)}` at {environment.git_commit}; {args.rounds} rounds "
-        f"of a first request and {args.later} later ones, one at a time; CPU: {environment.cpu_model} "
-        f"({environment.cores} CPUs usable)."
+    study_report(
+        out,
+        f"A shared system prompt: {name}",
+        f"{args.rounds} rounds of a first request and {args.later} later ones, one at a time",
+        lambda header: table(rounds, header),
+        {"rounds": rounds},
     )
-    text = table(rounds, header)
-    (out / "report.md").write_text(text)
-    (out / "results.json").write_text(
-        json.dumps({"environment": dataclasses.asdict(environment), "rounds": [dataclasses.asdict(r) for r in rounds]})
-    )
-    print(text)
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -24,7 +23,7 @@ import time
 import psutil
 import requests
 
-from bench.results import RESULTS, RunEnvironment
+from bench.results import RESULTS, study_report
 from kit.models import Model, Task, model_names
 from kit.serve_config import ServeConfig
 from kit.server import start_ready
@@ -105,17 +104,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[router] round {round_ + 1}/{args.rounds} {path}: {turns[-1]}", flush=True)
     finally:
         server.stop()
-    environment = RunEnvironment.capture()
-    header = (
-        f"# Router cost: {model}\n\n`{' '.join(sys.argv)}` at {environment.git_commit}; {args.rounds} rounds of "
-        f"{args.requests} sequential requests per path; CPU: {environment.cpu_model} ({environment.cores} CPUs usable)."
+    study_report(
+        out,
+        f"Router cost: {model}",
+        f"{args.rounds} rounds of {args.requests} sequential requests per path",
+        lambda header: table(turns, header),
+        {"turns": turns},
     )
-    text = table(turns, header)
-    (out / "report.md").write_text(text)
-    (out / "results.json").write_text(
-        json.dumps({"environment": dataclasses.asdict(environment), "turns": [dataclasses.asdict(t) for t in turns]})
-    )
-    print(text)
     return 0
 
 
