@@ -61,6 +61,20 @@ def now() -> Instant:
     return Instant(time.perf_counter(), time.process_time())
 
 
+def bucket_quantile(counts: list[int], bounds: tuple[float, ...], q: float) -> float | None:
+    """The q-quantile of what `counts` holds (a count per bucket, the last past `bounds`): the upper
+    bound of the bucket it falls in (the last bound for the overflow); None when empty."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank, seen = q * total, 0
+    for index, count in enumerate(counts):
+        seen += count
+        if seen >= rank and count:
+            return bounds[min(index, len(bounds) - 1)]
+    return bounds[-1]
+
+
 @dataclasses.dataclass
 class Histogram:
     counts: list[int] = dataclasses.field(default_factory=lambda: [0] * (len(BOUNDS_MS) + 1))  # last: overflow
@@ -85,14 +99,7 @@ class Histogram:
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile of the calls, in ms: the upper bound of the bucket it falls in."""
-        if not self.calls:
-            return None
-        rank, seen = q * self.calls, 0
-        for index, count in enumerate(self.counts):
-            seen += count
-            if seen >= rank and count:
-                return BOUNDS_MS[min(index, len(BOUNDS_MS) - 1)]
-        return BOUNDS_MS[-1]
+        return bucket_quantile(self.counts, BOUNDS_MS, q)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,21 +137,32 @@ class StageClock:
             "bounds_ms": BOUNDS_MS,
             "stages": {stage.value: dataclasses.asdict(h) for stage, h in self.histograms.items()},
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_suffix(".partial")
-        partial.write_text(json.dumps(record))
-        partial.replace(self.path)  # readers never see half a file
+        replace_file(self.path, json.dumps(record))
 
 
-def read_stage_files(stages_dir: Path) -> Iterable[tuple[str, dict[Stage, Histogram]]]:
-    """(model, histograms) of every worker file in `stages_dir`; files of another bucket layout are skipped."""
-    for path in sorted(stages_dir.glob(f"*{SUFFIX}")):
+def replace_file(path: Path, text: str) -> None:
+    """`path` rewritten whole: a reader sees the old text or the new, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def read_records(directory: Path, suffix: str, bounds_key: str, bounds: tuple[float, ...]) -> Iterable[dict]:
+    """The JSON record of every worker file `*suffix` in `directory` whose buckets are `bounds`
+    (a file of another bucket layout, or replaced while read, is skipped)."""
+    for path in sorted(directory.glob(f"*{suffix}")):
         try:
             record = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
-            continue  # removed or replaced while read
-        if tuple(record.get("bounds_ms", ())) != BOUNDS_MS:
             continue
+        if tuple(record.get(bounds_key, ())) == bounds:
+            yield record
+
+
+def read_stage_files(stages_dir: Path) -> Iterable[tuple[str, dict[Stage, Histogram]]]:
+    """(model, histograms) of every worker file in `stages_dir`."""
+    for record in read_records(stages_dir, SUFFIX, "bounds_ms", BOUNDS_MS):
         yield record["model"], {Stage(name): Histogram(**fields) for name, fields in record["stages"].items()}
 
 

@@ -22,10 +22,12 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from handlers.stages import bucket_quantile, read_records, replace_file
+
 # Upper bounds in seconds, 1 ms to about 20 minutes, 25 % apart (a quantile within ~12 %).
 BOUNDS_S: tuple[float, ...] = tuple(round(0.001 * 1.25**i, 6) for i in range(64))
 WRITE_S = 1.0  # how often the writer looks for a change
-SUFFIX = ".engine"  # <model>-<pid>.engine beside the stage files (handlers/stages.py reads *.json)
+SUFFIX = ".engine"  # <model>-<pid>.engine beside the stage files (handlers/stages.py's <model>-<pid>.json)
 
 
 @dataclasses.dataclass
@@ -41,14 +43,7 @@ class Histogram:
 
     def quantile(self, q: float) -> float | None:
         """The q-quantile, in seconds: the upper bound of the bucket it falls in."""
-        if not self.count:
-            return None
-        rank, seen = q * self.count, 0
-        for index, count in enumerate(self.counts):
-            seen += count
-            if seen >= rank and count:
-                return BOUNDS_S[min(index, len(BOUNDS_S) - 1)]
-        return BOUNDS_S[-1]
+        return bucket_quantile(self.counts, BOUNDS_S, q)
 
 
 @dataclasses.dataclass
@@ -153,19 +148,10 @@ class MetricsWriter:
         except RuntimeError:  # the engine's thread added a finish reason while it was copied
             self.written = -1
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_suffix(".partial")
-        partial.write_text(text)
-        partial.replace(self.path)  # readers never see half a file
+        replace_file(self.path, text)
 
 
 def read_engine_files(directory: Path) -> Iterable[tuple[str, int, Snapshot]]:
-    """(model, pid, snapshot) of every engine file in `directory`; another bucket layout is skipped."""
-    for path in sorted(directory.glob(f"*{SUFFIX}")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue  # removed or replaced while read
-        if tuple(record.get("bounds_s", ())) != BOUNDS_S:
-            continue
+    """(model, pid, snapshot) of every engine file in `directory`."""
+    for record in read_records(directory, SUFFIX, "bounds_s", BOUNDS_S):
         yield record["model"], int(record["pid"]), Snapshot.parse(record)
