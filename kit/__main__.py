@@ -26,7 +26,6 @@ import statistics
 import sys
 from pathlib import Path
 
-from handlers.stages import stage_table
 from kit import openai_router, probe, supervise
 from kit.footprint import Footprint, measure_live
 from kit.hints import print_endpoints
@@ -178,10 +177,9 @@ def status(args: argparse.Namespace) -> int:
     )
     if oom := server.oom.note():
         print(f"[status] WARNING: {oom}")
-    stages = server.stage_times()
-    if stages:
-        print("[status] where the workers' time goes, per stage of a call, since start (handlers/stages.py):")
-        print("\n".join(stage_table(stages)))
+    for title, lines in server.numbers():
+        print(f"[status] {title}:")
+        print("\n".join(lines))
     return 0
 
 

@@ -98,3 +98,28 @@ def render(stages_dir: Path) -> str:
         family(name, "gauge", help_text)
         lines += [f"{PREFIX}{name}{labels(model_name=m, pid=p)} {number(value_of(s.gauges))}" for m, p, s in workers]
     return "\n".join(lines) + "\n"
+
+
+def ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f}"
+
+
+def engine_table(stages_dir: Path) -> list[str]:
+    """Lines of a table (make status): per language-model worker, its requests, tokens, time to
+    first token and inter-token latency p50 / p99, and its gauges now; no lines without one."""
+    workers = list(read_engine_files(stages_dir))
+    if not workers:
+        return []
+    lines = [
+        f"{'model':12} {'pid':>7} {'requests':>8} {'prompt':>8} {'generated':>9} {'TTFT p50/p99 ms':>16} "
+        f"{'ITL p50/p99 ms':>15} {'running':>7} {'waiting':>7} {'KV use':>6}"
+    ]
+    for model, pid, snapshot in workers:
+        m, g = snapshot.metrics, snapshot.gauges
+        ttft = f"{ms(m.first_token.quantile(0.5))}/{ms(m.first_token.quantile(0.99))}"
+        itl = f"{ms(m.inter_token.quantile(0.5))}/{ms(m.inter_token.quantile(0.99))}"
+        lines.append(
+            f"{model:12} {pid:>7} {m.request.count:>8} {m.prompt_tokens:>8} {m.generation_tokens:>9} {ttft:>16} "
+            f"{itl:>15} {g.running:>7} {g.waiting:>7} {g.kv_cache_usage:>6.0%}"
+        )
+    return lines

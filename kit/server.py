@@ -24,13 +24,14 @@ from pathlib import Path
 import psutil
 import requests
 
-from handlers.stages import Histogram, Stage, merge, read_stage_files
+from handlers.stages import Histogram, Stage, merge, read_stage_files, stage_table
 from handlers.switches import STAGES_DIR
 from kit import openai_router
 from kit.footprint import measure, record
 from kit.kv_cache import served_sequences
 from kit.launch import LAYOUT_FILE, Launch
 from kit.layout import Layout
+from kit.metrics_text import engine_table
 from kit.models import STARTUP_TIMEOUT_S
 from kit.paths import INDUCTOR_CACHE
 from kit.ports import PortInUseError, bind_failure, start_on_fresh_ports
@@ -88,6 +89,17 @@ class Server:
     def stage_times(self) -> dict[str, dict[Stage, Histogram]]:
         """Per model, its workers' stage histograms so far (each worker writes at most once a second)."""
         return merge(read_stage_files(self.stages_dir))
+
+    def numbers(self) -> list[tuple[str, list[str]]]:
+        """The workers' own numbers as tables (make status), each with its title; none empty."""
+        tables = [
+            ("where the workers' time goes, per stage of a call, since start", stage_table(self.stage_times())),
+            (
+                "the language models' requests since start, and now (the router's /metrics)",
+                engine_table(self.stages_dir),
+            ),
+        ]
+        return [(title, lines) for title, lines in tables if lines]
 
     @classmethod
     def from_state(cls, run_dir: Path) -> Server | None:

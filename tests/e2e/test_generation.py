@@ -272,6 +272,10 @@ def test_the_metrics_endpoint_counts_what_the_clients_were_told_within_a_second(
     assert moved["kit_lm_e2e_request_latency_seconds_count"] == 6
     assert moved["kit_lm_inter_token_latency_seconds_count"] == generated - 6
     assert after["kit_lm_num_requests_running"] == after["kit_lm_num_requests_waiting"] == 0
+    # make status shows the same files: a line for the model's worker, its requests counted.
+    (table,) = [lines for title, lines in server.numbers() if "language models" in title]
+    (line,) = [line.split() for line in table[1:] if line.split()[0] == QWEN]
+    assert int(line[2]) >= 6
 
 
 def test_requests_generated_together_each_get_their_solo_answer(server, references):

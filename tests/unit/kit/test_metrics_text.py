@@ -60,3 +60,21 @@ def test_two_workers_are_two_series_and_no_worker_renders_the_families_alone(tmp
     write(tmp_path, "chat", EngineMetrics(), Gauges())
     models = {m for m in re.findall(r'model_name="([^"]+)"', render(tmp_path))}
     assert models == {"lm", "chat"}
+
+
+def test_the_status_table_gives_a_line_per_worker_with_its_quantiles_and_gauges(tmp_path):
+    from kit.metrics_text import engine_table
+
+    assert engine_table(tmp_path) == []
+    metrics = EngineMetrics()
+    metrics.token(True, 0.25)
+    metrics.token(False, 0.04)
+    metrics.ended("stop", 0.3, 12, 2)
+    write(tmp_path, "lm", metrics, Gauges(1, 3, 0.5))
+    header, line = engine_table(tmp_path)
+    assert header.split()[:5] == ["model", "pid", "requests", "prompt", "generated"]
+    fields = line.split()
+    assert fields[0] == "lm" and fields[2:5] == ["1", "12", "2"]
+    ttft_p50 = int(fields[5].split("/")[0])
+    assert 250 <= ttft_p50 < 250 * 1.25 + 1  # the bucket's upper bound, within 25 %
+    assert fields[-3:] == ["1", "3", "50%"]
