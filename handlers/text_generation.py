@@ -38,7 +38,8 @@ from handlers.generation.file_embedding import read_embedding_from_file
 from handlers.generation.grammar import Grammars
 from handlers.generation.lookup import AcceptanceLog
 from handlers.generation.metrics import SUFFIX as METRICS_SUFFIX
-from handlers.generation.metrics import EngineMetrics, MetricsWriter
+from handlers.generation.metrics import EngineMetrics
+from handlers.generation.metrics import writer as metrics_writer
 from handlers.generation.openvino_engine import OpenVinoEngine, Pipeline
 from handlers.generation.packed_linear import can_pack, pack_linears
 from handlers.generation.quantized import int8_weights
@@ -128,7 +129,7 @@ class TextGenerationHandler(StreamingHandler):
         self.acceptance = AcceptanceLog()  # what prompt lookup kept, logged now and then
         if (stages := WorkerDirs.from_environment().stages) is not None:  # in a server: for its /metrics
             path = stages / f"{self.model_name}-{os.getpid()}{METRICS_SUFFIX}"
-            MetricsWriter(path, self.model_name, self.engine.metrics, self.engine.gauges).start()
+            metrics_writer(path, self.model_name, self.engine.metrics, self.engine.gauges).start()
         graphs, hits = graphs_compiled() - graphs, fx_graph_cache_counts()[0] - hits
         log.info(
             "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB (resident as used) "

@@ -143,7 +143,6 @@ class KitWorker(TorchModelServiceWorker):
                     sent = now()
                     clock.record(Stage.READ, start, read, len(batch))
                     clock.record(Stage.WRITE, answered, sent, len(batch))
-                    clock.flush_if_due()
             elif command == otf.LOAD_MSG:
                 service, result, code = self.load(connection, cl_socket)
                 cl_socket.sendall(otf.create_load_model_response(code, result))

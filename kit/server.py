@@ -87,7 +87,7 @@ class Server:
         return self.run_dir / STAGES_DIR  # each worker's stage histograms (handlers/stages.py)
 
     def stage_times(self) -> dict[str, dict[Stage, Histogram]]:
-        """Per model, its workers' stage histograms so far (each worker writes at most once a second)."""
+        """Per model, its workers' stage histograms so far (each worker's within a second)."""
         return merge(read_stage_files(self.stages_dir))
 
     def numbers(self) -> list[tuple[str, list[str]]]:

@@ -1,7 +1,7 @@
 """A generation engine's serving numbers, with vLLM's meanings, in a file the metrics endpoint reads.
 
     metrics = EngineMetrics()                         # the scheduler records into it (scheduler.py)
-    writer = MetricsWriter(path, metrics, gauges)     # a thread: the file rewritten each second it changed
+    writer(path, model, metrics, gauges).start()      # a thread: the file rewritten each second it changed
     read_engine_files(run_dir / "stages")             # [(model, pid, Snapshot)]: kit/metrics_text.py
 
 Recorded as they happen, on the engine's thread: a request's wait in the queue, its time to first
@@ -18,15 +18,13 @@ import bisect
 import dataclasses
 import json
 import os
-import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from handlers.stages import bucket_quantile, read_records, replace_file
+from handlers.stages import Rewriter, bucket_quantile, read_records
 
 # Upper bounds in seconds, 1 ms to about 20 minutes, 25 % apart (a quantile within ~12 %).
 BOUNDS_S: tuple[float, ...] = tuple(round(0.001 * 1.25**i, 6) for i in range(64))
-WRITE_S = 1.0  # how often the writer looks for a change
 SUFFIX = ".engine"  # <model>-<pid>.engine beside the stage files (handlers/stages.py's <model>-<pid>.json)
 
 
@@ -119,36 +117,16 @@ class Snapshot:
         return cls(EngineMetrics(**fields), Gauges(**record["gauges"]))
 
 
-class MetricsWriter:
-    """A daemon thread that rewrites the worker's file within WRITE_S of a change."""
+def writer(path: Path, model: str, metrics: EngineMetrics, gauges: Callable[[], Gauges]) -> Rewriter:
+    """The worker's file of `metrics`, rewritten within a second of a change (not yet started)."""
 
-    def __init__(self, path: Path, model: str, metrics: EngineMetrics, gauges: Callable[[], Gauges]):
-        self.path, self.model, self.metrics, self.gauges = path, model, metrics, gauges
-        self.written = -1
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="engine-metrics", daemon=True)
-
-    def start(self) -> MetricsWriter:
-        self.write()
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.stopped.set()
-
-    def _run(self) -> None:
-        while not self.stopped.wait(WRITE_S):
-            if self.metrics.changes != self.written:
-                self.write()
-
-    def write(self) -> None:
-        self.written = self.metrics.changes  # read first: a change while writing is written next time
+    def text() -> str | None:
         try:
-            text = Snapshot(self.metrics, self.gauges()).as_json(self.model)
+            return Snapshot(metrics, gauges()).as_json(model)
         except RuntimeError:  # the engine's thread added a finish reason while it was copied
-            self.written = -1
-            return
-        replace_file(self.path, text)
+            return None
+
+    return Rewriter(path, text, lambda: metrics.changes)
 
 
 def read_engine_files(directory: Path) -> Iterable[tuple[str, int, Snapshot]]:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import re
 
-from handlers.generation.metrics import BOUNDS_S, EngineMetrics, Gauges, MetricsWriter
+from handlers.generation.metrics import BOUNDS_S, EngineMetrics, Gauges, writer
 from kit.metrics_text import render
 
 SAMPLE = re.compile(r'^(kit_lm_[a-z0-9_]+)\{([a-z_]+="[^"]*"(?:,[a-z_]+="[^"]*")*)\} (\S+)$')
 
 
 def write(directory, model: str, metrics: EngineMetrics, gauges: Gauges) -> None:
-    MetricsWriter(directory / f"{model}-1.engine", model, metrics, lambda: gauges).write()
+    writer(directory / f"{model}-1.engine", model, metrics, lambda: gauges).write()
 
 
 def samples(text: str) -> dict[str, float]:

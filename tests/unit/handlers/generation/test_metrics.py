@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from handlers.generation.engine import Engine
-from handlers.generation.metrics import BOUNDS_S, EngineMetrics, Gauges, Histogram, MetricsWriter, read_engine_files
+from handlers.generation.metrics import BOUNDS_S, EngineMetrics, Gauges, Histogram, read_engine_files, writer
 from handlers.generation.sequences import Finish, Generation, Usage
 from tests.hf_models import qwen2_lm
 
@@ -83,7 +83,7 @@ def test_a_histogram_puts_a_time_in_the_first_bucket_that_holds_it():
 def test_the_file_is_rewritten_within_a_second_of_a_change_without_another_request(tmp_path):
     metrics, gauges = EngineMetrics(), Gauges(1, 2, 0.25)
     path = tmp_path / "lm-1.engine"
-    writer = MetricsWriter(path, "lm", metrics, lambda: gauges).start()
+    rewriter = writer(path, "lm", metrics, lambda: gauges).start()
     try:
         metrics.ended("stop", 0.5, 10, 4)
         deadline = time.monotonic() + 2.5
@@ -96,4 +96,4 @@ def test_the_file_is_rewritten_within_a_second_of_a_change_without_another_reque
         assert model == "lm" and snapshot.metrics.finished == {"stop": 1}
         assert snapshot.metrics.request.count == 1 and snapshot.gauges == gauges
     finally:
-        writer.stop()
+        rewriter.stop()
