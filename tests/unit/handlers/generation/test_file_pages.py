@@ -51,6 +51,23 @@ def test_a_tensor_written_after_it_was_mapped_keeps_its_pages_and_its_values(tmp
     assert float(mapped[5000]) == -1.0
 
 
+def test_a_proc_that_hides_the_pagemap_releases_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "table.bin"
+    np.arange(1 << 20, dtype=np.float32).tofile(path)
+    mapped = torch.from_numpy(np.memmap(path, dtype=np.float32, mode="c"))
+    float(mapped.sum())
+    real_open = open
+
+    def hidden(name, *args, **kwargs):
+        if str(name) == "/proc/self/pagemap":
+            raise PermissionError(13, "Permission denied", name)
+        return real_open(name, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", hidden)
+    assert FilePages().release(mapped) == 0
+    assert resident_kb(path) >= 4000
+
+
 def test_the_processs_own_memory_is_never_released():
     tensor = torch.arange(1 << 20, dtype=torch.float32)
     assert FilePages().release(tensor) == 0
