@@ -118,12 +118,22 @@ class StageClock:
 
     def __init__(self, model: str, out_dir: Path | None):
         self.model = model
-        self.path = out_dir / f"{model}-{os.getpid()}{SUFFIX}" if out_dir else None
+        self.out_dir = out_dir
+        self.start()
+
+    def start(self) -> None:
+        """Empty histograms, and a writer of this process's file (a thread of this process)."""
+        self.pid = os.getpid()
+        self.path = self.out_dir / f"{self.model}-{self.pid}{SUFFIX}" if self.out_dir else None
         self.histograms = {stage: Histogram() for stage in Stage}
         self.records = 0  # the writer's cue
         self.writer = None if self.path is None else Rewriter(self.path, self.text, lambda: self.records).start()
 
     def record(self, stage: Stage, start: Instant, end: Instant, requests: int) -> None:
+        if os.getpid() != self.pid:
+            # A forked child (a peer app's decode processes): no writer thread came with it, and
+            # what the parent recorded is the parent's file's. A file of its own from here.
+            self.start()
         self.histograms[stage].add((end.wall - start.wall) * 1000, requests, (end.cpu - start.cpu) * 1000)
         self.records += 1
 

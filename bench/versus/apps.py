@@ -77,7 +77,6 @@ class PeerModel:
             return self.handler.decode({"body": body})
         finally:
             self.stages.record(Stage.DECODE, start, now(), 1)
-            self.stages.flush_if_due()  # LitServe decodes in processes that never predict
 
     def predict(self, items: list[Inputs]) -> list[Any]:
         start = now()
@@ -89,7 +88,6 @@ class PeerModel:
         answers = [self.handler.format(torch.from_numpy(row.copy())) for row in outputs]
         self.stages.record(Stage.MODEL, start, inferred, len(items))
         self.stages.record(Stage.FORMAT, inferred, now(), len(items))
-        self.stages.flush_if_due()
         return answers
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import time
 
 import pytest
@@ -85,6 +86,27 @@ def test_a_record_is_on_disk_within_a_second_without_another_and_no_directory_ne
     assert calls == 1 and {model for model, _ in read_stage_files(tmp_path)} == {"m"}
     clock.writer.stop()
     assert StageClock("m", None).writer is None  # a handler outside a server: in memory only
+
+
+def record_in_a_child(clock: StageClock) -> None:
+    clock.record(Stage.DECODE, *span(0.002), 1)
+    time.sleep(FLUSH_S + 0.8)  # its own writer's turn
+
+
+def test_a_forked_child_records_into_a_file_of_its_own(tmp_path):
+    """A peer app's decode processes are forked with the clock: no writer thread comes with it."""
+    clock = StageClock("m", tmp_path)
+    clock.record(Stage.DECODE, *span(0.001), 1)
+    clock.writer.write()
+    child = multiprocessing.get_context("fork").Process(target=record_in_a_child, args=(clock,))
+    child.start()
+    child.join(10)
+    assert child.exitcode == 0
+    files = sorted(tmp_path.glob("m-*.json"))
+    assert len(files) == 2  # the parent's and the child's, by pid
+    calls = [histograms[Stage.DECODE].calls for _, histograms in read_stage_files(tmp_path)]
+    assert sorted(calls) == [1, 1]  # the child's file holds its own call only
+    clock.writer.stop()
 
 
 def test_difference_is_what_a_bench_window_recorded():
