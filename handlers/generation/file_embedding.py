@@ -86,21 +86,25 @@ class Table:
 
     def rows(self, ids: list[int]) -> torch.Tensor:
         """The rows of `ids`, in the file's dtype."""
-        out = torch.empty((len(ids), self.stored.shape[1]), dtype=self.stored.dtype)
-        view = memoryview(out.view(torch.uint8).numpy()).cast("B")
+        out, view = self.empty(len(ids))
         for i, token in enumerate(ids):
-            row = view[i * self.row_bytes : (i + 1) * self.row_bytes]
-            if os.preadv(self.fd, [row], self.stored.offset + token * self.row_bytes) != self.row_bytes:
-                raise OSError(f"{self.stored.file} ended inside {self.stored.name}'s row {token}")
+            self.read(view[i * self.row_bytes : (i + 1) * self.row_bytes], token)
         return out
 
     def span(self, start: int, count: int) -> torch.Tensor:
         """`count` consecutive rows from `start`, in one read."""
-        out = torch.empty((count, self.stored.shape[1]), dtype=self.stored.dtype)
-        view = memoryview(out.view(torch.uint8).numpy()).cast("B")
-        if os.preadv(self.fd, [view], self.stored.offset + start * self.row_bytes) != len(view):
-            raise OSError(f"{self.stored.file} ended inside {self.stored.name}")
+        out, view = self.empty(count)
+        self.read(view, start)
         return out
+
+    def empty(self, rows: int) -> tuple[torch.Tensor, memoryview]:
+        out = torch.empty((rows, self.stored.shape[1]), dtype=self.stored.dtype)
+        return out, memoryview(out.view(torch.uint8).numpy()).cast("B")
+
+    def read(self, into: memoryview, row: int) -> None:
+        """The file's bytes from row `row` on, as many as `into` holds."""
+        if os.preadv(self.fd, [into], self.stored.offset + row * self.row_bytes) != len(into):
+            raise OSError(f"{self.stored.file} ended inside {self.stored.name} (from row {row})")
 
     def equals(self, loaded: torch.Tensor) -> bool:
         """Whether the stored table, in the loaded one's dtype, is the loaded one."""
