@@ -40,7 +40,8 @@ def test_measuring_leaves_the_engine_idle_with_its_chunk_and_nothing_found_by_re
         return Generation((next(tokens),) * length, new, ignore_eos=True)
 
     times = StepTimes.measure(engine, prompt)
-    assert times.decode_seconds > 0 and times.token_seconds > 0
+    # A tiny model's mixed step may time no longer than its decode step: never a negative cost.
+    assert times.decode_seconds > 0 and times.token_seconds >= 0
     assert lengths.count(PROBE) == 5 and lengths.count(2) == engine.slots - 1
     assert not engine.busy and engine.prefill_chunk == 24
     # Each prompt was of a token of its own: a request's prompt finds none of their blocks.
