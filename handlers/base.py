@@ -50,7 +50,7 @@ from handlers.payload import (
 )
 from handlers.samples import Samples, UserSamples
 from handlers.settings import OptimizationSettings
-from handlers.stages import Stage, StageClock, now
+from handlers.stages import FAILED, OK, Stage, StageClock, StoppedClock, now
 from handlers.switches import Diagnostics, WorkerDirs
 from handlers.typed_config import parse_settings
 
@@ -110,7 +110,7 @@ class OptimizedHandler(abc.ABC):
         self.settings = parse_settings(self.settings_class, (context.model_yaml_config or {}).get("handler"))
         self.buckets = self.settings.serving_buckets(int(context.system_properties.get("batch_size") or 1))
         self.diagnostics, dirs = Diagnostics.from_environment(), WorkerDirs.from_environment()
-        self.stages = StageClock(self.model_name, dirs.stages)
+        self.stages = StageClock(self.model_name, dirs.stages) if self.diagnostics.stage_metrics else StoppedClock()
         self.profiler = RequestProfiler(self.diagnostics.profile_requests, dirs.profile, self.model_name)
         self.load_files(self.model_dir)
 
@@ -211,10 +211,14 @@ class OptimizedHandler(abc.ABC):
         self.context = context
         count = len(requests)
         start = now()
-        batch = self.preprocess(requests)
-        decoded = now()
-        self.inference(batch)
-        inferred = now()
+        try:
+            batch = self.preprocess(requests)
+            decoded = now()
+            self.inference(batch)
+            inferred = now()
+        except Exception:
+            self.stages.answered(FAILED, count)  # TorchServe answers each request the error
+            raise
         responses = self.postprocess(batch)
         self.stages.record(Stage.DECODE, start, decoded, count)
         self.stages.record(Stage.MODEL, decoded, inferred, count)
@@ -272,6 +276,7 @@ class OptimizedHandler(abc.ABC):
             # 400 -> INVALID_ARGUMENT with this message. REST requests keep their own 400s.
             first = batch.errors[0]
             more = f" (and {batch.size - 1} more bad requests in this batch)" if batch.size > 1 else ""
+            self.tally(batch)
             raise PredictionException(status_phrase(str(first) + more), first.code)
         responses: list[Any] = [None] * batch.size
         for index, error in batch.errors.items():
@@ -283,10 +288,19 @@ class OptimizedHandler(abc.ABC):
             try:
                 responses[index] = self.reply(decoded, outputs, batch.paths[index])
             except InvalidInput as error:  # what only the outputs tell (a width not served)
+                batch.errors[index] = error
                 self.context.set_response_status(error.code, status_phrase(str(error)), index)
                 responses[index] = self.refusal(error, batch.paths[index])
+        self.tally(batch)
         for index in range(batch.size):
             self.context.set_response_content_type(index, JSON)
             if grpc[index]:  # a StreamPredictions answer is this one message
                 self.context.set_response_header(index, STREAM_NEXT, "false")
         return responses
+
+    def tally(self, batch: Batch) -> None:
+        """The batch's requests counted by outcome: answered, or refused for their reasons."""
+        for error in batch.errors.values():
+            self.stages.answered(error.reason)
+        if answered := batch.size - len(batch.errors):
+            self.stages.answered(OK, answered)

@@ -40,12 +40,20 @@ class InvalidInput(ValueError):
     """The request body cannot be served; the message names the problem for the client."""
 
     code = HTTP_BAD_REQUEST
+    reason = "bad_input"  # the refusal's label on the metrics port (handlers/stages.py)
+
+
+class TooLong(InvalidInput):
+    """The input is longer than the model takes, and the model refuses rather than truncates."""
+
+    reason = "too_long"
 
 
 class NotFound(InvalidInput):
     """The request's URL names no API the model serves."""
 
     code = 404
+    reason = "not_found"
 
 
 def request_body(request: Mapping[str, Any]) -> Any:

@@ -35,7 +35,7 @@ class SentenceEmbeddingHandler(TextClassificationHandler):
             try:
                 rows.append(self.encode_text(text))
             except InvalidInput as error:
-                raise InvalidInput(f'"input"[{index}]: {error}') from None
+                raise type(error)(f'"input"[{index}]: {error}') from None
         return Decoded(rows, asked)
 
     def reply(self, request: Decoded, outputs: torch.Tensor, path: str) -> Any:

@@ -2,6 +2,7 @@
 
     clock = StageClock(model_name, Path("logs/stages"))   # a thread rewrites logs/stages/<model>-<pid>.json
     start = now(); ...decode...; clock.record(Stage.DECODE, start, now(), requests=1)
+    clock.answered(OK)                                      # or the refusal's reason: "bad_input", ...
     summary = summarize(merge(read_stage_files(Path("logs/stages")))[model_name])   # make status, the bench
 
 Stages of one call, in order: the wait for it since the previous answer, TorchServe's frame read
@@ -46,6 +47,8 @@ WORK = tuple(stage for stage in Stage if stage is not Stage.WAIT)  # a call's ow
 BOUNDS_MS: tuple[float, ...] = tuple(round(0.02 * 1.12**i, 4) for i in range(116))
 FLUSH_S = 1.0  # how often a worker's writer looks for a change to write
 SUFFIX = ".json"
+OK = "ok"  # a request answered; a refused one is counted by its reason (handlers/payload.py)
+FAILED = "failed"  # the handler raised: TorchServe answered the request's error
 
 
 @dataclasses.dataclass
@@ -126,16 +129,25 @@ class StageClock:
         self.pid = os.getpid()
         self.path = self.out_dir / f"{self.model}-{self.pid}{SUFFIX}" if self.out_dir else None
         self.histograms = {stage: Histogram() for stage in Stage}
+        self.outcomes: dict[str, int] = {}  # requests by how they ended: OK, a refusal's reason, FAILED
         self.records = 0  # the writer's cue
         self.writer = None if self.path is None else Rewriter(self.path, self.text, lambda: self.records).start()
 
     def record(self, stage: Stage, start: Instant, end: Instant, requests: int) -> None:
+        self.own()
+        self.histograms[stage].add((end.wall - start.wall) * 1000, requests, (end.cpu - start.cpu) * 1000)
+        self.records += 1
+
+    def answered(self, outcome: str, requests: int = 1) -> None:
+        self.own()
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + requests
+        self.records += 1
+
+    def own(self) -> None:
         if os.getpid() != self.pid:
             # A forked child (a peer app's decode processes): no writer thread came with it, and
             # what the parent recorded is the parent's file's. A file of its own from here.
             self.start()
-        self.histograms[stage].add((end.wall - start.wall) * 1000, requests, (end.cpu - start.cpu) * 1000)
-        self.records += 1
 
     def text(self) -> str:
         record = {
@@ -143,8 +155,23 @@ class StageClock:
             "pid": os.getpid(),
             "bounds_ms": BOUNDS_MS,
             "stages": {stage.value: dataclasses.asdict(h) for stage, h in self.histograms.items()},
+            "outcomes": dict(self.outcomes),
         }
         return json.dumps(record)
+
+
+class StoppedClock(StageClock):
+    """A clock that records nothing and writes no file: the stage metrics switched off
+    (handlers/switches.py), to measure what they cost."""
+
+    def __init__(self) -> None:
+        super().__init__("", None)
+
+    def record(self, stage: Stage, start: Instant, end: Instant, requests: int) -> None:
+        pass
+
+    def answered(self, outcome: str, requests: int = 1) -> None:
+        pass
 
 
 class Rewriter:
@@ -199,10 +226,26 @@ def read_records(directory: Path, suffix: str, bounds_key: str, bounds: tuple[fl
             yield record
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkerStages:
+    """What one worker's file holds."""
+
+    model: str
+    pid: int
+    histograms: dict[Stage, Histogram]
+    outcomes: dict[str, int]  # requests by how they ended
+
+
+def read_workers(stages_dir: Path) -> Iterable[WorkerStages]:
+    for record in read_records(stages_dir, SUFFIX, "bounds_ms", BOUNDS_MS):
+        histograms = {Stage(name): Histogram(**fields) for name, fields in record["stages"].items()}
+        yield WorkerStages(record["model"], record["pid"], histograms, record.get("outcomes", {}))
+
+
 def read_stage_files(stages_dir: Path) -> Iterable[tuple[str, dict[Stage, Histogram]]]:
     """(model, histograms) of every worker file in `stages_dir`."""
-    for record in read_records(stages_dir, SUFFIX, "bounds_ms", BOUNDS_MS):
-        yield record["model"], {Stage(name): Histogram(**fields) for name, fields in record["stages"].items()}
+    for worker in read_workers(stages_dir):
+        yield worker.model, worker.histograms
 
 
 def merge(workers: Iterable[tuple[str, dict[Stage, Histogram]]]) -> dict[str, dict[Stage, Histogram]]:

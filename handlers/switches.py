@@ -24,6 +24,7 @@ from handlers.typed_config import SettingsError
 PROFILE_REQUESTS_VAR = "KIT_PROFILE_REQUESTS"
 ITT_OPS_VAR = "KIT_ITT_OPS"
 WHOLE_JPEG_VAR = "KIT_WHOLE_JPEG_DECODE"
+NO_STAGE_METRICS_VAR = "KIT_NO_STAGE_METRICS"
 LOG_DIR_VAR = "LOG_LOCATION"  # TorchServe's log directory, set by kit/server.py
 STAGES_DIR = "stages"  # in it: each worker's stage histograms
 # Set by kit/pin_worker.py from the plan: the sequences a language model's worker generates at
@@ -43,6 +44,9 @@ class Diagnostics:
     # Decode every JPEG whole (handlers/image.py's reduced decoding off): the reference the
     # bench compares phone photos against.
     whole_jpeg_decode: bool = False
+    # The stage clock and request counts (handlers/stages.py, the metrics port's kit_stage_* and
+    # kit_requests_total): off only to measure what they cost (make bench PLAN=metrics).
+    stage_metrics: bool = True
 
     def __post_init__(self) -> None:
         if self.profile_requests < 0:
@@ -53,7 +57,12 @@ class Diagnostics:
         raw = environ.get(PROFILE_REQUESTS_VAR, "0")
         if not raw.isdigit():
             raise ValueError(f"{PROFILE_REQUESTS_VAR} must be a whole number of requests, got {raw!r}")
-        return cls(int(raw), environ.get(ITT_OPS_VAR, "") == "1", environ.get(WHOLE_JPEG_VAR, "") == "1")
+        return cls(
+            int(raw),
+            environ.get(ITT_OPS_VAR, "") == "1",
+            environ.get(WHOLE_JPEG_VAR, "") == "1",
+            environ.get(NO_STAGE_METRICS_VAR, "") != "1",
+        )
 
     def environment(self) -> dict[str, str]:
         """What from_environment reads back (the server sets it for every worker)."""
@@ -61,6 +70,7 @@ class Diagnostics:
             PROFILE_REQUESTS_VAR: str(self.profile_requests) if self.profile_requests else "",
             ITT_OPS_VAR: "1" if self.itt_ops else "",
             WHOLE_JPEG_VAR: "1" if self.whole_jpeg_decode else "",
+            NO_STAGE_METRICS_VAR: "" if self.stage_metrics else "1",
         }
         return {name: value for name, value in switches.items() if value}
 

@@ -16,7 +16,7 @@ from handlers.backends.common import Inputs
 from handlers.base import OptimizedHandler, collate
 from handlers.calibration import SENTENCES
 from handlers.labels import Labels
-from handlers.payload import InvalidInput, request_text
+from handlers.payload import TooLong, request_text
 from handlers.settings import OverLength, TextSettings
 from handlers.text import ENCODING_FIELDS, encode, load_tokenizer
 
@@ -63,7 +63,7 @@ class TextClassificationHandler(OptimizedHandler):
     def encode_text(self, text: str) -> Inputs:
         encoded = encode(self.tokenizer, text, self.settings.max_length, self.settings.input_names)
         if encoded.truncated and self.settings.over_length is OverLength.REFUSE:
-            raise InvalidInput(
+            raise TooLong(
                 f"text is longer than the {self.settings.max_length} tokens this model takes; send a shorter text"
             )
         if encoded.truncated:

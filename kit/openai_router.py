@@ -6,7 +6,8 @@
     POST /v1/chat/completions, /v1/completions   a language model's (handlers/generation/api.py)
     POST /v1/embeddings                          a feature-extraction model's (handlers/embeddings_api.py)
     GET  /v1/models                              every model above, a language model's context as max_model_len
-    GET  /metrics                                the language models' serving numbers (kit/metrics_text.py)
+    GET  /metrics                                every model's serving numbers (kit/metrics_text.py), then
+                                                 TorchServe's own: one scrape reads both
 
 Every OpenAI-compatible server (vLLM, llama.cpp, OpenVINO Model Server, Ollama) serves one base
 URL, and clients, SDKs and agent frameworks assume it; TorchServe serves each model at its own
@@ -16,7 +17,9 @@ reads the body, forwards it to the model's path and passes the answer on as it c
 piece; a client that goes away closes the forwarded request, which ends its sequence in the
 worker. The caller's `Authorization` goes on with it: with token auth on, TorchServe checks the
 key an OpenAI client sends as its api_key. Errors, the router's and TorchServe's own (a wrong
-key, a model not ready), are in OpenAI's shape.
+key, a model not ready), are in OpenAI's shape. It starts for every server, language models or
+not: its /metrics is where the kit's numbers are scraped (the container publishes it as the
+metrics port's /metrics, kit/proxy.py).
 """
 
 from __future__ import annotations
@@ -108,9 +111,17 @@ def upstream_error(status: int, body: bytes) -> tuple[int, dict[str, Any]]:
 
 
 class Router:
-    def __init__(self, upstream: str, routes: Routes, max_body_mb: int = 16, stages_dir: Path | None = None):
+    def __init__(
+        self,
+        upstream: str,
+        routes: Routes,
+        max_body_mb: int = 16,
+        stages_dir: Path | None = None,
+        torchserve_metrics: str | None = None,
+    ):
         self.upstream, self.routes = upstream.rstrip("/"), routes
-        self.stages_dir = stages_dir  # where the workers write their numbers; None: /metrics is empty
+        self.stages_dir = stages_dir  # where the workers write their numbers; None: none of the kit's
+        self.torchserve_metrics = torchserve_metrics  # TorchServe's /metrics URL; None: not added
         self.max_body = max_body_mb * 1024 * 1024  # TorchServe's max_request_size (config.max_request_mb)
         self.session = None  # aiohttp.ClientSession, made on the server's loop
 
@@ -136,7 +147,22 @@ class Router:
         from aiohttp import web
 
         text = "" if self.stages_dir is None else metrics_text.render(self.stages_dir)
+        if self.torchserve_metrics:
+            text += await self.fetch_torchserve_metrics()
         return web.Response(text=text, headers={"Content-Type": metrics_text.CONTENT_TYPE})
+
+    async def fetch_torchserve_metrics(self) -> str:
+        """TorchServe's own series; a comment when it does not answer (starting, stopping): the
+        kit's series are still scraped."""
+        import aiohttp
+
+        try:
+            async with self.session.get(self.torchserve_metrics, timeout=aiohttp.ClientTimeout(total=5)) as answer:
+                if answer.status == 200:
+                    return await answer.text()
+                return f"# TorchServe's metrics answered {answer.status}\n"
+        except (TimeoutError, aiohttp.ClientError) as error:
+            return f"# TorchServe's metrics did not answer: {type(error).__name__}\n"
 
     async def open(self, app) -> None:
         import aiohttp
@@ -218,16 +244,16 @@ def routes_of(models: Iterable[str]) -> Routes:
     return Routes({name: Model.load(name).task for name in models if model_file(name).is_file()})
 
 
-def start(config: ServeConfig, run_dir: Path, upstream: str) -> subprocess.Popen | None:
+def start(config: ServeConfig, run_dir: Path, upstream: str, torchserve_metrics: str) -> subprocess.Popen | None:
     """The router for `config`'s models, in a session of its own (as TorchServe is); None when the
-    config has no OpenAI port or serves no model it routes to."""
-    routes = routes_of(config.models)
-    if not config.openai_port or not routes.serving():
+    config has no OpenAI port."""
+    if not config.openai_port:
         return None
+    routes = routes_of(config.models)
     listed = ",".join(f"{name}={task.value}" for name, task in routes.models.items())
     command = [sys.executable, "-m", "kit.openai_router", "--host", config.bind, "--port", str(config.openai_port)]
     command += ["--max-body-mb", str(config.max_request_mb), "--upstream", upstream, "--models", listed]
-    command += ["--stages-dir", str(run_dir / STAGES_DIR)]
+    command += ["--stages-dir", str(run_dir / STAGES_DIR), "--torchserve-metrics", torchserve_metrics]
     with open(run_dir / LOG_FILE, "ab") as output:
         return subprocess.Popen(
             command,
@@ -249,9 +275,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", required=True, help="name=task,... (kit.models Task values)")
     parser.add_argument("--max-body-mb", type=int, default=16, help="the largest body taken (max_request_mb)")
     parser.add_argument("--stages-dir", type=Path, default=None, help="the workers' numbers, for /metrics")
+    parser.add_argument("--torchserve-metrics", default=None, help="TorchServe's /metrics URL, added to ours")
     args = parser.parse_args(argv)
-    router = Router(args.upstream, Routes.parse(args.models), args.max_body_mb, args.stages_dir)
-    print(f"[openai] http://{args.host}:{args.port}/v1 -> {args.upstream} for {', '.join(router.routes.serving())}")
+    router = Router(
+        args.upstream, Routes.parse(args.models), args.max_body_mb, args.stages_dir, args.torchserve_metrics
+    )
+    served = ", ".join(router.routes.serving()) or "no model (none answers the OpenAI API)"
+    print(f"[openai] http://{args.host}:{args.port}/v1 -> {args.upstream} for {served}; /metrics")
     web.run_app(router.app(), host=args.host, port=args.port, print=None, access_log=None)
 
 

@@ -8,8 +8,9 @@ writes them into its working directory, and lets the inference key expire after
 `token_expiration_min` (60 min by default). A Deployment needs a key its clients already hold,
 that lives as long as a Secret and is the same in every replica: TorchServe stays on loopback
 (token auth off there) and nginx publishes the inference API with a bearer key read from a
-file (a mounted Secret), and the metrics API without one (the NetworkPolicy limits who may
-scrape it). The management API is never published.
+file (a mounted Secret), and the metrics without one (the NetworkPolicy limits who may scrape
+it): the router's /metrics, the kit's series and TorchServe's in one scrape (kit/openai_router.py),
+or TorchServe's alone in a config without the router. The management API is never published.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ http {{
     }}
     server {{
         listen {self.metrics_port};
-        location = /metrics {{ proxy_pass http://torchserve_metrics; }}
+        location = /metrics {{ proxy_pass http://{"openai_router" if config.openai_port else "torchserve_metrics"}; }}
         location / {{ return 404 '{NOT_SERVED}'; }}
     }}
 }}

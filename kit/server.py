@@ -170,7 +170,9 @@ class Server:
             )
         self.pid = process.pid
         try:
-            router = openai_router.start(self.config, self.run_dir, self.api.url("inference", ""))
+            router = openai_router.start(
+                self.config, self.run_dir, self.api.url("inference", ""), self.api.url("metrics", "/metrics")
+            )
         except Exception:
             self.stop()  # TorchServe is up: a failed start leaves nothing running
             raise

@@ -220,7 +220,7 @@ def test_plan_errors_name_the_problem(raw, message):
 def test_unknown_plan_lists_choices():
     with pytest.raises(
         PlanError,
-        match="plan 'fast' not found; choose one of: backends, batching, default, frontend, full, generate, generate-lookup, generate-structured, lengths, phone, placement, quick, served, tune",
+        match="plan 'fast' not found; choose one of: backends, batching, default, frontend, full, generate, generate-lookup, generate-structured, lengths, metrics, phone, placement, quick, served, tune",
     ):
         load_plan("fast")
 

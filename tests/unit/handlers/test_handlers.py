@@ -90,6 +90,7 @@ def test_batch_with_one_bad_request(image_archive, tiny_cnn):
 
     assert statuses(context) == [200, 400, 200]
     assert responses[1]["code"] == 400 and "not a decodable image" in responses[1]["message"]
+    assert handler.stages.outcomes == {"ok": 2, "bad_input": 1}  # the metrics port's kit_requests_total
     for response, data in zip((responses[0], responses[2]), good, strict=True):
         with torch.inference_mode():
             expected = torch.softmax(tiny_cnn(image_to_tensor(data)[None])[0], 0)
@@ -128,6 +129,7 @@ def test_a_bad_grpc_request_fails_its_batch_with_400_for_invalid_argument(image_
         serve(handler, context, [{"data": "t\u00ebxt".encode()}], headers=GRPC_HEADERS)
     assert raised.value.error_code == 400
     assert raised.value.message.isascii() and "not a decodable image" in raised.value.message
+    assert handler.stages.outcomes == {"bad_input": 1}
 
 
 def test_grpc_answers_end_a_stream_and_rest_answers_do_not(image_archive):
@@ -237,6 +239,7 @@ def test_text_over_the_limit_is_cut_or_refused_as_the_model_file_says(tmp_path, 
         assert status == 200 or "longer than the 16 tokens this model takes" in answer["message"]
         serve(handler, context, [{"body": short_text}])
         assert statuses(context) == [200]
+        assert handler.stages.outcomes == ({"ok": 2} if status == 200 else {"too_long": 1, "ok": 1})
 
 
 def test_sentence_embedder_returns_unit_vectors(tmp_path, tiny_bert_config):
@@ -515,6 +518,8 @@ def test_openai_embeddings_answer_several_texts_per_request_beside_the_kits_own_
     context.request_ids = {i: f"req-{i}" for i in range(len(asks))}
     answers = handler.handle([{"body": body} for _, body in asks], context)
     assert statuses(context) == [200, 200, 400, 404, 400]
+    # A refusal only the outputs tell (a width not served) is counted as one too.
+    assert handler.stages.outcomes == {"ok": 2, "bad_input": 2, "not_found": 1}
 
     tokenizer = load_tokenizer(tmp_path)
     encoded = [encode(tokenizer, text, 32).inputs for text in [*texts, "hello"]]

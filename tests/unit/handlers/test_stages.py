@@ -15,10 +15,12 @@ from handlers.stages import (
     Instant,
     Stage,
     StageClock,
+    StoppedClock,
     difference,
     merge,
     now,
     read_stage_files,
+    read_workers,
     replace_file,
     stage_table,
     summarize,
@@ -68,6 +70,26 @@ def test_a_written_clock_reads_back_merged_per_model(tmp_path):
     assert (decode.calls, decode.requests) == (2, 3) and decode.total_ms == pytest.approx(8.0)
     assert decode.cpu_ms == pytest.approx(4.0)  # 3 ms of the first, 1 of the second (preempted for 4)
     assert not list(tmp_path.glob("*.partial"))  # written whole, then renamed
+
+
+def test_a_stopped_clock_records_nothing_and_writes_no_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    clock = StoppedClock()
+    clock.record(Stage.DECODE, *span(0.003), 1)
+    clock.answered("ok")
+    assert clock.histograms[Stage.DECODE].calls == 0 and clock.outcomes == {} and clock.writer is None
+    assert not list(tmp_path.iterdir())
+
+
+def test_outcomes_are_counted_per_worker_and_read_back_with_its_pid(tmp_path):
+    clock = StageClock("bert", tmp_path)
+    clock.answered("ok", 20)
+    for _ in range(3):
+        clock.answered("bad_input")
+    clock.writer.write()
+    (worker,) = read_workers(tmp_path)
+    assert (worker.model, worker.pid) == ("bert", clock.pid)
+    assert worker.outcomes == {"ok": 20, "bad_input": 3}
 
 
 def test_a_file_of_another_bucket_layout_or_half_written_is_skipped(tmp_path):
@@ -133,7 +155,7 @@ def test_the_status_table_names_every_stage_recorded_and_the_total_without_the_w
     assert lines[-1].endswith("CPU outside the model call: 2.000 ms/request)")  # decode's 2 of the 8
 
 
-def test_now_reads_the_cpu_time_which_a_sleep_does_not_spend():
+def sleep_then_spin() -> tuple[Instant, Instant, Instant]:
     start = now()
     time.sleep(0.05)
     slept = now()
@@ -143,6 +165,13 @@ def test_now_reads_the_cpu_time_which_a_sleep_does_not_spend():
     deadline = time.perf_counter() + 10
     while now().cpu - slept.cpu < 0.03 and time.perf_counter() < deadline:
         pass
-    spun = now()
+    return start, slept, now()
+
+
+def test_now_reads_the_cpu_time_which_a_sleep_does_not_spend():
+    # In a fresh process: the CPU time is the whole process's, and in this one the OpenMP threads
+    # of an earlier test's torch call may still be spinning while this one sleeps.
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        start, slept, spun = pool.apply(sleep_then_spin)
     assert slept.wall - start.wall >= 0.05 and slept.cpu - start.cpu < 0.02
     assert spun.cpu - slept.cpu >= 0.03 and spun.wall - slept.wall >= 0.03  # CPU time grew, no faster than wall

@@ -50,6 +50,10 @@ def test_the_proxy_config_requires_the_key_and_forwards_to_torchserve(container_
     assert f"server 127.0.0.1:{container_config.inference_port};" in text
     assert f"server 127.0.0.1:{container_config.metrics_port};" in text
     assert "listen 8080;" in text and "listen 8082;" in text
+    # The metrics port's /metrics is the router's: the kit's series, then TorchServe's.
+    assert "location = /metrics { proxy_pass http://openai_router; }" in text
+    alone = AuthProxy(key_file).render(dataclasses.replace(container_config, openai_port=0), tmp_path)
+    assert "location = /metrics { proxy_pass http://torchserve_metrics; }" in alone
     assert f"client_max_body_size {container_config.max_request_mb}m;" in text
     assert str(container_config.management_port) not in text, "the management API is never published"
     # Form bodies go on as bytes: TorchServe would decode them itself and answer 500.

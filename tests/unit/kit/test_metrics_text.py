@@ -1,14 +1,16 @@
-"""kit/metrics_text.py: every language-model worker's file as Prometheus text: cumulative buckets
-ending at the count, counters and gauges labelled by model and pid, a family's HELP and TYPE once."""
+"""kit/metrics_text.py: every worker's stage file and language-model engine file as Prometheus
+text: cumulative buckets ending at the count, counters and gauges labelled by model and pid, a
+family's HELP and TYPE once."""
 
 from __future__ import annotations
 
 import re
 
 from handlers.generation.metrics import BOUNDS_S, EngineMetrics, Gauges, writer
-from kit.metrics_text import render
+from handlers.stages import Instant, Stage, StageClock
+from kit.metrics_text import STAGE_BUCKETS, render
 
-SAMPLE = re.compile(r'^(kit_lm_[a-z0-9_]+)\{([a-z_]+="[^"]*"(?:,[a-z_]+="[^"]*")*)\} (\S+)$')
+SAMPLE = re.compile(r'^(kit_[a-z0-9_]+)\{([a-z_]+="[^"]*"(?:,[a-z_]+="[^"]*")*)\} (\S+)$')
 
 
 def write(directory, model: str, metrics: EngineMetrics, gauges: Gauges) -> None:
@@ -78,3 +80,34 @@ def test_the_status_table_gives_a_line_per_worker_with_its_quantiles_and_gauges(
     ttft_p50 = int(fields[5].split("/")[0])
     assert 250 <= ttft_p50 < 250 * 1.25 + 1  # the bucket's upper bound, within 25 %
     assert fields[-3:] == ["1", "3", "50%"]
+
+
+def test_a_workers_stages_and_outcomes_become_histograms_and_counters(tmp_path):
+    clock = StageClock("bert", tmp_path)
+    for seconds, requests in ((0.004, 2), (0.004, 1), (0.250, 4)):  # three calls, seven requests
+        clock.record(Stage.MODEL, Instant(10.0, 1.0), Instant(10.0 + seconds, 1.0 + seconds / 2), requests)
+    clock.answered("ok", 6)
+    clock.answered("too_long")
+    clock.writer.write()
+    text = render(tmp_path)
+    values = samples(text)
+    at = f'model_name="bert",pid="{clock.pid}"'
+    model = f'{at},stage="model"'
+    assert values[f"kit_stage_seconds_count{{{model}}}"] == 3
+    assert abs(values[f"kit_stage_seconds_sum{{{model}}}"] - 0.258) < 1e-9
+    assert values[f"kit_stage_requests_total{{{model}}}"] == 7
+    assert abs(values[f"kit_stage_cpu_seconds_total{{{model}}}"] - 0.129) < 1e-9
+    buckets = {
+        float(k.split('le="')[1].rstrip('"}')): v
+        for k, v in values.items()
+        if k.startswith(f"kit_stage_seconds_bucket{{{model}")
+    }
+    assert len(buckets) == len(STAGE_BUCKETS) + 1 and buckets[float("inf")] == 3
+    assert list(buckets.values()) == sorted(buckets.values())
+    # Each bound counts the calls at or under it: two of 4 ms, then the 250 ms one.
+    assert {v for b, v in buckets.items() if 0.004 <= b < 0.25 * 0.6} == {2}
+    assert all(v == 3 for b, v in buckets.items() if b >= 0.25)
+    assert values[f'kit_requests_total{{{at},outcome="ok"}}'] == 6
+    assert values[f'kit_requests_total{{{at},outcome="too_long"}}'] == 1
+    assert text.count("# TYPE kit_stage_seconds histogram") == 1
+    assert "kit_lm_" not in text.replace("# HELP kit_lm_", "").replace("# TYPE kit_lm_", "")  # no engine here

@@ -40,20 +40,24 @@ def torchserve(seen: list) -> web.Application:
     app.router.add_post("/predictions/lm/1.0/v1/chat/completions", stream)
     app.router.add_post("/predictions/minilm/1.0/v1/embeddings", refused)
     app.router.add_get("/predictions/lm/1.0/v1/models", models)
+    app.router.add_get(
+        "/metrics", lambda request: web.Response(text='ts_queue_latency_microseconds{model_name="lm"} 5.0\n')
+    )
     return app
 
 
-async def exchange(calls):
+async def exchange(calls, **router_options):
     """Start the fake TorchServe and the router in front of it; run `calls(client)`."""
     seen: list = []
     async with TestServer(torchserve(seen)) as upstream:
-        router = Router(str(upstream.make_url("")), ROUTES, max_body_mb=1)
+        options = {key: value(upstream) if callable(value) else value for key, value in router_options.items()}
+        router = Router(str(upstream.make_url("")), ROUTES, max_body_mb=1, **options)
         async with TestClient(TestServer(router.app())) as client:
             return await calls(client), seen
 
 
-def run(calls):
-    return asyncio.run(exchange(calls))
+def run(calls, **router_options):
+    return asyncio.run(exchange(calls, **router_options))
 
 
 def test_the_body_s_model_picks_its_path_and_the_stream_passes_on_with_the_key():
@@ -127,3 +131,22 @@ def test_only_models_with_a_model_file_are_routed():
     from kit.openai_router import routes_of
 
     assert routes_of(["minilm", "an-archive-built-by-hand"]).models == {"minilm": Task.FEATURE_EXTRACTION}
+
+
+def test_metrics_are_the_workers_series_then_torchserves_and_only_ours_when_it_is_down(tmp_path):
+    from handlers.stages import StageClock
+
+    clock = StageClock("bert", tmp_path)
+    clock.answered("ok", 3)
+    clock.writer.write()
+
+    async def calls(client):
+        answer = await client.get("/metrics")
+        return answer.headers["Content-Type"], await answer.text()
+
+    (kind, text), _ = run(calls, stages_dir=tmp_path, torchserve_metrics=lambda up: str(up.make_url("/metrics")))
+    assert kind.startswith("text/plain; version=0.0.4")
+    ours = f'kit_requests_total{{model_name="bert",pid="{clock.pid}",outcome="ok"}} 3'
+    assert text.index(ours) < text.index('ts_queue_latency_microseconds{model_name="lm"} 5.0')
+    (_, text), _ = run(calls, stages_dir=tmp_path, torchserve_metrics="http://127.0.0.1:9/metrics")
+    assert ours in text and "# TorchServe's metrics did not answer" in text

@@ -139,6 +139,10 @@ def test_diagnostics_reach_the_workers_environment():
     assert diagnostics.profile_requests == 20 and diagnostics.itt_ops and diagnostics.whole_jpeg_decode
     assert not Diagnostics.from_environment({}).whole_jpeg_decode
     assert "KIT_PROFILE_REQUESTS" not in worker_environment(ServeConfig.from_preset("optimized"))
+    # The stage metrics are on unless switched off (to measure their cost).
+    assert diagnostics.stage_metrics and Diagnostics.from_environment({}).stage_metrics
+    off = worker_environment(ServeConfig.from_preset("optimized", diagnostics={"stage_metrics": False}))
+    assert not Diagnostics.from_environment(off).stage_metrics
 
 
 def test_a_diagnostics_override_keeps_the_presets_other_switches(tmp_path):
