@@ -6,6 +6,7 @@ the fields it uses, and the manifests against the kit
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import kubernetes_validate
@@ -22,7 +23,10 @@ K8S = ROOT / "deploy" / "k8s"
 # The oldest Kubernetes release still in wide use and the newest kubernetes-validate knows.
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")
 # No schema of these is bundled: each is checked against one of the fields deploy/k8s uses.
-CRD_SCHEMAS = {"monitoring.coreos.com/v1": ROOT / "tests" / "fixtures" / "k8s" / "servicemonitor-v1.schema.json"}
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", kind): ROOT / "tests" / "fixtures" / "k8s" / f"{kind.lower()}-v1.schema.json"
+    for kind in ("ServiceMonitor", "PrometheusRule")
+}
 KUSTOMIZATION = yaml.safe_load((K8S / "kustomization.yaml").read_text())
 
 
@@ -40,15 +44,17 @@ RESOURCES = [d for n in [*KUSTOMIZATION["resources"], "prometheus-adapter-rules.
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize(
-    "document", [d for d in RESOURCES if d["apiVersion"] not in CRD_SCHEMAS], ids=lambda d: d["kind"]
+    "document", [d for d in RESOURCES if (d["apiVersion"], d["kind"]) not in CRD_SCHEMAS], ids=lambda d: d["kind"]
 )
 def test_resource_is_valid_for_kubernetes(document, version):
     kubernetes_validate.validate(document, version, strict=True)
 
 
-@pytest.mark.parametrize("document", [d for d in RESOURCES if d["apiVersion"] in CRD_SCHEMAS], ids=lambda d: d["kind"])
+@pytest.mark.parametrize(
+    "document", [d for d in RESOURCES if (d["apiVersion"], d["kind"]) in CRD_SCHEMAS], ids=lambda d: d["kind"]
+)
 def test_custom_resource_matches_its_schema(document):
-    schema = json.loads(CRD_SCHEMAS[document["apiVersion"]].read_text())
+    schema = json.loads(CRD_SCHEMAS[document["apiVersion"], document["kind"]].read_text())
     jsonschema.validate(document, schema)
     with pytest.raises(jsonschema.ValidationError):  # the schema refuses what it does not know
         jsonschema.validate({**document, "spec": {**document["spec"], "endpoint": []}}, schema)
@@ -140,13 +146,30 @@ def test_the_autoscaler_and_budget_target_the_deployment(pod):
     assert hpa["spec"]["scaleTargetRef"]["name"] == resource("Deployment")["metadata"]["name"]
     (metric,) = hpa["spec"]["metrics"]
     (rules,) = documents("prometheus-adapter-rules.yaml")
-    (rule,) = yaml.safe_load(rules["data"]["config.yaml"])["rules"]
+    rule, waiting = yaml.safe_load(rules["data"]["config.yaml"])["rules"]
     assert metric["pods"]["metric"]["name"] == rule["name"]["as"]
+    # The one an LM deployment's HPA names instead (hpa.yaml's comment): the router's gauge.
+    assert waiting["name"]["as"] in (K8S / "hpa.yaml").read_text()
+    assert waiting["seriesQuery"].startswith("kit_lm_num_requests_waiting{")
     # TorchServe's queue latency is a counter: the rule divides its rate by the request rate.
     assert "rate(ts_queue_latency_microseconds" in rule["metricsQuery"]
     assert "rate(ts_inference_requests_total" in rule["metricsQuery"]
     budget = resource("PodDisruptionBudget")["spec"]
     assert budget["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+
+
+def test_the_rules_and_dashboard_read_only_series_the_kit_exports(tmp_path):
+    """Every kit_ series a rule or a dashboard query names is one the router renders (a recorded
+    series, `a:kit_...:b`, is the rule's own)."""
+    from kit import metrics_text
+    from tests.prometheus import dashboard_queries
+
+    (rule,) = documents("prometheusrule.yaml")
+    exprs = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]] + list(dashboard_queries().values())
+    named = {n for expr in exprs for n in re.findall(r"(?<![:\w])(kit_\w+)(?![:\w])", expr)}
+    exported = re.findall(r"^# TYPE (kit_\w+) (\w+)$", metrics_text.render(tmp_path), re.MULTILINE)
+    known = {name if kind != "histogram" else f"{name}_bucket" for name, kind in exported}
+    assert named and named <= known, named - known
 
 
 def test_the_image_name_is_the_one_kustomize_rewrites(container):
