@@ -20,7 +20,7 @@ IMAGE ?= localhost/kit-serve:latest
 IMAGE_VARIANTS ?= inductor
 export IMAGE
 
-.PHONY: help test-tools test-image test-ipex test-container install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths bench-router bench-prefix test test-archives test-unit test-e2e lint format clean
+.PHONY: help test-tools test-image test-ipex test-container install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths bench-router bench-prefix bench-metrics test test-archives test-unit test-e2e lint format clean
 
 help:
 	@echo "make serve [CONFIG=optimized|baseline|tuned|path.yaml] [VARIANT=name] [MODELS=resnet50,bert] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1] [ITT_TRACE=1] [MEMORY=6Gi]"
@@ -100,6 +100,10 @@ bench-router: archive
 # A shared system prompt of 1,000 tokens: the first request's time to first token against the later ones'.
 bench-prefix: archive
 	@$(PY) -m bench.studies.prefix_reuse --models $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS))
+
+# What the kit's metrics cost a worker per request, clock on and off in turns (bench/studies/metrics_cost.py).
+bench-metrics: install
+	@$(PY) -m bench.studies.metrics_cost $(if $(ROUNDS),--rounds $(ROUNDS))
 
 # The image handler's preprocessing per request, whole vs reduced JPEG decoding, by payload.
 bench-preprocess: install

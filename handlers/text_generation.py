@@ -52,14 +52,16 @@ from handlers.generation.warm_up import WarmUp
 from handlers.generation.weights import own_memory, weight_parts
 from handlers.loaders import load_model
 from handlers.optimize import RecompileWatch, fx_graph_cache_counts, graphs_compiled
-from handlers.payload import URL_PATH, InvalidInput, over_grpc, request_decoded, request_json
+from handlers.payload import URL_PATH, InvalidInput, NotFound, over_grpc, request_decoded, request_json
 from handlers.replies import Transport
 from handlers.settings import Weights
+from handlers.stages import OK
 from handlers.streaming import StreamingHandler
 from handlers.switches import WorkerDirs, planned_sequences, served_settings
 
 log = logging.getLogger(__name__)
 SERVICE_UNAVAILABLE = 503
+OVERLOAD = "overload"  # a refusal's reason: the engine's queue is full
 GENERATION_CONFIG = "generation_config.json"
 
 
@@ -282,7 +284,12 @@ class TextGenerationHandler(StreamingHandler):
         self.replies = replies
 
     def accept(self, request_id: str, request: dict[str, Any], headers: dict[str, Any]) -> None:
-        """One request, as it arrives (the worker's reader thread): checked, then queued."""
+        """One request, as it arrives (the worker's reader thread): checked, then queued; counted
+        by its outcome (the metrics port's kit_requests_total)."""
+        self.engine.metrics.answered(self.take(request_id, request, headers))
+
+    def take(self, request_id: str, request: dict[str, Any], headers: dict[str, Any]) -> str:
+        """Queue or answer the request, else refuse it; OK or the refusal's reason."""
         replies, grpc = self.replies, over_grpc(headers)
         path = str(headers.get(URL_PATH) or "").strip("/")
         try:
@@ -290,17 +297,17 @@ class TextGenerationHandler(StreamingHandler):
         except ValueError:
             paths = ", ".join(f"'{a.value}'" for a in api.Api)
             refuse(replies, request_id, api.Api.KIT, f"unknown path {path!r}; this model serves {paths}", 404, grpc)
-            return
+            return NotFound.reason
         if kind is api.Api.MODELS:
             answer_whole(replies, request_id, answers.model_list(self.model_name, self.limits.context), grpc)
-            return
+            return OK
         try:
             parsed = api.parse(
                 kind, decode_body(request, kind), self.limits, self.tokenize, self.apply_template, self.grammars
             )
         except InvalidInput as error:
             refuse(replies, request_id, kind, str(error), error.code, grpc)
-            return
+            return error.reason
         answer = answers.ANSWERS[kind](request_id, self.model_name, parsed)
         responder = Responder(replies, request_id, answer, parsed.stream, grpc, parsed.n)
         asked = [(generation, responder.choice(i)) for i, generation in enumerate(parsed.generations())]
@@ -308,8 +315,9 @@ class TextGenerationHandler(StreamingHandler):
             self.engine.submit_all(asked, key=request_id)
         except QueueFull as error:
             refuse(replies, request_id, kind, str(error), SERVICE_UNAVAILABLE, grpc)
-            return
+            return OVERLOAD
         responder.open()
+        return OK
 
     def cancel(self, request_id: str) -> None:
         """The request's client went away: its sequence ends at the engine's next step (logged)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from handlers.generation.metrics import BOUNDS_S, EngineMetrics, Gauges, Histogram, read_engine_files
+from handlers.generation.metrics import BOUNDS_S, EngineMetrics, Gauges, Histogram, Snapshot, read_engine_files
 from handlers.stages import BOUNDS_MS, WorkerStages, read_workers
 
 STAGE_PREFIX = "kit_"
@@ -84,12 +84,14 @@ def family(lines: list[str], name: str, kind: str, help_text: str) -> None:
 
 
 def render(stages_dir: Path) -> str:
-    return stage_series(list(read_workers(stages_dir))) + engine_series(stages_dir)
+    stages, engines = list(read_workers(stages_dir)), list(read_engine_files(stages_dir))
+    outcomes = [(w.model, w.pid, w.outcomes) for w in stages] + [(m, p, s.metrics.outcomes) for m, p, s in engines]
+    return stage_series(stages) + outcome_series(outcomes) + engine_series(engines)
 
 
 def stage_series(workers: list[WorkerStages]) -> str:
     """Per worker and stage: the calls' times (a histogram, seconds), the requests they served
-    and the CPU time spent in them (counters); per worker, its requests by outcome."""
+    and the CPU time spent in them (counters)."""
     lines: list[str] = []
     name = f"{STAGE_PREFIX}stage_seconds"
     family(lines, name, "histogram", "A stage's wall time per call of the handler (a call serves a batch).")
@@ -113,16 +115,22 @@ def stage_series(workers: list[WorkerStages]) -> str:
             for stage, histogram in worker.histograms.items():
                 own = labels(model_name=worker.model, pid=worker.pid, stage=stage.value)
                 lines.append(f"{STAGE_PREFIX}{suffix}{own} {value_of(histogram)}")
-    name = f"{STAGE_PREFIX}requests_total"
-    family(lines, name, "counter", 'Requests by how they ended: "ok", "failed", or the refusal\'s reason.')
-    for worker in workers:
-        for outcome, count in sorted(worker.outcomes.items()):
-            lines.append(f"{name}{labels(model_name=worker.model, pid=worker.pid, outcome=outcome)} {count}")
     return "\n".join(lines) + "\n"
 
 
-def engine_series(stages_dir: Path) -> str:
-    workers = list(read_engine_files(stages_dir))
+def outcome_series(workers: list[tuple[str, int, dict[str, int]]]) -> str:
+    """Per worker (a classifier's stage file, a language model's engine file), its requests by
+    outcome: one family, whichever file counted them."""
+    lines: list[str] = []
+    name = f"{STAGE_PREFIX}requests_total"
+    family(lines, name, "counter", 'Requests by how they ended: "ok", "failed", or the refusal\'s reason.')
+    for model, pid, outcomes in workers:
+        for outcome, count in sorted(outcomes.items()):
+            lines.append(f"{name}{labels(model_name=model, pid=pid, outcome=outcome)} {count}")
+    return "\n".join(lines) + "\n"
+
+
+def engine_series(workers: list[tuple[str, int, Snapshot]]) -> str:
     lines: list[str] = []
 
     for name, histogram_of, help_text in HISTOGRAMS:

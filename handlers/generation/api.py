@@ -25,7 +25,7 @@ from handlers.generation.logprobs import MAX_TOP
 from handlers.generation.sampling import SEED_LIMIT, Sampling, integer
 from handlers.generation.sequences import Generation
 from handlers.generation.tools import Format, Tools, template_calls
-from handlers.payload import InvalidInput, NotFound
+from handlers.payload import InvalidInput, NotFound, TooLong
 
 MAX_STOPS = 8
 MAX_CHOICES = 16  # n: each choice a sequence of its own, in the same slots as everyone's
@@ -135,7 +135,7 @@ def _checked_prompt(ids: list[int], limits: Limits) -> tuple[int, ...]:
     if not ids:
         raise InvalidInput("prompt is empty")
     if len(ids) >= limits.context:
-        raise InvalidInput(
+        raise TooLong(
             f"prompt is {len(ids)} tokens; this model's context is {limits.context} tokens, the answer "
             "included: shorten the prompt"
         )

@@ -66,7 +66,14 @@ class EngineMetrics:
     prefix_hit_tokens: int = 0  # of them, found computed
     draft_tokens: int = 0  # prompt lookup's drafts
     accepted_tokens: int = 0  # of them, kept
+    # Requests by how the handler took them: "ok" (queued, then answered or cancelled), or the
+    # refusal's reason (handlers/payload.py's, "overload" for a full queue): kit_requests_total.
+    outcomes: dict[str, int] = dataclasses.field(default_factory=dict)
     changes: int = 0
+
+    def answered(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        self.changes += 1
 
     def ended(self, reason: str, seconds: float, prompt_tokens: int, generated: int) -> None:
         self.request.add(seconds)

@@ -232,12 +232,13 @@ def test_an_answers_usage_says_what_prompt_lookup_drafted_for_it(server, referen
 
 
 def scraped(server: Server, model: str) -> dict[str, float]:
-    """The model's series on the router's /metrics, summed over its workers, by name and reason."""
+    """The model's series on the router's /metrics, summed over its workers, by name and reason
+    (a finish reason or an outcome)."""
     text = requests.get(server.api.openai_url("/metrics"), timeout=10).text
     values: dict[str, float] = {}
-    for name, labels, value in re.findall(r"^(kit_lm_\w+)\{([^}]*)\} (\S+)$", text, re.MULTILINE):
+    for name, labels, value in re.findall(r"^(kit_\w+)\{([^}]*)\} (\S+)$", text, re.MULTILINE):
         if f'model_name="{model}"' in labels and 'le="' not in labels:
-            reason = re.search(r'finished_reason="(\w+)"', labels)
+            reason = re.search(r'(?:finished_reason|outcome)="(\w+)"', labels)
             key = f"{name}:{reason[1]}" if reason else name
             values[key] = values.get(key, 0.0) + float(value)
     return values
@@ -246,6 +247,7 @@ def scraped(server: Server, model: str) -> dict[str, float]:
 def test_the_metrics_endpoint_counts_what_the_clients_were_told_within_a_second(server):
     """Six streamed completions: a scrape 1.5 s after the last answer (no request since) has moved
     each counter by what the answers' usage said, and the latency histograms by each token."""
+    import openai
     from openai import OpenAI
 
     time.sleep(1.5)  # what the tests before it asked is in the file by now
@@ -262,6 +264,8 @@ def test_the_metrics_endpoint_counts_what_the_clients_were_told_within_a_second(
             stream_options={"include_usage": True},
         )
         usages.append([chunk.usage for chunk in chunks if chunk.usage][0])
+    with pytest.raises(openai.BadRequestError):  # refused, counted by its reason
+        client.completions.create(model=QWEN, prompt="x", max_tokens=-1)
     time.sleep(1.5)
     after = scraped(server, QWEN)
     moved = {name: after[name] - before.get(name, 0.0) for name in after}
@@ -273,6 +277,7 @@ def test_the_metrics_endpoint_counts_what_the_clients_were_told_within_a_second(
     assert moved["kit_lm_e2e_request_latency_seconds_count"] == 6
     assert moved["kit_lm_inter_token_latency_seconds_count"] == generated - 6
     assert after["kit_lm_num_requests_running"] == after["kit_lm_num_requests_waiting"] == 0
+    assert moved["kit_requests_total:ok"] == 6 and moved["kit_requests_total:bad_input"] == 1
     # make status shows the same files: a line for the model's worker, its requests counted.
     (table,) = [lines for title, lines in server.numbers() if "language models" in title]
     (line,) = [line.split() for line in table[1:] if line.split()[0] == QWEN]

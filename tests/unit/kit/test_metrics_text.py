@@ -36,6 +36,8 @@ def test_a_workers_numbers_become_series_with_vllms_names(tmp_path):
         metrics.token(False, 0.05)
     metrics.ended("stop", 0.4, 40, 4)
     metrics.drafted(4, 3)
+    metrics.answered("ok")
+    metrics.answered("overload")
     write(tmp_path, "lm", metrics, Gauges(2, 5, 0.125))
     text = render(tmp_path)
     values = samples(text)
@@ -48,12 +50,16 @@ def test_a_workers_numbers_become_series_with_vllms_names(tmp_path):
     assert values[f"kit_lm_prefix_cache_hits_total{{{at}}}"] == 32
     assert values[f"kit_lm_spec_decode_num_accepted_tokens_total{{{at}}}"] == 3
     assert values[f"kit_lm_num_requests_waiting{{{at}}}"] == 5
+    # Requests by outcome: the classifiers' family, counted by the engine's file here.
+    assert values[f'kit_requests_total{{{at},outcome="ok"}}'] == 1
+    assert values[f'kit_requests_total{{{at},outcome="overload"}}'] == 1
     assert values[f"kit_lm_kv_cache_usage_perc{{{at}}}"] == 0.125
     assert values[f"kit_lm_inter_token_latency_seconds_count{{{at}}}"] == 3
     assert abs(values[f"kit_lm_inter_token_latency_seconds_sum{{{at}}}"] - 0.15) < 1e-9
     buckets = [v for k, v in values.items() if k.startswith(f"kit_lm_time_to_first_token_seconds_bucket{{{at}")]
     assert len(buckets) == len(BOUNDS_S) + 1 and buckets == sorted(buckets) and buckets[-1] == 1
     assert text.count("# TYPE kit_lm_time_to_first_token_seconds histogram") == 1
+    assert text.count("# TYPE kit_requests_total counter") == 1
 
 
 def test_two_workers_are_two_series_and_no_worker_renders_the_families_alone(tmp_path):
