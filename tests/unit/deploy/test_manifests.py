@@ -148,9 +148,16 @@ def test_the_autoscaler_and_budget_target_the_deployment(pod):
     (rules,) = documents("prometheus-adapter-rules.yaml")
     rule, waiting = yaml.safe_load(rules["data"]["config.yaml"])["rules"]
     assert metric["pods"]["metric"]["name"] == rule["name"]["as"]
-    # The one an LM deployment's HPA names instead (hpa.yaml's comment): the router's gauge.
-    assert waiting["name"]["as"] in (K8S / "hpa.yaml").read_text()
-    assert waiting["seriesQuery"].startswith("kit_lm_num_requests_waiting{")
+    assert waiting["seriesQuery"].startswith("kit_lm_num_requests_waiting{")  # the router's gauge
+    # The language-model overlay's autoscaler: the base's, scaling on that rule's metric.
+    overlay = yaml.safe_load((K8S.parent / "k8s-language-model" / "kustomization.yaml").read_text())
+    assert overlay["resources"] == ["../k8s"]
+    ((patch,),) = [yaml.safe_load(p["patch"]) for p in overlay["patches"] if p["target"]["kind"] == hpa["kind"]]
+    assert (patch["op"], patch["path"]) == ("replace", "/spec/metrics")
+    patched = {**hpa, "spec": {**hpa["spec"], "metrics": patch["value"]}}
+    kubernetes_validate.validate(patched, KUBERNETES_VERSIONS[-1], strict=True)
+    (lm_metric,) = patched["spec"]["metrics"]
+    assert lm_metric["pods"]["metric"]["name"] == waiting["name"]["as"]
     # TorchServe's queue latency is a counter: the rule divides its rate by the request rate.
     assert "rate(ts_queue_latency_microseconds" in rule["metricsQuery"]
     assert "rate(ts_inference_requests_total" in rule["metricsQuery"]
