@@ -53,9 +53,11 @@ def print_endpoints(server: Server) -> None:
     c = server.config
     print(f"[serve] inference  {server.api.url('inference', '/predictions/<model>')}   models: {', '.join(c.models)}")
     print(f"[serve] management {server.api.url('management', '/models')}")
-    print(f"[serve] metrics    {server.api.url('metrics', '/metrics')}")
     if server.router_pid:
+        print(f"[serve] metrics    {server.api.openai_url('/metrics')}   every model's numbers, then TorchServe's")
         print(f"[serve] openai     {server.api.openai_url('/v1')}   one base URL: the body's model picks the model")
+    else:
+        print(f"[serve] metrics    {server.api.url('metrics', '/metrics')}   TorchServe's")
     if c.token_auth_enabled:
         key_file = server.run_dir / KEY_FILE
         print(f"[serve] token auth is ON (bind {c.bind}); keys in {key_file}")

@@ -30,3 +30,17 @@ def test_a_language_model_is_tried_with_openai_calls_and_the_key_when_auth_is_on
 def test_a_classifier_is_tried_with_a_content_type():
     (line,) = HINTS[Task.TEXT_CLASSIFICATION]("mine", URL, "")
     assert "Content-Type: text/plain" in line and line.endswith(URL)
+
+
+def test_the_metrics_url_printed_is_the_routers_when_there_is_one(capsys, tmp_path):
+    from types import SimpleNamespace
+
+    from kit.hints import print_endpoints
+    from kit.serve_config import ServeConfig
+    from kit.server_api import ServerApi
+
+    config = ServeConfig(models=[])
+    for router_pid, url in ((123, "http://127.0.0.1:8000/metrics"), (None, "http://127.0.0.1:8082/metrics")):
+        print_endpoints(SimpleNamespace(config=config, api=ServerApi(config, tmp_path), router_pid=router_pid))
+        (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[serve] metrics")]
+        assert line.split()[2] == url
