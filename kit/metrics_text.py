@@ -14,6 +14,7 @@ with the prefix changed.
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import accumulate
 from pathlib import Path
 
 from handlers.generation.metrics import BOUNDS_S, EngineMetrics, Gauges, Histogram, Snapshot, read_engine_files
@@ -79,6 +80,13 @@ def number(value: float) -> str:
     return repr(float(value)) if isinstance(value, float) else str(value)
 
 
+def histogram_lines(name: str, own: dict, buckets: list[tuple[float, int]], count: int, total: float) -> list[str]:
+    """A histogram's samples: the cumulative count at each bound given, +Inf (every one), the sum and the count."""
+    lines = [f"{name}_bucket{labels(**own, le=bound)} {seen}" for bound, seen in buckets]
+    lines.append(f"{name}_bucket{labels(**own, le='+Inf')} {count}")
+    return [*lines, f"{name}_sum{labels(**own)} {number(total)}", f"{name}_count{labels(**own)} {count}"]
+
+
 def family(lines: list[str], name: str, kind: str, help_text: str) -> None:
     lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
 
@@ -98,14 +106,9 @@ def stage_series(workers: list[WorkerStages]) -> str:
     for worker in workers:
         for stage, histogram in worker.histograms.items():
             own = {"model_name": worker.model, "pid": worker.pid, "stage": stage.value}
-            seen = 0
-            for index, count in enumerate(histogram.counts[: len(BOUNDS_MS)]):
-                seen += count
-                if index in STAGE_BUCKETS:
-                    lines.append(f"{name}_bucket{labels(**own, le=BOUNDS_MS[index] / 1000)} {seen}")
-            lines.append(f"{name}_bucket{labels(**own, le='+Inf')} {histogram.calls}")
-            lines.append(f"{name}_sum{labels(**own)} {number(histogram.total_ms / 1000)}")
-            lines.append(f"{name}_count{labels(**own)} {histogram.calls}")
+            running = enumerate(accumulate(histogram.counts[: len(BOUNDS_MS)]))
+            buckets = [(BOUNDS_MS[index] / 1000, seen) for index, seen in running if index in STAGE_BUCKETS]
+            lines += histogram_lines(name, own, buckets, histogram.calls, histogram.total_ms / 1000)
     for suffix, value_of, help_text in (
         ("stage_requests_total", lambda h: h.requests, "Requests the stage's calls served."),
         ("stage_cpu_seconds_total", lambda h: number(h.cpu_ms / 1000), "The worker's CPU time in the stage."),
@@ -136,13 +139,10 @@ def engine_series(workers: list[tuple[str, int, Snapshot]]) -> str:
     for name, histogram_of, help_text in HISTOGRAMS:
         family(lines, PREFIX + name, "histogram", help_text)
         for model, pid, snapshot in workers:
-            histogram, seen = histogram_of(snapshot.metrics), 0
-            for bound, count in zip(BOUNDS_S, histogram.counts, strict=False):
-                seen += count
-                lines.append(f"{PREFIX}{name}_bucket{labels(model_name=model, pid=pid, le=bound)} {seen}")
-            lines.append(f"{PREFIX}{name}_bucket{labels(model_name=model, pid=pid, le='+Inf')} {histogram.count}")
-            lines.append(f"{PREFIX}{name}_sum{labels(model_name=model, pid=pid)} {number(histogram.total)}")
-            lines.append(f"{PREFIX}{name}_count{labels(model_name=model, pid=pid)} {histogram.count}")
+            histogram = histogram_of(snapshot.metrics)
+            buckets = list(zip(BOUNDS_S, accumulate(histogram.counts), strict=False))  # the overflow: +Inf
+            own = {"model_name": model, "pid": pid}
+            lines += histogram_lines(PREFIX + name, own, buckets, histogram.count, histogram.total)
     for name, value_of, help_text in COUNTERS:
         family(lines, PREFIX + name, "counter", help_text)
         lines += [f"{PREFIX}{name}{labels(model_name=m, pid=p)} {value_of(s.metrics)}" for m, p, s in workers]
