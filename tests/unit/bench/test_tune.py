@@ -7,7 +7,7 @@ import pytest
 from bench.tune import fastest_layout
 from handlers.typed_config import parse_settings
 from kit.serve_config import ServeConfig
-from tests.unit.bench.test_bench import row_result
+from tests.unit.bench.rows import row_result
 
 
 def served(model: str, variant: str, allocator: str, rps: float, **overrides):

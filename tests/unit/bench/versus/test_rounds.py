@@ -12,7 +12,7 @@ from bench.results import BenchRun, RowFailure, RowResult
 from bench.versus.report import compare, summarize_entries, write_versus_report
 from bench.versus.rounds import Entry, entries, run_rounds
 from bench.versus.served import EXTRACTED
-from tests.unit.bench.test_bench import ENVIRONMENT, row_result
+from tests.unit.bench.rows import ENVIRONMENT, row_result
 
 
 def rounds(kind: str, name: str, speeds: list[float], concurrency: int = 4, **fields) -> list:
