@@ -144,9 +144,10 @@ test-ipex: install-ipex test-tools
 	@$(PY) -m pytest tests/e2e -m ipex $(PYTEST_ARGS)
 	@$(if $(LEAN),echo "[test] LEAN: removing .venv-ipex and the ipex archives"; rm -rf .venv-ipex model_store/ipex)
 
-# The tests' image run as a container (marker container).
+# The tests' image run as a container (marker container); the eager MiniLM is their reference.
 test-container: IMAGE := $(TEST_IMAGE)
 test-container: test-image test-tools
+	@$(PY) -m model_store.build --models minilm --variants eager
 	@$(PY) -m pytest tests/e2e -m container $(PYTEST_ARGS)
 	@$(if $(LEAN),bash scripts/image.sh --remove)
 
