@@ -20,7 +20,7 @@ from handlers.precompile import HELD_OUT_SYNTHETIC, judged_in_worker, precompile
 from handlers.settings import ImageSettings
 from handlers.typed_config import SettingsError, parse_settings
 from tests.conftest import encode_image
-from tests.unit.handlers.test_handlers import image_handler, serve, statuses
+from tests.unit.handlers.serving import image_handler, serve, statuses
 
 
 def test_int8_needs_a_precompiled_backend():

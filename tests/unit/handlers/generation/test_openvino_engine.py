@@ -221,7 +221,7 @@ def test_unseeded_requests_draw_seeds_of_their_own():
 
 
 def test_with_itt_each_pipeline_step_is_one_range_named_by_the_sequences_it_advances(monkeypatch):
-    from tests.unit.handlers.test_handlers import RangeRecorder
+    from tests.unit.handlers.serving import RangeRecorder
 
     recorder = RangeRecorder()
     recorder.install(monkeypatch)
