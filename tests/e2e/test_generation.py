@@ -280,9 +280,7 @@ def test_the_metrics_endpoint_counts_what_the_clients_were_told_within_a_second(
     assert int(line[2]) >= 6
 
 
-def test_a_real_prometheus_scrapes_every_series_and_the_shipped_rules_and_dashboard_answer(
-    server, optimized_server, tmp_path
-):
+def test_a_real_prometheus_scrapes_every_series_and_the_shipped_rules_and_dashboard_answer(server, tmp_path):
     """Issue 59: Debian's Prometheus scrapes the routers of a classifier server and of a language
     model server; after 20 good and 3 bad requests to bert and six streamed completions, its
     HTTP API answers the counts, deploy/k8s's rules pass promtool and record, and every query of
@@ -294,42 +292,51 @@ def test_a_real_prometheus_scrapes_every_series_and_the_shipped_rules_and_dashbo
     rules = rules_file(tmp_path)
     checked = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    routers = [s.api.openai_url("").removeprefix("http://") for s in (optimized_server, server)]
-    with Prometheus.scraping(tmp_path, routers, rules) as prometheus:
-        for index in range(20):
-            answer = requests.post(
-                optimized_server.api.url("inference", "/predictions/bert"), data=f"text {index}".encode(), timeout=60
-            )
-            assert answer.status_code == 200, answer.text
-        for body in (b"\xff\xfe not text", b"   ", b"\t"):
-            answer = requests.post(optimized_server.api.url("inference", "/predictions/bert"), data=body, timeout=60)
-            assert answer.status_code == 400, answer.text
-        client = OpenAI(base_url=server.api.openai_url("/v1"), api_key="unused")
-        generated = 0
-        for index in range(6):
-            chunks = client.completions.create(
-                model=QWEN,
-                prompt=PROMPTS[index % len(PROMPTS)],
-                max_tokens=6,
-                temperature=0,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-            generated += [chunk.usage for chunk in chunks if chunk.usage][0].completion_tokens
-        time.sleep(3)  # the workers' files (within 1 s), then scrapes of 1 s
-        assert set(prometheus.targets_up().values()) == {"up"}, prometheus.targets_up()
-        # Counters grow from their start in each worker: what the tests before asked is in them too.
-        ok = prometheus.query('sum(kit_requests_total{model_name="bert",outcome="ok"})')
-        refused = prometheus.query('sum(kit_requests_total{model_name="bert",outcome="bad_input"})')
-        assert float(ok[0]["value"][1]) >= 20 and float(refused[0]["value"][1]) >= 3
-        grew = prometheus.query(f'sum(increase(kit_lm_generation_tokens_total{{model_name="{QWEN}"}}[1m]))')
-        assert finite(grew) and float(grew[0]["value"][1]) > 0
-        answered = prometheus.query(f'sum(kit_lm_generation_tokens_total{{model_name="{QWEN}"}})')
-        assert float(answered[0]["value"][1]) >= generated
-        empty = {name: expr for name, expr in dashboard_queries().items() if not finite(prometheus.wait_for(expr, 10))}
-        assert not empty, f"dashboard queries without a number: {empty}"
-        unrecorded = [name for name in recorded_series() if not prometheus.wait_for(name, 10)]
-        assert not unrecorded, unrecorded
+    # Its own classifier server (eager: ready in seconds), not the optimized one other modules share.
+    classifier = start_server(
+        tmp_path / "classifier", ServeConfig.from_preset("optimized", variant="eager", models=["bert"], cpus=one_cpu())
+    )
+    routers = [s.api.openai_url("").removeprefix("http://") for s in (classifier, server)]
+    try:
+        with Prometheus.scraping(tmp_path, routers, rules) as prometheus:
+            for index in range(20):
+                answer = requests.post(
+                    classifier.api.url("inference", "/predictions/bert"), data=f"text {index}".encode(), timeout=60
+                )
+                assert answer.status_code == 200, answer.text
+            for body in (b"\xff\xfe not text", b"   ", b"\t"):
+                answer = requests.post(classifier.api.url("inference", "/predictions/bert"), data=body, timeout=60)
+                assert answer.status_code == 400, answer.text
+            client = OpenAI(base_url=server.api.openai_url("/v1"), api_key="unused")
+            generated = 0
+            for index in range(6):
+                chunks = client.completions.create(
+                    model=QWEN,
+                    prompt=PROMPTS[index % len(PROMPTS)],
+                    max_tokens=6,
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                generated += [chunk.usage for chunk in chunks if chunk.usage][0].completion_tokens
+            time.sleep(3)  # the workers' files (within 1 s), then scrapes of 1 s
+            assert set(prometheus.targets_up().values()) == {"up"}, prometheus.targets_up()
+            # Counters grow from their start in each worker: the LM server's hold the tests before too.
+            ok = prometheus.query('sum(kit_requests_total{model_name="bert",outcome="ok"})')
+            refused = prometheus.query('sum(kit_requests_total{model_name="bert",outcome="bad_input"})')
+            assert float(ok[0]["value"][1]) >= 20 and float(refused[0]["value"][1]) >= 3
+            grew = prometheus.query(f'sum(increase(kit_lm_generation_tokens_total{{model_name="{QWEN}"}}[1m]))')
+            assert finite(grew) and float(grew[0]["value"][1]) > 0
+            answered = prometheus.query(f'sum(kit_lm_generation_tokens_total{{model_name="{QWEN}"}})')
+            assert float(answered[0]["value"][1]) >= generated
+            empty = {
+                name: expr for name, expr in dashboard_queries().items() if not finite(prometheus.wait_for(expr, 10))
+            }
+            assert not empty, f"dashboard queries without a number: {empty}"
+            unrecorded = [name for name in recorded_series() if not prometheus.wait_for(name, 10)]
+            assert not unrecorded, unrecorded
+    finally:
+        classifier.stop()
 
 
 def test_requests_generated_together_each_get_their_solo_answer(server, references):
