@@ -137,11 +137,11 @@ test-unit: install
 	@$(if $(LEAN),rm -rf "$${TMPDIR:-/tmp}/torchinductor_$$(id -un)")
 
 # IPEX: its backend tests in .venv-ipex, and the e2e tests that serve from it (marker ipex), which
-# also build the archives they read (the bench's and your models' rows).
+# also build the archives they read (the bench's and your models' rows); two at a time as test-e2e.
 test-ipex: install-ipex test-tools
 	@$(PY) -m model_store.build --models resnet50,minilm --variants eager,ipex
 	@$(IPEX_PY) -m pytest tests/ipex -p no:cacheprovider $(PYTEST_ARGS)
-	@$(PY) -m pytest tests/e2e -m ipex $(PYTEST_ARGS)
+	@$(PY) -m pytest tests/e2e -m ipex -n $(E2E_JOBS) --dist loadfile $(PYTEST_ARGS)
 	@$(if $(LEAN),echo "[test] LEAN: removing .venv-ipex and the ipex archives"; rm -rf .venv-ipex model_store/ipex)
 
 # The tests' image run as a container (marker container); the eager MiniLM is their reference.
@@ -151,9 +151,17 @@ test-container: test-image test-tools
 	@$(PY) -m pytest tests/e2e -m container $(PYTEST_ARGS)
 	@$(if $(LEAN),bash scripts/image.sh --remove)
 
-# Everything else against a real TorchServe, and the diagnosis tools on the real archives.
+# Everything else against a real TorchServe, and the diagnosis tools on the real archives. Two test
+# processes, a module each at a time (--dist loadfile: a module's servers and archives are made
+# once): a test waits on its server about half its time (CI's e2e part kept 2 CPUs 54 % busy run
+# alone), and each server already plans its workers over every CPU, so more would only share them.
+# The session's optimized server starts once per process (the second finds Inductor's cache).
+# Tests marked serial compare rates over time: they run after, alone.
+E2E_JOBS ?= 2
 test-e2e: test-archives test-tools
-	@$(PY) -m pytest tests/e2e tests/integration -m "not ipex and not container" $(PYTEST_ARGS)
+	@$(PY) -m pytest tests/e2e tests/integration -m "not ipex and not container and not serial" \
+		-n $(E2E_JOBS) --dist loadfile $(PYTEST_ARGS)
+	@$(PY) -m pytest tests/e2e -m "serial and not ipex and not container" $(PYTEST_ARGS)
 
 # nginx for the auth proxy's tests on the host (scripts/test_tools.sh).
 test-tools:

@@ -7,7 +7,7 @@ import pytest
 from bench.soak.report import SoakSettings
 from bench.soak.run import run_soak
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # its recovery check compares rates
 
 
 def test_soak_kill_and_restart_lose_nothing(tmp_path):
