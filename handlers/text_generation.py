@@ -30,7 +30,7 @@ import torch
 from ts.utils.util import PredictionException
 
 from handlers.backends import BACKENDS, Backend
-from handlers.generation import agreement, answers, api, openvino_engine
+from handlers.generation import agreement, answers, api, compiled, openvino_engine
 from handlers.generation.cache import TORCH_DTYPES
 from handlers.generation.chunking import StepTimes
 from handlers.generation.engine import Engine, prompt_chunk
@@ -183,6 +183,7 @@ class TextGenerationHandler(StreamingHandler):
             )
             agreement.require(agreed, guard, settings.precision)
         if settings.backend is Backend.INDUCTOR:
+            log.info("%s: %s", self.model_name, compiled.unpack(model_dir, compiled.cache_dir()))
             # Sizes that happen to be equal when first traced share a symbol ("duck" shapes), and
             # a later call where they differ compiles again: a prompt padded to 64 positions
             # would be tied to a head size of 64. A worker compiles one model: set process-wide.

@@ -81,7 +81,9 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     from handlers.streaming import StreamingHandler
 
     if issubclass(handler_class(handler_file), StreamingHandler):
-        # A language model: its torch variants compile and judge in the worker.
+        # A language model: its workers judge it at their start; an inductor variant's compiled
+        # graphs ship in the archive, an openvino variant's IR too.
+        compile_language_model(handler_config, staging, label)
         export_language_model(handler_config, staging, label)
         return
     handler = bare_handler(handler_file, handler_config, staging)
@@ -117,6 +119,37 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
 # A Hugging Face directory's weights, which an openvino variant's archive does not need: the IR
 # holds them (the tokenizer, config.json and generation_config.json stay; the worker reads them).
 HF_WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
+
+
+def compile_language_model(handler_config: dict, staging: Path, label: str) -> None:
+    """A language model's inductor variant: a worker's start run now, in a process of its own with an
+    Inductor cache of its own (model_store/lm_compile.py), and that cache shipped in the archive:
+    the first start on a machine like this one finds its graphs compiled
+    (handlers/generation/compiled.py). Judged as the worker judges it: a refusal installs nothing."""
+    from handlers.backends import Backend
+    from handlers.generation.settings import GenerationSettings
+    from handlers.typed_config import parse_settings
+    from model_store.lm_compile import REFUSED
+
+    if parse_settings(GenerationSettings, handler_config).backend is not Backend.INDUCTOR:
+        return
+    start = time.perf_counter()
+    name = label.split("/")[-1]
+    command = [sys.executable, "-m", "model_store.lm_compile", str(staging), name, json.dumps(handler_config)]
+    log_file = staging.parent / "compile.log"  # beside the staged files: not in the archive
+    log(f"{label}: compiling its graphs as a worker's start does")
+    with tempfile.TemporaryDirectory(prefix="kit-compile-") as cache, open(log_file, "w") as out:
+        environment = {**process_environment(os.environ), "TORCHINDUCTOR_CACHE_DIR": cache}
+        done = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=environment)
+    lines = log_file.read_text(errors="replace").strip().splitlines()
+    if done.returncode == REFUSED:
+        raise VariantRefused(f"{label} is not installed: {lines[-1]}")
+    if done.returncode != 0:
+        tail = "\n".join(lines[-15:])
+        raise RuntimeError(f"{label}: compiling failed (exit {done.returncode}); the end of its output:\n{tail}")
+    ready = next((line for line in reversed(lines) if " ready: " in line), "")
+    graphs = ready[ready.find("graphs=") :] or "graphs not reported"
+    log(f"{label}: {lines[-1]}, compiled in {time.perf_counter() - start:.0f}s ({graphs})")
 
 
 def export_language_model(handler_config: dict, staging: Path, label: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import types
 
 import pytest
 
@@ -53,3 +54,42 @@ def test_the_build_skips_a_variant_this_cpu_cannot_serve_only_when_asked(monkeyp
     build.main(["--models", "resnet50", "--variants", "openvino-bf16,eager", "--where-supported"])
     assert built == [("resnet50", "eager")]
     assert "openvino-bf16 skipped on this CPU: no bf16 here" in capsys.readouterr().out
+
+
+def finished(code: int, output: str):
+    """subprocess.run standing in for model_store.lm_compile: writes its output, exits with `code`."""
+
+    def run(command, stdout, **options):
+        assert command[1:3] == ["-m", "model_store.lm_compile"]
+        assert options["env"]["TORCHINDUCTOR_CACHE_DIR"] != options.get("cwd")  # a cache of the build's own
+        stdout.write(output)
+        return types.SimpleNamespace(returncode=code)
+
+    return run
+
+
+def test_a_language_models_inductor_graphs_are_compiled_at_build_and_a_refusal_installs_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    from model_store import build
+
+    staging = tmp_path / "files"
+    staging.mkdir()
+    ready = "lm ready: backend=inductor ... warmup=9.0s graphs=2 (0 from the compile cache)\nshipped inductor-0f.tar (3.0 MB)\n"
+    monkeypatch.setattr(build.subprocess, "run", finished(0, ready))
+    build.compile_language_model({"backend": "inductor"}, staging, "inductor/lm")
+    said = capsys.readouterr().out
+    assert "inductor/lm: shipped inductor-0f.tar (3.0 MB), compiled in " in said
+    assert "(graphs=2 (0 from the compile cache))" in said
+    refused = "bfloat16 answers too far from the float model on held-out prompts: greedy tokens 50.0% equal\n"
+    monkeypatch.setattr(build.subprocess, "run", finished(3, refused))
+    with pytest.raises(build.VariantRefused, match="inductor/lm is not installed: bfloat16 answers too far"):
+        build.compile_language_model({"backend": "inductor"}, staging, "inductor/lm")
+    monkeypatch.setattr(build.subprocess, "run", finished(1, "Traceback ...\nRuntimeError: out of memory\n"))
+    with pytest.raises(
+        RuntimeError, match="(?s)compiling failed \\(exit 1\\); the end of its output:.*RuntimeError: out of memory"
+    ):
+        build.compile_language_model({"backend": "inductor"}, staging, "inductor/lm")
+    # Other backends compile in the worker (eager: nothing to compile) or are exported (openvino).
+    monkeypatch.setattr(build.subprocess, "run", finished(1, "not run"))
+    build.compile_language_model({"backend": "eager"}, staging, "eager/lm")

@@ -1,0 +1,102 @@
+"""A language model's compiled graphs, shipped in its archive: the Inductor cache a build filled.
+
+    ship(cache, model_dir)          # the build (model_store/lm_compile.py), after a worker's start
+    said = unpack(model_dir, cache)  # a worker, before it compiles: what it found, in a phrase
+
+A worker's first start on a machine compiles its graphs (Qwen2.5-0.5B's shape: 98 s of warm-up on
+2 cores); later starts find them in the Inductor cache. The build runs a worker's own start (load,
+compile, warm-up) with a cache of its own and ships that cache's files: the FX graphs,
+AOTAutograd's entries and the kernels' compiled libraries. torch's cache artifacts
+(`torch.compiler.save_cache_artifacts`) carry the graphs but not the libraries, which each start
+then compiles again: a tiny Qwen2's warm-up took 48 s with neither, 26 s with the artifacts, 8 s
+with the cache's files (2-core AMD EPYC, one start each).
+
+Inductor compiles its kernels with -march=native and no key of its cache names the CPU: a library
+built on one CPU may use instructions another lacks (SIGILL). The shipped file is named by a digest
+of torch's version and the CPU's /proc/cpuinfo flags, and a worker unpacks only the one of a CPU
+like its own; on another it compiles, as without the file, and says why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from handlers.backends import cpu_flags, cpu_isas, cpuinfo
+
+DIRECTORY = "compiled"  # in the model's directory (the archive's root)
+LOCKS = "locks"  # Inductor's lock files: of the process that held them, never shipped
+
+
+def cpu_key(flags: Iterable[str], version: str = torch.__version__) -> str:
+    return hashlib.sha256(" ".join([version, *sorted(flags)]).encode()).hexdigest()[:16]
+
+
+def shipped_file(model_dir: Path, flags: Iterable[str]) -> Path:
+    return Path(model_dir) / DIRECTORY / f"inductor-{cpu_key(flags)}.tar"
+
+
+def describe(flags: Iterable[str]) -> dict[str, str]:
+    """What a shipped file was built on, in words, for the message of a worker on another CPU."""
+    return {
+        "cpu": cpuinfo().get("model name", "unknown"),
+        "isas": " ".join(cpu_isas(flags)),
+        "torch": torch.__version__,
+    }
+
+
+def ship(cache: Path, model_dir: Path) -> Path:
+    """The cache's files into the model's directory, named for this CPU and torch."""
+    flags = cpu_flags()
+    target = shipped_file(model_dir, flags)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(target, "w") as tar:
+        for entry in sorted(cache.iterdir()):
+            if entry.name != LOCKS:
+                tar.add(entry, arcname=entry.name)
+    target.with_suffix(".json").write_text(json.dumps(describe(flags)))
+    return target
+
+
+def unpack(model_dir: Path, cache: Path) -> str:
+    """The archive's compiled files for this CPU added to the worker's Inductor cache (a file the
+    cache already has is kept); what was found, in a phrase for the log."""
+    flags = cpu_flags()
+    own = shipped_file(model_dir, flags)
+    if not own.is_file():
+        others = [json.loads(p.read_text()) for p in sorted((Path(model_dir) / DIRECTORY).glob("inductor-*.json"))]
+        if not others:
+            return "no compiled graphs in the archive: compiling them"
+        built = "; ".join(f"{o['cpu']} ({o['isas']}), torch {o['torch']}" for o in others)
+        here = describe(flags)
+        return (
+            f"the archive's compiled graphs are for another CPU or torch ({built}); this is {here['cpu']} "
+            f"({here['isas']}), torch {here['torch']}: compiling them"
+        )
+    cache.mkdir(parents=True, exist_ok=True)
+    added = 0
+    # Unpacked beside the cache, then each file moved in unless present: several workers of a
+    # model start at once on one cache, and a file is either whole or absent.
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".shipped-") as scratch, tarfile.open(own) as tar:
+        tar.extractall(scratch, filter="data")
+        for source in Path(scratch).rglob("*"):
+            target = cache / source.relative_to(scratch)
+            if source.is_file() and not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(source, target)
+                added += 1
+    return f"compiled graphs from the archive ({own.name}, {own.stat().st_size / 1e6:.1f} MB, {added} files new here)"
+
+
+def cache_dir() -> Path:
+    """The Inductor cache this process compiles into (TORCHINDUCTOR_CACHE_DIR, or torch's default)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache
+
+    return Path(inductor_cache())

@@ -1,0 +1,51 @@
+"""`python -m model_store.lm_compile STAGING NAME SETTINGS`: a language model worker's start (load,
+compile, warm-up: handlers/text_generation.py) in a process of its own, on the archive's staged
+files and `handler:` SETTINGS (JSON); then the Inductor cache it filled (TORCHINDUCTOR_CACHE_DIR,
+one of the build's own) shipped into STAGING (handlers/generation/compiled.py).
+
+Exit REFUSED (3): the accuracy guard refused the model at its precision, its reason on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+REFUSED = 3
+
+
+def worker_context(model_dir: Path, name: str, settings: dict):
+    """TorchServe's own Context, as a worker of this model gets it."""
+    import ts
+    from ts.context import Context
+    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+
+    metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
+    metrics.initialize_cache()
+    manifest = {"model": {"modelName": name}}
+    return Context(
+        name, str(model_dir), manifest, 1, None, ts.__version__, metrics=metrics, model_yaml_config={"handler": settings}
+    )
+
+
+def main(argv: list[str]) -> int:
+    staging, name, settings = Path(argv[0]), argv[1], json.loads(argv[2])
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    from handlers.accuracy import AccuracyError
+    from handlers.generation import compiled
+    from handlers.text_generation import TextGenerationHandler
+
+    try:
+        TextGenerationHandler().initialize(worker_context(staging, name, settings))
+    except AccuracyError as error:
+        print(error, file=sys.stderr)
+        return REFUSED
+    shipped = compiled.ship(compiled.cache_dir(), staging)
+    print(f"shipped {shipped.name} ({shipped.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
