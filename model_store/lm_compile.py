@@ -43,7 +43,8 @@ def main(argv: list[str]) -> int:
         print(error, file=sys.stderr)
         return REFUSED
     shipped = compiled.ship(compiled.cache_dir(), staging)
-    print(f"shipped {shipped.name} ({shipped.stat().st_size / 1e6:.1f} MB)")
+    size = sum(path.stat().st_size for path in shipped.rglob("*") if path.is_file())
+    print(f"shipped {shipped.name} ({size / 1e6:.1f} MB)")
     return 0
 
 

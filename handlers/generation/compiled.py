@@ -1,6 +1,6 @@
 """A language model's compiled graphs, shipped in its archive: the Inductor cache a build filled.
 
-    ship(cache, model_dir)          # the build (model_store/lm_compile.py), after a worker's start
+    ship(cache, model_dir)           # the build (model_store/lm_compile.py), after a worker's start
     said = unpack(model_dir, cache)  # a worker, before it compiles: what it found, in a phrase
 
 A worker's first start on a machine compiles its graphs (Qwen2.5-0.5B's shape: 98 s of warm-up on
@@ -12,9 +12,11 @@ then compiles again: a tiny Qwen2's warm-up took 48 s with neither, 26 s with th
 with the cache's files (2-core AMD EPYC, one start each).
 
 Inductor compiles its kernels with -march=native and no key of its cache names the CPU: a library
-built on one CPU may use instructions another lacks (SIGILL). The shipped file is named by a digest
-of torch's version and the CPU's /proc/cpuinfo flags, and a worker unpacks only the one of a CPU
-like its own; on another it compiles, as without the file, and says why.
+built on one CPU may use instructions another lacks (SIGILL). The shipped directory is named by a digest
+of torch's version and the CPU's /proc/cpuinfo flags, and a worker takes only the one of a CPU like
+its own; on another it compiles, as without the files, and says why. The files sit in the archive as
+they sat in the cache (TorchServe unpacks the archive): nothing to extract, so nothing that could
+write outside the cache.
 """
 
 from __future__ import annotations
@@ -22,8 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tarfile
-import tempfile
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -39,12 +40,12 @@ def cpu_key(flags: Iterable[str], version: str = torch.__version__) -> str:
     return hashlib.sha256(" ".join([version, *sorted(flags)]).encode()).hexdigest()[:16]
 
 
-def shipped_file(model_dir: Path, flags: Iterable[str]) -> Path:
-    return Path(model_dir) / DIRECTORY / f"inductor-{cpu_key(flags)}.tar"
+def shipped_dir(model_dir: Path, flags: Iterable[str]) -> Path:
+    return Path(model_dir) / DIRECTORY / f"inductor-{cpu_key(flags)}"
 
 
 def describe(flags: Iterable[str]) -> dict[str, str]:
-    """What a shipped file was built on, in words, for the message of a worker on another CPU."""
+    """What a shipped cache was built on, in words, for the message of a worker on another CPU."""
     return {
         "cpu": cpuinfo().get("model name", "unknown"),
         "isas": " ".join(cpu_isas(flags)),
@@ -53,14 +54,10 @@ def describe(flags: Iterable[str]) -> dict[str, str]:
 
 
 def ship(cache: Path, model_dir: Path) -> Path:
-    """The cache's files into the model's directory, named for this CPU and torch."""
+    """The cache's files into the model's directory, under a name for this CPU and torch."""
     flags = cpu_flags()
-    target = shipped_file(model_dir, flags)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(target, "w") as tar:
-        for entry in sorted(cache.iterdir()):
-            if entry.name != LOCKS:
-                tar.add(entry, arcname=entry.name)
+    target = shipped_dir(model_dir, flags)
+    shutil.copytree(cache, target, ignore=lambda directory, names: [LOCKS] if Path(directory) == cache else [])
     target.with_suffix(".json").write_text(json.dumps(describe(flags)))
     return target
 
@@ -69,8 +66,8 @@ def unpack(model_dir: Path, cache: Path) -> str:
     """The archive's compiled files for this CPU added to the worker's Inductor cache (a file the
     cache already has is kept); what was found, in a phrase for the log."""
     flags = cpu_flags()
-    own = shipped_file(model_dir, flags)
-    if not own.is_file():
+    own = shipped_dir(model_dir, flags)
+    if not own.is_dir():
         others = [json.loads(p.read_text()) for p in sorted((Path(model_dir) / DIRECTORY).glob("inductor-*.json"))]
         if not others:
             return "no compiled graphs in the archive: compiling them"
@@ -80,19 +77,21 @@ def unpack(model_dir: Path, cache: Path) -> str:
             f"the archive's compiled graphs are for another CPU or torch ({built}); this is {here['cpu']} "
             f"({here['isas']}), torch {here['torch']}: compiling them"
         )
-    cache.mkdir(parents=True, exist_ok=True)
+    shipped = [path for path in sorted(own.rglob("*")) if path.is_file()]
     added = 0
-    # Unpacked beside the cache, then each file moved in unless present: several workers of a
-    # model start at once on one cache, and a file is either whole or absent.
-    with tempfile.TemporaryDirectory(dir=cache, prefix=".shipped-") as scratch, tarfile.open(own) as tar:
-        tar.extractall(scratch, filter="data")
-        for source in Path(scratch).rglob("*"):
-            target = cache / source.relative_to(scratch)
-            if source.is_file() and not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(source, target)
-                added += 1
-    return f"compiled graphs from the archive ({own.name}, {own.stat().st_size / 1e6:.1f} MB, {added} files new here)"
+    for source in shipped:
+        target = cache / source.relative_to(own)
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Copied beside it, then renamed: several workers of a model start at once on one cache,
+        # and a file there is either whole or absent.
+        partial = target.with_name(f".{target.name}.{os.getpid()}")
+        shutil.copyfile(source, partial)
+        os.replace(partial, target)
+        added += 1
+    size = sum(path.stat().st_size for path in shipped)
+    return f"compiled graphs from the archive ({own.name}, {size / 1e6:.1f} MB, {added} files new here)"
 
 
 def cache_dir() -> Path:
