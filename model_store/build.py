@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -121,6 +122,10 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
 HF_WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
 
 
+# What a language model worker's READY line says it compiled (handlers/text_generation.py).
+GRAPHS = re.compile(r"graphs=\d+ \(\d+ from the compile cache\)")
+
+
 def compile_language_model(handler_config: dict, staging: Path, label: str) -> None:
     """A language model's inductor variant: a worker's start run now, in a process of its own with an
     Inductor cache of its own (model_store/lm_compile.py), and that cache shipped in the archive:
@@ -147,8 +152,7 @@ def compile_language_model(handler_config: dict, staging: Path, label: str) -> N
     if done.returncode != 0:
         tail = "\n".join(lines[-15:])
         raise RuntimeError(f"{label}: compiling failed (exit {done.returncode}); the end of its output:\n{tail}")
-    ready = next((line for line in reversed(lines) if " ready: " in line), "")
-    graphs = ready[ready.find("graphs=") :] or "graphs not reported"
+    graphs = next((found.group() for line in reversed(lines) if (found := GRAPHS.search(line))), "graphs not said")
     log(f"{label}: {lines[-1]}, compiled in {time.perf_counter() - start:.0f}s ({graphs})")
 
 

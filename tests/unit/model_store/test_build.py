@@ -92,6 +92,9 @@ def test_a_language_models_inductor_graphs_are_compiled_at_build_and_a_refusal_i
         RuntimeError, match="(?s)compiling failed \\(exit 1\\); the end of its output:.*RuntimeError: out of memory"
     ):
         build.compile_language_model({"backend": "inductor"}, staging, "inductor/lm")
+    monkeypatch.setattr(build.subprocess, "run", finished(0, "shipped inductor-0f (3.0 MB)\n"))
+    build.compile_language_model({"backend": "inductor"}, staging, "inductor/lm")
+    assert "(graphs not said)" in capsys.readouterr().out  # a worker that did not say what it compiled
     # Other backends compile in the worker (eager: nothing to compile) or are exported (openvino).
     monkeypatch.setattr(build.subprocess, "run", finished(1, "not run"))
     build.compile_language_model({"backend": "eager"}, staging, "eager/lm")
