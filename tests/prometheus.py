@@ -104,7 +104,9 @@ class Prometheus:
         while time.monotonic() < deadline:
             assert self.process.poll() is None, f"prometheus exited:\n{log.read_text()[-3000:]}"
             with contextlib.suppress(requests.ConnectionError):
-                health = self.targets_up()
+                # It listens a moment before it is ready, and answers 503 (not JSON) until then.
+                ready = requests.get(f"{self.url}/-/ready", timeout=10).status_code == 200
+                health = self.targets_up() if ready else {}
                 if len(health) == targets and set(health.values()) == {"up"}:
                     return
             time.sleep(0.2)

@@ -12,11 +12,14 @@ then compiles again: a tiny Qwen2's warm-up took 48 s with neither, 26 s with th
 with the cache's files (2-core AMD EPYC, one start each).
 
 Inductor compiles its kernels with -march=native and no key of its cache names the CPU: a library
-built on one CPU may use instructions another lacks (SIGILL). The shipped directory is named by a digest
-of torch's version and the CPU's /proc/cpuinfo flags, and a worker takes only the one of a CPU like
-its own; on another it compiles, as without the files, and says why. The files sit in the archive as
-they sat in the cache (TorchServe unpacks the archive): nothing to extract, so nothing that could
-write outside the cache.
+built on one CPU may use instructions another lacks (SIGILL). Its kernels are also specialised for
+the thread count they were compiled under (its key names that one). The shipped directory is named
+by a digest of torch's version, the CPU's /proc/cpuinfo flags and the build's threads, and a worker
+takes only the one made for a CPU and thread count like its own; otherwise it compiles, as without
+the files, and says why. The build runs with torch's default threads for its CPU set: a worker
+planned with as many (one language model on a small machine) finds its graphs. The files sit in
+the archive as they sat in the cache (TorchServe unpacks the archive): nothing to extract, so
+nothing that could write outside the cache.
 """
 
 from __future__ import annotations
@@ -36,46 +39,47 @@ DIRECTORY = "compiled"  # in the model's directory (the archive's root)
 LOCKS = "locks"  # Inductor's lock files: of the process that held them, never shipped
 
 
-def cpu_key(flags: Iterable[str], version: str = torch.__version__) -> str:
-    return hashlib.sha256(" ".join([version, *sorted(flags)]).encode()).hexdigest()[:16]
+def worker_threads() -> int:
+    """The threads this process computes with (the kit's OMP_NUM_THREADS, or torch's default)."""
+    return torch.get_num_threads()
 
 
-def shipped_dir(model_dir: Path, flags: Iterable[str]) -> Path:
-    return Path(model_dir) / DIRECTORY / f"inductor-{cpu_key(flags)}"
+def cpu_key(flags: Iterable[str], threads: int, version: str = torch.__version__) -> str:
+    return hashlib.sha256(" ".join([version, str(threads), *sorted(flags)]).encode()).hexdigest()[:16]
 
 
-def describe(flags: Iterable[str]) -> dict[str, str]:
-    """What a shipped cache was built on, in words, for the message of a worker on another CPU."""
-    return {
-        "cpu": cpuinfo().get("model name", "unknown"),
-        "isas": " ".join(cpu_isas(flags)),
-        "torch": torch.__version__,
-    }
+def shipped_dir(model_dir: Path, flags: Iterable[str], threads: int) -> Path:
+    return Path(model_dir) / DIRECTORY / f"inductor-{cpu_key(flags, threads)}"
+
+
+def describe(flags: Iterable[str], threads: int) -> str:
+    """A CPU, torch and thread count in words: where a shipped cache was built, and where it is read."""
+    isas = " ".join(cpu_isas(flags))
+    return f"{cpuinfo().get('model name', 'unknown')} ({isas}), torch {torch.__version__}, {threads} threads"
 
 
 def ship(cache: Path, model_dir: Path) -> Path:
-    """The cache's files into the model's directory, under a name for this CPU and torch."""
-    flags = cpu_flags()
-    target = shipped_dir(model_dir, flags)
+    """The cache's files into the model's directory, under a name for this CPU, torch and thread count."""
+    flags, threads = cpu_flags(), worker_threads()
+    target = shipped_dir(model_dir, flags, threads)
     shutil.copytree(cache, target, ignore=lambda directory, names: [LOCKS] if Path(directory) == cache else [])
-    target.with_suffix(".json").write_text(json.dumps(describe(flags)))
+    target.with_suffix(".json").write_text(json.dumps({"built": describe(flags, threads)}))
     return target
 
 
 def unpack(model_dir: Path, cache: Path) -> str:
-    """The archive's compiled files for this CPU added to the worker's Inductor cache (a file the
-    cache already has is kept); what was found, in a phrase for the log."""
-    flags = cpu_flags()
-    own = shipped_dir(model_dir, flags)
+    """The archive's compiled files for this CPU and thread count added to the worker's Inductor
+    cache (a file the cache already has is kept); what was found, in a phrase for the log."""
+    flags, threads = cpu_flags(), worker_threads()
+    own = shipped_dir(model_dir, flags, threads)
     if not own.is_dir():
         others = [json.loads(p.read_text()) for p in sorted((Path(model_dir) / DIRECTORY).glob("inductor-*.json"))]
         if not others:
             return "no compiled graphs in the archive: compiling them"
-        built = "; ".join(f"{o['cpu']} ({o['isas']}), torch {o['torch']}" for o in others)
-        here = describe(flags)
+        built = "; ".join(other["built"] for other in others)
         return (
-            f"the archive's compiled graphs are for another CPU or torch ({built}); this is {here['cpu']} "
-            f"({here['isas']}), torch {here['torch']}: compiling them"
+            f"the archive's compiled graphs are for another CPU, torch or thread count ({built}); "
+            f"this worker: {describe(flags, threads)}: compiling them"
         )
     shipped = [path for path in sorted(own.rglob("*")) if path.is_file()]
     added = 0
