@@ -28,6 +28,7 @@ import yaml
 
 from handlers.typed_config import SettingsError
 from handlers.backends import DEFAULT_ENVIRONMENT
+from kit import long_step
 from kit.models import Model, SourceKind, check_models, model_names
 from kit.paths import ROOT, process_environment
 from kit.variant import Variant, variant_names
@@ -138,22 +139,21 @@ def compile_language_model(handler_config: dict, staging: Path, label: str) -> N
 
     if parse_settings(GenerationSettings, handler_config).backend is not Backend.INDUCTOR:
         return
-    start = time.perf_counter()
     name = label.split("/")[-1]
     command = [sys.executable, "-m", "model_store.lm_compile", str(staging), name, json.dumps(handler_config)]
     log_file = staging.parent / "compile.log"  # beside the staged files: not in the archive
-    log(f"{label}: compiling its graphs as a worker's start does")
-    with tempfile.TemporaryDirectory(prefix="kit-compile-") as cache, open(log_file, "w") as out:
+    with tempfile.TemporaryDirectory(prefix="kit-compile-") as cache:
         environment = {**process_environment(os.environ), "TORCHINDUCTOR_CACHE_DIR": cache}
-        done = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=environment)
-    lines = log_file.read_text(errors="replace").strip().splitlines()
-    if done.returncode == REFUSED:
-        raise VariantRefused(f"{label} is not installed: {lines[-1]}")
-    if done.returncode != 0:
-        tail = "\n".join(lines[-15:])
-        raise RuntimeError(f"{label}: compiling failed (exit {done.returncode}); the end of its output:\n{tail}")
+        try:
+            lines = long_step.run(
+                command, f"{label}: compiling its graphs as a worker's start does", log_file, log, cwd=ROOT, env=environment
+            )
+        except long_step.StepFailed as failed:
+            if failed.returncode == REFUSED:  # the worker's accuracy guard: its reason is its last line
+                raise VariantRefused(f"{label} is not installed: {failed.last_line}") from None
+            raise
     graphs = next((found.group() for line in reversed(lines) if (found := GRAPHS.search(line))), "graphs not said")
-    log(f"{label}: {lines[-1]}, compiled in {time.perf_counter() - start:.0f}s ({graphs})")
+    log(f"{label}: {lines[-1]} ({graphs})")
 
 
 def export_language_model(handler_config: dict, staging: Path, label: str) -> None:

@@ -71,6 +71,7 @@ def finished(code: int, output: str):
 def test_a_language_models_inductor_graphs_are_compiled_at_build_and_a_refusal_installs_nothing(
     tmp_path, monkeypatch, capsys
 ):
+    from kit import long_step
     from model_store import build
 
     staging = tmp_path / "files"
@@ -78,23 +79,25 @@ def test_a_language_models_inductor_graphs_are_compiled_at_build_and_a_refusal_i
     ready = (
         "lm ready: backend=inductor ... warmup=9.0s graphs=2 (0 from the compile cache)\nshipped inductor-0f (3.0 MB)\n"
     )
-    monkeypatch.setattr(build.subprocess, "run", finished(0, ready))
+    monkeypatch.setattr(long_step.subprocess, "run", finished(0, ready))
     build.compile_language_model({"backend": "inductor"}, staging, "inductor/lm")
     said = capsys.readouterr().out
-    assert "inductor/lm: shipped inductor-0f (3.0 MB), compiled in " in said
+    assert "inductor/lm: compiling its graphs as a worker's start does: done in " in said
+    assert "inductor/lm: shipped inductor-0f (3.0 MB) " in said
     assert "(graphs=2 (0 from the compile cache))" in said
     refused = "bfloat16 answers too far from the float model on held-out prompts: greedy tokens 50.0% equal\n"
-    monkeypatch.setattr(build.subprocess, "run", finished(3, refused))
+    monkeypatch.setattr(long_step.subprocess, "run", finished(3, refused))
     with pytest.raises(build.VariantRefused, match="inductor/lm is not installed: bfloat16 answers too far"):
         build.compile_language_model({"backend": "inductor"}, staging, "inductor/lm")
-    monkeypatch.setattr(build.subprocess, "run", finished(1, "Traceback ...\nRuntimeError: out of memory\n"))
+    monkeypatch.setattr(long_step.subprocess, "run", finished(1, "Traceback ...\nRuntimeError: out of memory\n"))
     with pytest.raises(
-        RuntimeError, match="(?s)compiling failed \\(exit 1\\); the end of its output:.*RuntimeError: out of memory"
+        RuntimeError,
+        match="(?s)worker's start does failed \\(exit 1\\); the end of .*compile.log:.*RuntimeError: out of memory",
     ):
         build.compile_language_model({"backend": "inductor"}, staging, "inductor/lm")
-    monkeypatch.setattr(build.subprocess, "run", finished(0, "shipped inductor-0f (3.0 MB)\n"))
+    monkeypatch.setattr(long_step.subprocess, "run", finished(0, "shipped inductor-0f (3.0 MB)\n"))
     build.compile_language_model({"backend": "inductor"}, staging, "inductor/lm")
     assert "(graphs not said)" in capsys.readouterr().out  # a worker that did not say what it compiled
     # Other backends compile in the worker (eager: nothing to compile) or are exported (openvino).
-    monkeypatch.setattr(build.subprocess, "run", finished(1, "not run"))
+    monkeypatch.setattr(long_step.subprocess, "run", finished(1, "not run"))
     build.compile_language_model({"backend": "eager"}, staging, "eager/lm")
