@@ -16,25 +16,12 @@ from pathlib import Path
 REFUSED = 3
 
 
-def worker_context(model_dir: Path, name: str, settings: dict):
-    """TorchServe's own Context, as a worker of this model gets it."""
-    import ts
-    from ts.context import Context
-    from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
-
-    metrics = MetricsCacheYamlImpl(str(Path(ts.__file__).parent / "configs" / "metrics.yaml"))
-    metrics.initialize_cache()
-    manifest = {"model": {"modelName": name}}
-    return Context(
-        name, str(model_dir), manifest, 1, None, ts.__version__, metrics=metrics, model_yaml_config={"handler": settings}
-    )
-
-
 def main(argv: list[str]) -> int:
     staging, name, settings = Path(argv[0]), argv[1], json.loads(argv[2])
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     from handlers.accuracy import AccuracyError
     from handlers.generation import compiled
+    from handlers.outside_context import worker_context
     from handlers.text_generation import TextGenerationHandler
 
     try:

@@ -8,29 +8,16 @@ from pathlib import Path
 
 import torch
 from ts.context import Context, RequestProcessor
-from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 
 import handlers.itt
 from handlers.image_classification import ImageClassificationHandler
+from handlers.outside_context import worker_context
 from handlers.text import TOKENIZER_FILE
 from model_store.recipes import minilm_dir
 
-METRICS_CONFIG = Path(__import__("ts").__file__).parent / "configs" / "metrics.yaml"
-
 
 def make_context(model_dir: Path, handler_settings: dict, batch_size: int = 1) -> Context:
-    context = Context(
-        "tiny",
-        str(model_dir),
-        {"model": {"modelName": "tiny"}},
-        batch_size,
-        None,
-        "0.12.0",
-        metrics=MetricsCacheYamlImpl(str(METRICS_CONFIG)),
-        model_yaml_config={"handler": handler_settings},
-    )
-    context.metrics.initialize_cache()
-    return context
+    return worker_context(model_dir, "tiny", handler_settings, batch_size)
 
 
 # What TorchServe 0.12 hands the handler per request (ts/service.py): an entry per input field,

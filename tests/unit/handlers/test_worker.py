@@ -7,18 +7,16 @@ import logging
 import socket
 import struct
 import threading
-from pathlib import Path
 
 import pytest
 from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
 from ts.protocol import otf_message_handler as otf
 from ts.service import Service
 
+from handlers.outside_context import METRICS_CONFIG
 from handlers.stages import Stage, StageClock
 from handlers.streaming import StreamingHandler
 from handlers.worker import BufferedConnection, KitWorker, predict, stage_clock
-
-METRICS_CONFIG = Path(otf.__file__).parents[1] / "configs" / "metrics.yaml"
 
 
 def field(data: bytes) -> bytes:
