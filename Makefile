@@ -20,7 +20,7 @@ IMAGE ?= localhost/kit-serve:latest
 IMAGE_VARIANTS ?= inductor
 export IMAGE
 
-.PHONY: help test-tools test-image test-ipex test-container install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths bench-router bench-prefix bench-metrics test test-archives test-unit test-e2e lint format clean
+.PHONY: help test-tools test-image test-ipex test-container install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths bench-router bench-prefix bench-metrics bench-threads test test-archives test-unit test-e2e lint format clean
 
 help:
 	@echo "make serve [CONFIG=optimized|baseline|tuned|path.yaml] [VARIANT=name] [MODELS=resnet50,bert] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1] [ITT_TRACE=1] [MEMORY=6Gi]"
@@ -101,6 +101,11 @@ bench-router: archive
 bench-prefix: archive
 	@$(PY) -m bench.studies.prefix_reuse --models $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS))
 
+# What a language model's decode step pays for kernels that read their thread count when they run
+# (the kit's, so that shipped graphs serve any worker size) against kernels fixed to it (bench/studies/compiled_threads.py).
+bench-threads: install
+	@$(PY) -m bench.studies.compiled_threads --models $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(THREADS),--threads $(THREADS))
+
 # What the kit's metrics cost a worker per request, clock on and off in turns (bench/studies/metrics_cost.py).
 bench-metrics: install
 	@$(PY) -m bench.studies.metrics_cost $(if $(ROUNDS),--rounds $(ROUNDS))
@@ -131,10 +136,12 @@ test: test-unit test-container test-ipex test-e2e
 # A test process per CPU this process may use (its CPU set, capped by a cgroup quota: kit/topology.py).
 TEST_WORKERS ?= $(shell $(PY) -c 'from kit.topology import read_topology; t = read_topology(); \
 	print(max(1, min(len(t.cpus), int(t.quota or len(t.cpus)))))' 2>/dev/null || echo 1)
-# LEAN: Inductor's default cache, which only the unit tests fill (0.6 GB; servers use .cache/inductor).
+# LEAN: Inductor's default cache, which in-process compiles fill (servers use .cache/inductor): the
+# unit tests' 0.6 GB, the IPEX tests' (a precompiled header of 0.15 GB per torch and flags).
+DEFAULT_INDUCTOR_CACHE = $${TMPDIR:-/tmp}/torchinductor_$$(id -un)
 test-unit: install
 	@$(PY) -m pytest tests/unit -n $(TEST_WORKERS) $(PYTEST_ARGS)
-	@$(if $(LEAN),rm -rf "$${TMPDIR:-/tmp}/torchinductor_$$(id -un)")
+	@$(if $(LEAN),rm -rf "$(DEFAULT_INDUCTOR_CACHE)")
 
 # IPEX: its backend tests in .venv-ipex, and the e2e tests that serve from it (marker ipex), which
 # also build the archives they read (the bench's and your models' rows); two at a time as test-e2e.
@@ -142,7 +149,8 @@ test-ipex: install-ipex test-tools
 	@$(PY) -m model_store.build --models resnet50,minilm --variants eager,ipex
 	@$(IPEX_PY) -m pytest tests/ipex -p no:cacheprovider $(PYTEST_ARGS)
 	@$(PY) -m pytest tests/e2e -m ipex -n $(E2E_JOBS) --dist loadfile $(PYTEST_ARGS)
-	@$(if $(LEAN),echo "[test] LEAN: removing .venv-ipex and the ipex archives"; rm -rf .venv-ipex model_store/ipex)
+	@$(if $(LEAN),echo "[test] LEAN: removing .venv-ipex, the ipex archives and its compile cache"; \
+		rm -rf .venv-ipex model_store/ipex "$(DEFAULT_INDUCTOR_CACHE)")
 
 # The tests' image run as a container (marker container); the eager MiniLM is their reference.
 test-container: IMAGE := $(TEST_IMAGE)
@@ -151,12 +159,12 @@ test-container: test-image test-tools
 	@$(PY) -m pytest tests/e2e -m container $(PYTEST_ARGS)
 	@$(if $(LEAN),bash scripts/image.sh --remove)
 
-# Everything else against a real TorchServe, and the diagnosis tools on the real archives. Two test
-# processes, a module each at a time (--dist loadfile: a module's servers and archives are made
-# once): a test waits on its server about half its time (CI's e2e part kept 2 CPUs 54 % busy run
-# alone), and each server already plans its workers over every CPU, so more would only share them.
-# The session's optimized server starts once per process (the second finds Inductor's cache).
-# Tests marked serial compare rates over time: they run after, alone.
+# Everything else against a real TorchServe, and the diagnosis tools on the real archives, in
+# E2E_JOBS test processes, a module each at a time (--dist loadfile: a module's servers and archives
+# are made once; modules make their models under names of their own): a test waits on its server
+# much of its time (run in one process, CI's e2e part kept 2 CPUs 54 % busy). Each process starts
+# the session's optimized server once. Tests marked serial compare rates over time: they run after,
+# alone.
 E2E_JOBS ?= 2
 test-e2e: test-archives test-tools
 	@$(PY) -m pytest tests/e2e tests/integration -m "not ipex and not container and not serial" \

@@ -184,14 +184,7 @@ class TextGenerationHandler(StreamingHandler):
             agreement.require(agreed, guard, settings.precision)
         if settings.backend is Backend.INDUCTOR:
             log.info("%s: %s", self.model_name, compiled.unpack(model_dir, compiled.cache_dir()))
-            # Sizes that happen to be equal when first traced share a symbol ("duck" shapes), and
-            # a later call where they differ compiles again: a prompt padded to 64 positions
-            # would be tied to a head size of 64. A worker compiles one model: set process-wide.
-            torch.fx.experimental._config.use_duck_shape = False
-            # A float the model holds (an embedding's norm_type) would be traced as a symbol, then
-            # specialised by a second trace of the whole graph: a third of the compile's time.
-            torch._dynamo.config.specialize_float = True
-            model.forward = torch.compile(model.forward, dynamic=True)
+            model.forward = compiled.compile_forward(model)
         return Engine(
             model,
             self.decode,

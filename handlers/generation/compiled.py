@@ -1,7 +1,9 @@
-"""A language model's compiled graphs, shipped in its archive: the Inductor cache a build filled.
+"""A language model's forward compiled, and its graphs shipped in its archive: the Inductor cache a
+build filled.
 
     ship(cache, model_dir)           # the build (model_store/lm_compile.py), after a worker's start
     said = unpack(model_dir, cache)  # a worker, before it compiles: what it found, in a phrase
+    model.forward = compile_forward(model)
 
 A worker's first start on a machine compiles its graphs (Qwen2.5-0.5B's shape: 98 s of warm-up on
 2 cores); later starts find them in the Inductor cache. The build runs a worker's own start (load,
@@ -12,14 +14,13 @@ then compiles again: a tiny Qwen2's warm-up took 48 s with neither, 26 s with th
 with the cache's files (2-core AMD EPYC, one start each).
 
 Inductor compiles its kernels with -march=native and no key of its cache names the CPU: a library
-built on one CPU may use instructions another lacks (SIGILL). Its kernels are also specialised for
-the thread count they were compiled under (its key names that one). The shipped directory is named
-by a digest of torch's version, the CPU's /proc/cpuinfo flags and the build's threads, and a worker
-takes only the one made for a CPU and thread count like its own; otherwise it compiles, as without
-the files, and says why. The build runs with torch's default threads for its CPU set: a worker
-planned with as many (one language model on a small machine) finds its graphs. The files sit in
-the archive as they sat in the cache (TorchServe unpacks the archive): nothing to extract, so
-nothing that could write outside the cache.
+built on one CPU may use instructions another lacks (SIGILL). The shipped directory is named by a
+digest of torch's version and the CPU's /proc/cpuinfo flags, and a worker takes only the one made
+for a CPU like its own; otherwise it compiles, as without the files, and says why. The thread
+count is not part of it: a language model's kernels read theirs when they run (DYNAMIC_THREADS),
+so graphs the build compiled with its threads serve a worker planned with any other number. The
+files sit in the archive as they sat in the cache (TorchServe unpacks the archive): nothing to
+extract, so nothing that could write outside the cache.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from handlers.backends import cpu_flags, cpu_isas, cpuinfo
 
@@ -39,47 +41,62 @@ DIRECTORY = "compiled"  # in the model's directory (the archive's root)
 LOCKS = "locks"  # Inductor's lock files: of the process that held them, never shipped
 
 
-def worker_threads() -> int:
-    """The threads this process computes with (the kit's OMP_NUM_THREADS, or torch's default)."""
-    return torch.get_num_threads()
+# Inductor's option for kernels that read the thread count when they run, in every compile of a
+# language model, the build's and the workers' alike (its value is part of the cache's key).
+# Without it each kernel is specialised for the threads it was compiled under and the cache's key
+# names them: a worker planned with other threads than the build's compiled everything again.
+# What it costs a decode step: `make bench-threads` (docs/generation.md, "Start").
+DYNAMIC_THREADS = {"cpp.dynamic_threads": True}
 
 
-def cpu_key(flags: Iterable[str], threads: int, version: str = torch.__version__) -> str:
-    return hashlib.sha256(" ".join([version, str(threads), *sorted(flags)]).encode()).hexdigest()[:16]
+def compile_forward(model: nn.Module, options: dict = DYNAMIC_THREADS) -> Callable:
+    """The model's forward compiled for any number of rows and tokens (dynamic shapes)."""
+    # Sizes that happen to be equal when first traced share a symbol ("duck" shapes), and a later
+    # call where they differ compiles again: a prompt padded to 64 positions would be tied to a
+    # head size of 64. A worker compiles one model: set process-wide.
+    torch.fx.experimental._config.use_duck_shape = False
+    # A float the model holds (an embedding's norm_type) would be traced as a symbol, then
+    # specialised by a second trace of the whole graph: a third of the compile's time.
+    torch._dynamo.config.specialize_float = True
+    return torch.compile(model.forward, dynamic=True, options=options)
 
 
-def shipped_dir(model_dir: Path, flags: Iterable[str], threads: int) -> Path:
-    return Path(model_dir) / DIRECTORY / f"inductor-{cpu_key(flags, threads)}"
+def cpu_key(flags: Iterable[str], version: str = torch.__version__) -> str:
+    return hashlib.sha256(" ".join([version, *sorted(flags)]).encode()).hexdigest()[:16]
 
 
-def describe(flags: Iterable[str], threads: int) -> str:
-    """A CPU, torch and thread count in words: where a shipped cache was built, and where it is read."""
+def shipped_dir(model_dir: Path, flags: Iterable[str]) -> Path:
+    return Path(model_dir) / DIRECTORY / f"inductor-{cpu_key(flags)}"
+
+
+def describe(flags: Iterable[str]) -> str:
+    """A CPU and torch in words: where a shipped cache was built, and where it is read."""
     isas = " ".join(cpu_isas(flags))
-    return f"{cpuinfo().get('model name', 'unknown')} ({isas}), torch {torch.__version__}, {threads} threads"
+    return f"{cpuinfo().get('model name', 'unknown')} ({isas}), torch {torch.__version__}"
 
 
 def ship(cache: Path, model_dir: Path) -> Path:
-    """The cache's files into the model's directory, under a name for this CPU, torch and thread count."""
-    flags, threads = cpu_flags(), worker_threads()
-    target = shipped_dir(model_dir, flags, threads)
+    """The cache's files into the model's directory, under a name for this CPU and torch."""
+    flags = cpu_flags()
+    target = shipped_dir(model_dir, flags)
     shutil.copytree(cache, target, ignore=lambda directory, names: [LOCKS] if Path(directory) == cache else [])
-    target.with_suffix(".json").write_text(json.dumps({"built": describe(flags, threads)}))
+    target.with_suffix(".json").write_text(json.dumps({"built": describe(flags)}))
     return target
 
 
 def unpack(model_dir: Path, cache: Path) -> str:
-    """The archive's compiled files for this CPU and thread count added to the worker's Inductor
-    cache (a file the cache already has is kept); what was found, in a phrase for the log."""
-    flags, threads = cpu_flags(), worker_threads()
-    own = shipped_dir(model_dir, flags, threads)
+    """The archive's compiled files for this CPU added to the worker's Inductor cache (a file the
+    cache already has is kept); what was found, in a phrase for the log."""
+    flags = cpu_flags()
+    own = shipped_dir(model_dir, flags)
     if not own.is_dir():
         others = [json.loads(p.read_text()) for p in sorted((Path(model_dir) / DIRECTORY).glob("inductor-*.json"))]
         if not others:
             return "no compiled graphs in the archive: compiling them"
         built = "; ".join(other["built"] for other in others)
         return (
-            f"the archive's compiled graphs are for another CPU, torch or thread count ({built}); "
-            f"this worker: {describe(flags, threads)}: compiling them"
+            f"the archive's compiled graphs are for another CPU or torch ({built}); "
+            f"this worker: {describe(flags)}: compiling them"
         )
     shipped = [path for path in sorted(own.rglob("*")) if path.is_file()]
     added = 0

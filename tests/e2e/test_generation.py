@@ -8,43 +8,42 @@ positions, no chat template) over asyncCommunication, so every test runs on both
 (handlers/replies.py); a client that goes away is tested on continuousBatching, the protocol
 that tells the worker. The reference text is
 transformers' tokens decoded as the kit streams text (handlers/generation/stream.py, tested on
-its own against the tokenizer), so equal texts mean equal tokens.
+its own against the tokenizer), so equal texts mean equal tokens. Reduced precisions are judged
+in test_lm_precision.py, the memory plan and `make tune` in test_lm_plan.py: modules of their own,
+so that the two test processes share the work (Makefile: test-e2e).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 import re
 import secrets
 import subprocess
 import sys
 import threading
 import time
-import zipfile
-from pathlib import Path
 
 import pytest
 import requests
 import torch
-import yaml
 
 from client import grpc_client
-from handlers.backends import DType, cpu_refusal
-from handlers.generation.stream import TextStream
-from kit.layout import PlanError
-from kit.models import model_file
-from kit.paths import CONFIG, ROOT
+from kit.paths import ROOT
 from kit.ports import PORTS
 from kit.proxy import AuthProxy
-from kit.serve_config import PRESETS, ServeConfig
-from kit.server import Server, ServerError, start_ready
+from kit.serve_config import ServeConfig
+from kit.server import Server
 from kit.supervise import stop_proxy
-from kit.topology import read_topology
-from kit.variant import Variant
 from tests.e2e.conftest import one_cpu, start_server
-from tests.e2e.test_your_model import remove_model
+from tests.e2e.language_models import (
+    CHAT,
+    PROMPTS,
+    Reference,
+    assert_archive_graphs,
+    generate,
+    made_models,
+    url,
+)
 from tests.hf_models import gpt2_lm, qwen2_lm
 from tests.prometheus import Prometheus, dashboard_queries, finite, recorded_series, rules_file
 
@@ -56,107 +55,20 @@ VARIANTS = ("eager", "inductor", "openvino")
 CHUNK = 32
 LOOKUP = 4  # Qwen's prompt lookup: draft tokens a step
 DRAFTED = {QWEN: {"prompt_lookup": LOOKUP}}  # served over its archive's settings (a preset's model_settings)
-PROMPTS = [
-    "The committee postponed the expansion",
-    "A quick brown fox",
-    "Interest rates rose again this quarter, " * 12,
-]  # the last: prefill past 64 positions
-CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Where is the river bank?"}]
 
 
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lms")
-    made = {name: make(root / name) for name, make in MAKERS.items()}
-    # The sources sit where torch-model-archiver would stage the archive ($TMPDIR/<name>), as a
-    # user's `make model NAME=lm SRC=/tmp/lm` does: the builds must leave them alone.
-    environment = {**os.environ, "TMPDIR": str(root)}
-    try:
-        for name, source in made.items():
-            # The eager archive only: the settings below change every archive's digest, and the
-            # build after them makes all VARIANTS once (an OpenVINO export is ~20 s a model).
-            command = ["make", "--no-print-directory", "model", f"NAME={name}", f"SRC={source}", "VARIANTS=eager"]
-            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=environment)
-            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-            assert "task: text-generation" in model_file(name).read_text()  # inferred from architectures
-        # Qwen's prompts are computed CHUNK tokens a step (chunked prefill; the longest prompt here
-        # in 7 parts) while the other streams advance, over continuousBatching, and the servers
-        # below draft its answers by prompt lookup (DRAFTED: every answer must still be
-        # transformers'); GPT-2's prompts whole (prefill_chunk 0), over asyncCommunication.
-        for name, settings in (
-            (QWEN, {"prefill_chunk": CHUNK, "batching": "continuous"}),
-            (GPT2, {"prefill_chunk": 0, "batching": "async"}),
-        ):
-            document = yaml.safe_load(model_file(name).read_text())
-            model_file(name).write_text(
-                yaml.safe_dump({**document, "handler": {**(document.get("handler") or {}), **settings}})
-            )
-        build = [
-            sys.executable,
-            "-m",
-            "model_store.build",
-            "--models",
-            ",".join(made),
-            "--variants",
-            ",".join(VARIANTS),
-        ]
-        done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=environment)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        for source in made.values():
-            assert (source / "config.json").is_file(), f"building the archives deleted {source}"
+    # Qwen's prompts are computed CHUNK tokens a step (chunked prefill; the longest prompt here in
+    # 7 parts) while the other streams advance, over continuousBatching, and the servers below
+    # draft its answers by prompt lookup (DRAFTED: every answer must still be transformers');
+    # GPT-2's prompts whole (prefill_chunk 0), over asyncCommunication.
+    settings = {
+        QWEN: {"prefill_chunk": CHUNK, "batching": "continuous"},
+        GPT2: {"prefill_chunk": 0, "batching": "async"},
+    }
+    with made_models(tmp_path_factory.mktemp("lms"), MAKERS, settings, VARIANTS) as made:
         yield made
-    finally:
-        for name in made:
-            remove_model(name)
-
-
-class Reference:
-    """transformers' greedy answers (float32), as text the way the kit streams it."""
-
-    def __init__(self, directory: Path):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(directory)
-        self.model = AutoModelForCausalLM.from_pretrained(directory).eval()
-
-    def tokens(self, ids: list[int], new: int, **options) -> list[int]:
-        """`options`: generate's own (repetition_penalty, sequence_bias)."""
-        with torch.inference_mode():
-            out = self.model.generate(
-                torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0, **options
-            )
-        answer = out[0, len(ids) :].tolist()
-        eos = set(self.model.generation_config.eos_token_id)
-        return answer[: next((i for i, t in enumerate(answer) if t in eos), len(answer))]
-
-    def scores(self, ids: list[int], new: int) -> tuple[list[int], list[torch.Tensor]]:
-        """The greedy answer's tokens (all `new`) and each step's log-softmax of the logits."""
-        with torch.inference_mode():
-            out = self.model.generate(
-                torch.tensor([ids]),
-                max_new_tokens=new,
-                do_sample=False,
-                pad_token_id=0,
-                eos_token_id=None,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-        return out.sequences[0, len(ids) :].tolist(), [step[0].float().log_softmax(-1) for step in out.logits]
-
-    def text(self, ids: list[int], new: int, **options) -> tuple[str, int]:
-        tokens = self.tokens(ids, new, **options)
-        stream = TextStream(lambda t: self.tokenizer.decode(t, skip_special_tokens=True))
-        return "".join(stream.push(t) for t in tokens) + stream.finish(), len(tokens)
-
-    def prompt(self, text: str) -> tuple[str, int]:
-        return self.text(self.tokenizer(text)["input_ids"], 24)
-
-    def chat_ids(self, messages: list[dict] = CHAT, tools: list[dict] | None = None) -> list[int]:
-        rendered = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-        return self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
-
-    def chat(self, new: int, **options) -> tuple[str, int]:
-        return self.text(self.chat_ids(), new, **options)
 
 
 @pytest.fixture(scope="module")
@@ -172,23 +84,6 @@ def server(request, sources, tmp_path_factory):
     server = start_server(tmp_path_factory.mktemp(request.param), config)
     yield server
     server.stop()
-
-
-def url(server: Server, model: str, path: str = "") -> str:
-    return server.api.url("inference", f"/predictions/{model}" + (f"/1.0/{path}" if path else ""))
-
-
-def generate(server: Server, model: str, body, path: str = "", stream: bool = False) -> requests.Response:
-    data = (
-        {"json": body} if isinstance(body, dict) else {"data": body.encode(), "headers": {"Content-Type": "text/plain"}}
-    )
-    return requests.post(url(server, model, path), timeout=120, stream=stream, **data)
-
-
-def sse(response: requests.Response) -> list[dict]:
-    lines = [line for line in response.iter_lines() if line]
-    assert lines[-1] == b"data: [DONE]"
-    return [json.loads(line.removeprefix(b"data: ")) for line in lines[:-1]]
 
 
 @pytest.mark.parametrize("model", sorted(MAKERS))
@@ -813,27 +708,6 @@ def test_a_client_that_goes_away_ends_its_sequence(server):
     assert all(int(tokens) < 2000 for _, tokens in found)  # ended where its client left, not at its end
 
 
-def build_threads() -> int:
-    """The threads the archive build compiled with: torch's default in a process of this
-    environment, as model_store/lm_compile.py runs."""
-    done = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True)
-    return int(done.stdout)
-
-
-def assert_archive_graphs(server: Server, model: str, log: str) -> None:
-    """The build compiled the graphs and shipped them (handlers/generation/compiled.py): a worker
-    with the build's threads finds every graph in the cache, whatever the cache held before (its
-    prompt lookup and number of sequences are not the build's); one with other threads is told
-    why and compiles."""
-    threads, built = max(w.threads for w in server.layout.models[model].workers), build_threads()
-    if threads == built:
-        assert re.search(rf"{model}: compiled graphs from the archive \(inductor-\w+, ", log), model
-        assert re.search(rf"{model} ready: .* graphs=(\d+) \(\1 from the compile cache\)", log), model
-    else:
-        told = f"graphs are for another CPU, torch or thread count \\(.*, {built} threads\\); this worker: .*, {threads} threads"
-        assert re.search(rf"{model}: the archive's compiled {told}: compiling them", log), model
-
-
 def test_no_request_waited_for_the_compiler(server):
     """Runs after the others on each server: every shape they sent was compiled at warm-up."""
     log = server.logs.model_log.read_text(errors="replace")
@@ -849,292 +723,3 @@ def test_no_request_waited_for_the_compiler(server):
         for model in MAKERS:
             assert re.search(rf"{model} ready: .* graphs=2 ", log), f"{model} compiled other than 2 graphs"
             assert_archive_graphs(server, model, log)
-
-
-def test_a_memory_budget_short_of_the_kv_caches_serves_fewer_sequences(sources, references, tmp_path):
-    """The plan counts a language model's KV cache per sequence (its archive's config.json and
-    settings) in the footprint its last server recorded, and under a budget too small for every
-    sequence gives its workers fewer; the worker serves that many, and answers as before."""
-    config = ServeConfig.from_preset("optimized", variant="eager", models=list(MAKERS), cpus=one_cpu())
-    topology = read_topology()
-    if any(config.demand(m).footprint is None for m in MAKERS):
-        start_server(tmp_path / "measure", config).stop()  # READY records the footprints
-    most = {m: config.demand(m).sequences.most for m in MAKERS}
-
-    def planned(budget: int):
-        try:
-            return dataclasses.replace(config, memory=str(budget)).layout(topology)
-        except PlanError:
-            return None
-
-    # The largest budget, in steps of one sequence's cache, under which the first model loses one.
-    per_sequence = config.demand(config.models[0]).sequences.per_sequence
-    budget = planned(64 * 2**30).memory.total
-    while (layout := planned(budget)) and layout.models[config.models[0]].sequences == most[config.models[0]]:
-        budget -= per_sequence
-    assert layout is not None, "no budget serves fewer sequences without refusing"
-    sequences = {m: layout.models[m].sequences for m in MAKERS}
-    assert sequences[config.models[0]] < most[config.models[0]] and layout.memory.total <= budget
-    assert "sequences) ->" in layout.memory.note
-
-    server = start_server(tmp_path / "tight", dataclasses.replace(config, memory=str(budget)))
-    try:
-        log = server.logs.model_log.read_text(errors="replace")
-        for model in MAKERS:
-            assert f"{model} ready: backend=eager dtype=float32 sequences={sequences[model]} " in log
-        text, count = references[QWEN].prompt(PROMPTS[0])
-        assert generate(server, QWEN, {"prompt": PROMPTS[0], "max_new_tokens": 24}).json()["text"] == text
-    finally:
-        server.stop()
-
-
-# A reduced precision per case: its handler settings, how it is named, its variant's CPU refusal.
-REDUCED = {
-    "bf16": ({"dtype": "bfloat16"}, "bfloat16", cpu_refusal(DType.BFLOAT16)),
-    "int8-weights": ({"weights": "int8"}, "float32 on int8 weights", ""),
-}
-
-
-@pytest.mark.parametrize("reduced", sorted(REDUCED))
-def test_a_reduced_precision_is_judged_against_float32_and_refused_by_name_when_too_far(sources, tmp_path, reduced):
-    """A worker serving bf16 or int8 weights first measures its greedy tokens and next-token
-    distributions against the float model on held-out prompts (handlers/generation/agreement.py):
-    within the limits it serves and logs the agreement; with a model file's stricter limit it does
-    not start, and the reason the user sees names what failed. Eager: the guard judges the model
-    before any compiler. The first is judged on the user's prompts (its SAMPLES: 5), the second on
-    4 of the kit's."""
-    settings, precision, refusal = REDUCED[reduced]
-    if refusal:
-        pytest.skip(refusal)
-    document = yaml.safe_load(model_file(QWEN).read_text())
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("".join(f"{PROMPTS[i % 2]}, part {i}\n" for i in range(5)))
-    made = {
-        f"test-yours-lm-{reduced}": {"handler": {}, "samples": str(prompts)},
-        f"test-yours-lm-{reduced}-strict": {"handler": {"accuracy_tolerance": 1e-4, "accuracy_prompts": 4}},
-    }
-    for name, extra in made.items():
-        handler = {**document.get("handler", {}), **settings, **extra.pop("handler")}
-        model_file(name).write_text(yaml.safe_dump({**document, **extra, "handler": handler}))
-    try:
-        build = [sys.executable, "-m", "model_store.build", "--models", ",".join(made), "--variants", "eager"]
-        done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        good, strict = made
-        config = ServeConfig.from_preset("optimized", variant="eager", models=[good], cpus=one_cpu())
-        server = start_server(tmp_path / "good", config)
-        try:
-            log = server.logs.model_log.read_text(errors="replace")
-            assert re.search(
-                rf"{good} accuracy against float32: greedy tokens [\d.]+% equal \(\d+ of \d+ positions, 5 prompts\)"
-                rf".* \(served in {precision}\)",
-                log,
-            )
-            ready = f"dtype={settings.get('dtype', 'float32')} .* weights={settings.get('weights', 'dtype')} "
-            # The tied head packed (or int8) apart, the embedding's rows read from the file: held once.
-            ready += r"\(linear kernels \d+MB\) \(other \d+MB\) \(embedding read from the file \d+MB\) "
-            assert re.search(rf"{good} ready: backend=eager {ready}", log)
-            answer = generate(server, good, {"prompt": PROMPTS[0], "max_new_tokens": 8})
-            assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1
-        finally:
-            server.stop()
-        config = dataclasses.replace(config, models=[strict])
-        with pytest.raises(ServerError, match="model load failed") as refused:
-            start_ready(config, tmp_path / "strict", deadline_s=300, progress=lambda message: None)
-        assert f"{precision} answers too far from the float model on held-out prompts: next-token distance mean" in str(
-            refused.value
-        )
-    finally:
-        for name in made:
-            remove_model(name)
-
-
-def test_an_openvino_variant_is_judged_when_built_and_not_installed_when_too_far(sources, tmp_path):
-    """An openvino variant's IR is exported by `make archive` (model_store/openvino_lm.py) and, on
-    int8 weights (compressed at export; computed in float32 here so that every CPU runs it),
-    judged there against the float model on held-out prompts: within the limits it is installed
-    without the source's weights (the IR holds them) and serves; with a model file's stricter
-    limit the build names what failed and installs nothing."""
-    document = yaml.safe_load(model_file(QWEN).read_text())
-    made = {
-        "test-yours-lm-ov-int8": {"weights": "int8"},
-        "test-yours-lm-ov-int8-strict": {"weights": "int8", "accuracy_tolerance": 1e-4, "accuracy_prompts": 4},
-    }
-    for name, settings in made.items():
-        model_file(name).write_text(
-            yaml.safe_dump({**document, "handler": {**document.get("handler", {}), **settings}})
-        )
-    try:
-        good, strict = made
-        build = [sys.executable, "-m", "model_store.build", "--models", good, "--variants", "openvino"]
-        done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert re.search(
-            rf"openvino/{good}: accuracy against float32 \(float32 on int8 weights, judged in \d+s\): "
-            r"greedy tokens [\d.]+% equal \(\d+ of \d+ positions, 8 prompts\)",
-            done.stdout,
-        ), done.stdout[-3000:]
-        archive = Variant.load("openvino").archive(good)
-        with zipfile.ZipFile(archive) as files:
-            names = files.namelist()
-        assert "openvino/openvino_model.xml" in names and not [n for n in names if n.endswith(".safetensors")]
-        config = ServeConfig.from_preset("optimized", variant="openvino", models=[good], cpus=one_cpu())
-        server = start_server(tmp_path / "good", config)
-        try:
-            log = server.logs.model_log.read_text(errors="replace")
-            assert re.search(
-                rf"{good} ready: backend=openvino dtype=float32 .* prefix_caching=off prompt_lookup=0 weights=int8 ",
-                log,
-            )
-            answer = generate(server, good, {"prompt": PROMPTS[0], "max_new_tokens": 8, "ignore_eos": True})
-            assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 8
-        finally:
-            server.stop()
-        build[build.index(good)] = strict
-        done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=900)
-        assert done.returncode != 0
-        said = done.stdout + done.stderr
-        # The stricter limit fails, named (the share of greedy tokens may fail before it, listed first).
-        assert (
-            f"openvino/{strict} is not installed: float32 on int8 weights answers too far from the float model "
-            "on held-out prompts: "
-        ) in said
-        assert re.search(r"next-token distance mean [\d.]+ > 0\.0001", said), said[-2000:]
-        assert not Variant.load("openvino").archive(strict).exists()
-    finally:
-        for name in made:
-            remove_model(name)
-
-
-def test_a_bf16_openvino_variant_is_exported_with_float16_weights_judged_and_served(sources, tmp_path):
-    """openvino-bf16's IR stores float16 weights, half of float32's (the CPU plugin packs its bf16
-    copy from either, and the IR's pages stay mapped beside it): judged against the float model
-    at build time and served. A CPU that cannot compute bf16 refuses the build and says why."""
-    name = "test-yours-lm-ov-bf16"
-    model_file(name).write_text(model_file(QWEN).read_text())
-    try:
-        build = [sys.executable, "-m", "model_store.build", "--models", name, "--variants", "openvino-bf16"]
-        done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=900)
-        if refusal := cpu_refusal(DType.BFLOAT16):
-            assert done.returncode != 0 and refusal in done.stdout + done.stderr
-            return
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        assert "(float16 weights)" in done.stdout
-        assert re.search(rf"openvino-bf16/{name}: accuracy against float32 \(bfloat16, judged in \d+s\): ", done.stdout)
-        with zipfile.ZipFile(Variant.load("openvino-bf16").archive(name)) as files:
-            ir = files.read("openvino/openvino_model.xml").decode()
-        constants = re.findall(r'<layer [^>]*type="Const"[^>]*>\s*<data element_type="(\w+)" shape="([^"]*)"', ir)
-        large = {
-            element for element, shape in constants if shape and torch.Size(map(int, shape.split(","))).numel() >= 256
-        }
-        assert large == {"f16"}, f"the weights' element types: {large}"
-        config = ServeConfig.from_preset("optimized", variant="openvino-bf16", models=[name], cpus=one_cpu())
-        server = start_server(tmp_path / "bf16", config)
-        try:
-            answer = generate(server, name, {"prompt": PROMPTS[0], "max_new_tokens": 8, "ignore_eos": True})
-            assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 8
-        finally:
-            server.stop()
-    finally:
-        remove_model(name)
-
-
-def test_int8_weights_compiled_serve_many_streams_without_recompiling(sources, tmp_path):
-    """Inductor on int8 weights (the model file's `weights: int8`; computed in float32 here so that
-    every CPU runs it, `inductor-bf16-woq` computes in bf16): the model's linear weights in int8
-    (torchao), judged against float32, then compiled with them and warmed up: prompts of every
-    length (chunked prefill), streams together and a chat all answered, with no request waiting
-    for the compiler."""
-    name = "test-yours-lm-int8-weights"
-    document = yaml.safe_load(model_file(QWEN).read_text())
-    model_file(name).write_text(yaml.safe_dump({**document, "handler": {**document["handler"], "weights": "int8"}}))
-    try:
-        build = [sys.executable, "-m", "model_store.build", "--models", name, "--variants", "inductor"]
-        done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        # The machine's CPUs, as `make serve` plans them: the worker's threads are the build's.
-        config = ServeConfig.from_preset("optimized", variant="inductor", models=[name])
-        server = start_server(tmp_path / "int8", config)
-        try:
-            answers: dict[int, requests.Response] = {}
-
-            def ask(index: int, prompt: str) -> None:
-                answers[index] = generate(server, name, {"prompt": prompt, "max_new_tokens": 24})
-
-            threads = [threading.Thread(target=ask, args=(i, p)) for i, p in enumerate(PROMPTS * 2)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(timeout=300)
-            assert [answers[i].status_code for i in range(len(threads))] == [200] * len(threads)
-            assert all(answers[i].json()["usage"]["completion_tokens"] >= 1 for i in range(len(threads)))
-            chat = generate(server, name, {"messages": CHAT, "max_tokens": 8}, "v1/chat/completions")
-            assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["role"] == "assistant"
-            log = server.logs.model_log.read_text(errors="replace")
-            assert re.search(rf"{name}: \d+ linear layers on int8 weights", log)
-            assert re.search(rf"{name} accuracy against float32: .* \(served in float32 on int8 weights\)", log)
-            assert f"{name} ready: backend=inductor dtype=float32 " in log
-            assert "recompiled while serving" not in log, "a request waited for the compiler"
-            assert_archive_graphs(server, name, log)
-        finally:
-            server.stop()
-    finally:
-        remove_model(name)
-
-
-def test_make_tune_measures_each_number_of_sequences_and_its_preset_serves_the_choice(sources, references, tmp_path):
-    """`make tune MODELS=lm`'s command on real TorchServes: a server per candidate (eager here, to
-    be quick; 4, 8 and 16 sequences at 16 streams), streamed and measured, each serving as many as
-    asked however many its archive holds (8); the preset it writes serves the choice."""
-    name = f"test-tune-lm-{os.getpid()}"
-    command = [
-        sys.executable,
-        "-m",
-        "bench",
-        "--plan",
-        "tune",
-        "--models",
-        QWEN,
-        "--write-preset",
-        name,
-        "--streams",
-        "16",
-        "--lm-rounds",
-        "1",
-        "--lm-seconds",
-        "2",
-        "--lm-variants",
-        "eager",
-        "--out",
-        str(tmp_path / "tune"),
-    ]
-    try:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        for sequences in (4, 8, 16):
-            assert re.search(rf"\[tune\] eager x{sequences}: started in \d+ s, {sequences} sequences", done.stdout)
-            worker = (tmp_path / "tune" / QWEN / f"eager-{sequences}-r0" / "model_log.log").read_text(errors="replace")
-            assert f"{QWEN} ready: backend=eager dtype=float32 sequences={sequences} " in worker
-            assert re.search(rf"\[tune\] eager x{sequences} sequences: [\d.]+ tokens/s, ITL p50", done.stdout)
-        config = ServeConfig.from_preset(name)
-        assert config.models == (QWEN,) and config.variant.name == "eager"
-        chosen = config.model_sequences[QWEN]
-        assert f"[tune] {QWEN}: eager x{chosen} sequences" in done.stdout
-        # The winner again, without and with prompt lookup: served only where it paid, said either way.
-        drafted = tmp_path / "tune" / QWEN / "lookup" / f"eager-{chosen}-lookup4-r0" / "model_log.log"
-        assert " prompt_lookup=4 " in drafted.read_text(errors="replace")
-        assert re.search(rf"\[tune\] eager x{chosen} sequences, prompt lookup 4: [\d.]+ tokens/s", done.stdout)
-        served = config.model_settings.get(QWEN, {}).get("prompt_lookup", 0)
-        assert ("prompt lookup served" if served else "prompt lookup not served") in done.stdout
-        server = start_server(tmp_path / "tuned", dataclasses.replace(config, cpus=one_cpu()))
-        try:
-            log = server.logs.model_log.read_text(errors="replace")
-            assert f"{QWEN} ready: backend=eager dtype=float32 sequences={chosen} " in log
-            assert f" prompt_lookup={served} " in log
-            text, _ = references[QWEN].prompt(PROMPTS[0])
-            assert generate(server, QWEN, {"prompt": PROMPTS[0], "max_new_tokens": 24}).json()["text"] == text
-        finally:
-            server.stop()
-    finally:
-        for path in (PRESETS / f"{name}.yaml", CONFIG / f"{name}.properties"):
-            path.unlink(missing_ok=True)

@@ -1,5 +1,5 @@
-"""handlers/generation/compiled.py: the build's Inductor cache shipped, unpacked only on a CPU and
-thread count like the build's, never over a file the worker's cache has."""
+"""handlers/generation/compiled.py: the build's Inductor cache shipped, unpacked only on a CPU like
+the build's, never over a file the worker's cache has."""
 
 from __future__ import annotations
 
@@ -16,11 +16,10 @@ OTHER = HERE - {"avx512f", "avx512bw", "avx512vl", "avx512dq"}  # an AVX2-only C
 
 @pytest.fixture
 def cpu(monkeypatch):
-    """The CPU and threads the code reads: HERE with 2 threads until a test sets others."""
+    """The CPU the code reads: HERE until a test sets another."""
 
-    def use(flags: frozenset[str], threads: int = 2) -> None:
+    def use(flags: frozenset[str]) -> None:
         monkeypatch.setattr(compiled, "cpu_flags", lambda: flags)
-        monkeypatch.setattr(compiled, "worker_threads", lambda: threads)
 
     use(HERE)
     return use
@@ -42,11 +41,10 @@ def files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def test_the_key_names_torch_the_threads_and_the_cpus_flags_in_any_order():
-    assert compiled.cpu_key(["b", "a"], 2, "2.13.0") == compiled.cpu_key(["a", "b"], 2, "2.13.0")
-    assert compiled.cpu_key(["a", "b"], 2, "2.13.0") != compiled.cpu_key(["a", "b"], 2, "2.14.0")
-    assert compiled.cpu_key(["a", "b"], 2, "2.13.0") != compiled.cpu_key(["a", "b"], 1, "2.13.0")
-    assert compiled.cpu_key(HERE, 2) != compiled.cpu_key(OTHER, 2)
+def test_the_key_names_torch_and_the_cpus_flags_in_any_order():
+    assert compiled.cpu_key(["b", "a"], "2.13.0") == compiled.cpu_key(["a", "b"], "2.13.0")
+    assert compiled.cpu_key(["a", "b"], "2.13.0") != compiled.cpu_key(["a", "b"], "2.14.0")
+    assert compiled.cpu_key(HERE) != compiled.cpu_key(OTHER)
 
 
 def test_a_worker_on_the_same_cpu_gets_every_file_the_build_compiled_but_its_locks(tmp_path, cpu):
@@ -81,21 +79,9 @@ def test_another_cpu_compiles_and_is_told_which_cpu_the_archive_was_built_for(tm
     monkeypatch.setattr(compiled, "cpuinfo", lambda: {"model name": "Older CPU"})
     said = compiled.unpack(model_dir, tmp_path / "worker-cache")
     assert said.startswith(
-        "the archive's compiled graphs are for another CPU, torch or thread count (Builder CPU (AVX2 AVX512), torch "
+        "the archive's compiled graphs are for another CPU or torch (Builder CPU (AVX2 AVX512), torch "
     )
-    assert said.endswith(
-        ", 2 threads); this worker: Older CPU (AVX2), torch " + torch.__version__ + ", 2 threads: compiling them"
-    )
-    assert not (tmp_path / "worker-cache").exists()
-
-
-def test_a_worker_with_other_threads_than_the_builds_compiles(tmp_path, cpu):
-    """Inductor's kernels are specialised for the thread count they were compiled under."""
-    model_dir = tmp_path / "model"
-    compiled.ship(build_cache(tmp_path), model_dir)
-    cpu(HERE, threads=1)
-    said = compiled.unpack(model_dir, tmp_path / "worker-cache")
-    assert ", 2 threads); this worker: " in said and said.endswith(", 1 threads: compiling them")
+    assert said.endswith(f"); this worker: Older CPU (AVX2), torch {torch.__version__}: compiling them")
     assert not (tmp_path / "worker-cache").exists()
 
 
