@@ -149,7 +149,7 @@ test-ipex: install-ipex test-tools
 	@$(PY) -m model_store.build --models resnet50,minilm --variants eager,ipex
 	@$(IPEX_PY) -m pytest tests/ipex -p no:cacheprovider $(PYTEST_ARGS)
 	@$(PY) -m pytest tests/e2e -m ipex -n $(E2E_JOBS) --dist loadfile $(PYTEST_ARGS)
-	@$(if $(LEAN),echo "[test] LEAN: removing .venv-ipex, the ipex archives and its compile cache"; \
+	@$(if $(LEAN),echo "[test] LEAN: removing .venv-ipex and the ipex archives and compile cache"; \
 		rm -rf .venv-ipex model_store/ipex "$(DEFAULT_INDUCTOR_CACHE)")
 
 # The tests' image run as a container (marker container); the eager MiniLM is their reference.
