@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 from bench.results import Measured
-from handlers.archive import extract
 from kit.paths import ROOT, process_environment
 from kit.pin_worker import allocator_library
 from kit.properties import worker_environment
@@ -55,9 +54,9 @@ def worker_cpus(config: ServeConfig, model: str) -> list[tuple[set[int], int]]:
 def measure_in_process(archive: Path, model: str, config: ServeConfig, seconds: int, work_dir: Path) -> Measured:
     """Summed items/s of concurrent model processes laid out like the server's workers, and
     the first one's agreement with float32 eager."""
-    model_dir = extract(archive, work_dir)
+    model_dir = archive
     children = []
-    log_path = work_dir / f"in-process-{model_dir.name}.log"
+    log_path = work_dir / f"in-process-{model_dir.parent.name}-{model_dir.name}.log"
     log_file = open(log_path, "a")  # noqa: SIM115 - closed in finally, after the children
     for cpus, threads in worker_cpus(config, model):
         # The variant's own environment: torch 2.8 for the ipex backends.

@@ -3,7 +3,7 @@
     .venv/bin/python -m diagnose doctor  --model resnet50 [--variant inductor] [--debug-dump]
     .venv/bin/python -m diagnose profile --model bert [--variant inductor] [--batch 1] [--threads 1]
 
-Both read the built archive (model_store/<variant>/<model>.mar), so they see exactly what a
+Both read the built archive (model_store/<variant>/<model>/), so they see exactly what a
 worker serves, and write under logs/doctor/ or logs/profile/<model>-<time>/.
 """
 
@@ -17,7 +17,7 @@ import torch
 
 from diagnose.doctor import debug_dump, diagnose
 from diagnose.profile import profile_model
-from handlers.archive import extract, load_archived
+from handlers.archive import load_archived
 from handlers.typed_config import SettingsError
 from kit.paths import LOGS
 from kit.variant import Variant
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     out_dir = LOGS / args.command / f"{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
-        archived = load_archived(extract(Variant.load(args.variant).archive(args.model), LOGS / "archives"))
+        archived = load_archived(Variant.load(args.variant).archive(args.model))
     except (FileNotFoundError, SettingsError) as error:
         print(f"[{args.command}] ERROR: {error}", file=sys.stderr)
         return 2

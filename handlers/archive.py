@@ -1,6 +1,6 @@
 """A built archive's model in this process, exactly as its handler would load it.
 
-    archived = load_archived(extract(Path("model_store/inductor/resnet50.mar"), Path("/tmp/x")))
+    archived = load_archived(Path("model_store/inductor/resnet50"))
     inputs = archived.example(batch_size=1)     # the handler's own warm-up inputs
     archived.model(*inputs)                     # eager, unoptimized
 
@@ -14,12 +14,12 @@ import dataclasses
 import importlib
 import inspect
 import json
-import zipfile
 from pathlib import Path
 
 import yaml
 from torch import nn
 
+from handlers.archive_files import MANIFEST, MODEL_CONFIG
 from handlers.backends.common import Inputs
 from handlers.base import OptimizedHandler
 from handlers.loaders import load_model
@@ -39,19 +39,8 @@ class ArchivedModel:
         return self.handler.example(batch_size)
 
 
-def extract(archive: Path, into: Path) -> Path:
-    """Unpack `archive` once into `into/<variant>-<model>` and return that directory."""
-    target = into / f"{archive.parent.name}-{archive.stem}"
-    if not (target / "MAR-INF" / "MANIFEST.json").is_file():
-        if not archive.is_file():
-            raise FileNotFoundError(f"{archive} does not exist; build it with `make archive`")
-        with zipfile.ZipFile(archive) as mar:
-            mar.extractall(target)
-    return target
-
-
 def read_manifest(model_dir: Path) -> dict:
-    return json.loads((model_dir / "MAR-INF" / "MANIFEST.json").read_text())
+    return json.loads((model_dir / MANIFEST).read_text())
 
 
 def handler_class(handler_file: str) -> type[OptimizedHandler]:
@@ -70,23 +59,25 @@ def bare_handler(handler_file: str, handler_config: dict, model_dir: Path) -> Op
     return handler
 
 
-def archived_settings(archive: Path) -> OptimizationSettings:
-    """A built archive's `handler:` settings, parsed as its worker does, read without unpacking it."""
-    with zipfile.ZipFile(archive) as mar:
-        manifest = json.loads(mar.read("MAR-INF/MANIFEST.json"))
-        config = yaml.safe_load(mar.read("model-config.yaml")) or {}
-    return parse_settings(handler_class(manifest["model"]["handler"]).settings_class, config.get("handler") or {})
+def handler_section(model_dir: Path) -> dict:
+    """The archive's `handler:` section, as written at build time."""
+    return (yaml.safe_load((model_dir / MODEL_CONFIG).read_text()) or {}).get("handler") or {}
+
+
+def archived_settings(model_dir: Path) -> OptimizationSettings:
+    """A built archive's `handler:` settings, parsed as its worker does, without loading its files."""
+    cls = handler_class(read_manifest(model_dir)["model"]["handler"])
+    return parse_settings(cls.settings_class, handler_section(model_dir))
 
 
 def archived_handler(model_dir: Path, overrides: dict | None = None) -> OptimizedHandler:
-    """The bare handler of an extracted archive (its decode, format, example); `overrides` replace `handler:` keys."""
-    config = yaml.safe_load((model_dir / "model-config.yaml").read_text()) or {}
-    handler_config = {**(config.get("handler") or {}), **(overrides or {})}
-    return bare_handler(read_manifest(model_dir)["model"]["handler"], handler_config, model_dir)
+    """The bare handler of a built archive (its decode, format, example); `overrides` replace `handler:` keys."""
+    settings = {**handler_section(model_dir), **(overrides or {})}
+    return bare_handler(read_manifest(model_dir)["model"]["handler"], settings, model_dir)
 
 
 def load_archived(model_dir: Path, overrides: dict | None = None) -> ArchivedModel:
-    """The model and settings of an extracted archive; `overrides` replace `handler:` keys."""
+    """The model and settings of a built archive; `overrides` replace `handler:` keys."""
     handler = archived_handler(model_dir, overrides)
     model = load_model(handler.settings, model_dir)
     return ArchivedModel(read_manifest(model_dir)["model"]["modelName"], model_dir, handler.settings, model, handler)

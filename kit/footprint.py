@@ -2,7 +2,7 @@
 its archive, read by the plan (kit/plan.py) to fit the workers into the memory budget.
 
     footprint = measure(pid)                      # Footprint(rss=..., pss=..., private=..., peak=...)
-    record(archive, 4, [measure(pid) for pid in worker_pids])   # model_store/<variant>/<model>.b4.footprint.json
+    record(archive, 4, [measure(pid) for pid in worker_pids])   # model_store/<variant>/<model>.b4.footprint.json, beside <model>/
     recorded(archive, 4)                          # None: never measured at that batch size, or the archive was rebuilt since
 
 `kit.server.Server.wait_ready` records every model once its workers are READY (warm-up runs in
@@ -18,6 +18,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from handlers.archive_files import MANIFEST
 from kit.topology import gib, kb_fields
 
 SUFFIX = ".footprint.json"
@@ -105,18 +106,15 @@ def measure_live(pid: int) -> Footprint | None:
 
 def footprint_file(archive: Path, batch_size: int) -> Path:
     """A worker that batches holds more (a graph or package per batch shape, larger activations):
-    one file per TorchServe batchSize the archive was served at."""
-    return archive.with_name(f"{archive.stem}{f'.b{batch_size}' if batch_size > 1 else ''}{SUFFIX}")
+    one file per TorchServe batchSize the archive was served at, beside the archive's directory."""
+    return archive.with_name(f"{archive.name}{f'.b{batch_size}' if batch_size > 1 else ''}{SUFFIX}")
 
 
 def archive_identity(archive: Path) -> list:
     """What changes when the archive is rebuilt (its measurement is then stale) and survives a copy
-    (into a container image): its size and a digest of its end, the zip's central directory,
-    which holds every member's CRC."""
-    with open(archive, "rb") as file:
-        size = file.seek(0, os.SEEK_END)
-        file.seek(max(0, size - 64 * 1024))
-        return [size, hashlib.sha256(file.read()).hexdigest()]
+    (into a container image): a digest of its manifest, which torch-model-archiver stamps with the
+    second it was written."""
+    return [hashlib.sha256((archive / MANIFEST).read_bytes()).hexdigest()]
 
 
 def record(archive: Path, batch_size: int, measured: Sequence[Footprint], sequences: int = 0) -> Footprint:

@@ -1,6 +1,6 @@
 """A language model's KV cache as the plan counts it, read from the archive that serves it.
 
-    archive_sequences(Path("model_store/inductor-bf16/lm.mar"))   # Sequences(per_sequence=25165824, most=8)
+    archive_sequences(Path("model_store/inductor-bf16/lm"))   # Sequences(per_sequence=25165824, most=8)
 
 The archive holds what its workers allocate: the model's config.json (layers, kv heads, head size)
 and the handler settings of model-config.yaml (context_length, max_sequences, dtype), the model
@@ -10,32 +10,30 @@ file's and the variant's merged at build time.
 from __future__ import annotations
 
 import json
-import zipfile
 from pathlib import Path
 
 import yaml
 
+from handlers.archive_files import MODEL_CONFIG, is_archive
 from handlers.generation.settings import GenerationSettings
 from handlers.typed_config import parse_settings
 from kit.layout import Sequences
 from kit.models import Model, Task, model_file
 
-MODEL_CONFIG = "model-config.yaml"  # torch-model-archiver's --config-file, at the archive's root
 HF_CONFIG = "config.json"
 
 
 def served_sequences(name: str, archive: Path) -> Sequences | None:
     """The KV cache of model `name`'s archive when it is a language model's; None otherwise (or
     when there is no such model file or archive: nothing to count)."""
-    if not (model_file(name).is_file() and archive.is_file()) or Model.load(name).task is not Task.TEXT_GENERATION:
+    if not (model_file(name).is_file() and is_archive(archive)) or Model.load(name).task is not Task.TEXT_GENERATION:
         return None
     return archive_sequences(archive)
 
 
 def archive_settings(archive: Path) -> GenerationSettings:
     """The handler settings its workers serve with (context_length, max_sequences, dtype, ...)."""
-    with zipfile.ZipFile(archive) as files:
-        return parse_settings(GenerationSettings, yaml.safe_load(files.read(MODEL_CONFIG)).get("handler"))
+    return parse_settings(GenerationSettings, yaml.safe_load((archive / MODEL_CONFIG).read_text()).get("handler"))
 
 
 def archive_sequences(archive: Path) -> Sequences:
@@ -44,6 +42,5 @@ def archive_sequences(archive: Path) -> Sequences:
     from handlers.generation.cache import TORCH_DTYPES, row_bytes
 
     settings = archive_settings(archive)
-    with zipfile.ZipFile(archive) as files:
-        config = AutoConfig.for_model(**json.loads(files.read(HF_CONFIG)))
+    config = AutoConfig.for_model(**json.loads((archive / HF_CONFIG).read_text()))
     return Sequences(row_bytes(config, settings.context_length, TORCH_DTYPES[settings.dtype]), settings.max_sequences)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "config"
-STORE = ROOT / "model_store"  # model_store/<variant>/<model>.mar
+STORE = ROOT / "model_store"  # model_store/<variant>/<model>/, an archive each
 LOGS = ROOT / "logs"
 # Compiled C++ kernels, shared by every server, bench child and test: restarts reuse them (frozen
 # graphs bypass the FX-graph cache, so a restart still lowers the graph: docs/backends.md).

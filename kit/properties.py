@@ -45,7 +45,7 @@ def models_json(config: ServeConfig, layout: Layout | None = None) -> str:
     for name in config.models:
         entry: dict[str, Any] = {
             "defaultVersion": True,
-            "marName": f"{name}.mar",
+            "marName": name,  # a directory of the store: served in place, not unzipped
             "batchSize": config.batch_size,
             "maxBatchDelay": config.max_batch_delay_ms,
         }
@@ -67,7 +67,9 @@ def render(config: ServeConfig, model_store: Path, layout: Layout | None = None)
         "grpc_management_port": config.grpc_management_port,
         "worker_port": config.worker_port,
         "model_store": model_store,
-        "load_models": ",".join(f"{name}.mar" for name in config.models),
+        # Absolute: TorchServe tries a name as a directory relative to its working directory (the
+        # run directory, which holds logs/ and model_store/) before the model store.
+        "load_models": ",".join(str(model_store / name) for name in config.models),
         "models_json": models_json(config, layout),
         "default_workers": "" if config.workers is None else config.workers,
         "disable_token_auth": str(not config.token_auth_enabled).lower(),

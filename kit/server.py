@@ -24,6 +24,7 @@ from pathlib import Path
 import psutil
 import requests
 
+from handlers.archive_files import is_archive
 from handlers.stages import Histogram, Stage, merge, read_stage_files, stage_table
 from handlers.switches import STAGES_DIR
 from kit import openai_router
@@ -132,9 +133,9 @@ class Server:
         archives = (
             self.config.archives()
             if self.own_store
-            else {model: self.model_store / f"{model}.mar" for model in self.config.models}
+            else {model: self.model_store / model for model in self.config.models}
         )
-        missing = [str(path) for path in archives.values() if not path.is_file()]
+        missing = [str(path) for path in archives.values() if not is_archive(path)]
         if missing:
             variants = ",".join(sorted({self.config.variant_of(model).name for model in self.config.models}))
             raise ServerError(f"no archive {', '.join(missing)}; run `make archive VARIANTS={variants}`")
@@ -319,7 +320,7 @@ class Server:
             if worker.process:
                 workers.setdefault(worker.model, []).append(worker.process.pid)
         for model, pids in workers.items():
-            archive = (self.model_store / f"{model}.mar").resolve()
+            archive = (self.model_store / model).resolve()
             try:
                 measured = [measure(pid) for pid in pids]
                 footprint = record(archive, self.config.batch_size, measured, self.sequences_of(model, archive))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -57,12 +56,9 @@ class ServerState:
 
 
 def link_store(archives: dict[str, Path], store: Path) -> None:
-    """One directory holding each model's archive (TorchServe loads from one store): hard links,
-    which stay inside the store's path as TorchServe resolves it, or copies across file systems."""
+    """One directory holding each model's archive (TorchServe loads from one store): a symbolic
+    link to each, which TorchServe follows and serves in place."""
     shutil.rmtree(store, ignore_errors=True)
     store.mkdir(parents=True)
     for model, archive in archives.items():
-        try:
-            os.link(archive, store / f"{model}.mar")
-        except OSError:
-            shutil.copy2(archive, store / f"{model}.mar")
+        (store / model).symlink_to(archive.resolve(), target_is_directory=True)

@@ -4,7 +4,7 @@
     variant.backend, variant.dtype        # Backend.OPENVINO, DType.INT8
     variant.environment                   # ROOT/.venv (the ipex variants: ROOT/.venv-ipex)
     variant.preloaded_allocator           # False: its workers keep glibc malloc
-    variant.archive("resnet50")           # ROOT/model_store/openvino-int8/resnet50.mar
+    variant.archive("resnet50")           # ROOT/model_store/openvino-int8/resnet50/
 
 A variant file is an overlay of each model's config/models/<model>.yaml, applied when its
 archives are built; its `handler:` section holds backend settings only (backend, mode, dtype,
@@ -68,7 +68,8 @@ class Variant:
         return STORE / self.name
 
     def archive(self, model: str) -> Path:
-        return self.store / f"{model}.mar"
+        """The model's archive: a directory (MAR-INF/MANIFEST.json inside) TorchServe serves in place."""
+        return self.store / model
 
 
 def variant_names() -> list[str]:

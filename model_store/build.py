@@ -1,4 +1,4 @@
-"""Build the model archives: model_store/<variant>/<model>.mar with torch-model-archiver.
+"""Build the model archives: model_store/<variant>/<model>/ with torch-model-archiver.
 
     .venv/bin/python -m model_store.build                         # every model x every variant
     .venv/bin/python -m model_store.build --models mine --variants inductor,openvino-int8
@@ -7,6 +7,10 @@ A model is its file, config/models/<model>.yaml (kit/models.py). An archive hold
 source makes (model_store/sources.py), the kit's `handlers/` package and a model-config.yaml:
 the model file's TorchServe keys, its handler settings over what the source implies, overlaid
 with config/variants/<variant>.yaml. A stamp of those inputs makes re-runs skip unchanged archives.
+
+An archive is a directory (torch-model-archiver's `no-archive` form, MAR-INF/MANIFEST.json inside):
+TorchServe serves a directory of its model store in place, where it would unzip a .mar into its
+temp directory at every start (15 s for a 2 GB language model, and a copy on disk per server).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 
 import yaml
 
+from handlers.archive_files import is_archive
 from handlers.typed_config import SettingsError
 from handlers.backends import DEFAULT_ENVIRONMENT
 from kit import long_step
@@ -35,7 +40,7 @@ from kit.variant import Variant, variant_names
 from model_store.sources import write_source
 
 # The largest archive (bert, aoti-int8) is 1.2 GB and exists three times while it is built: the
-# staged files, torch-model-archiver's copy of them under TMPDIR, and the .mar being written.
+# staged files, torch-model-archiver's copy of them under TMPDIR, and the archive being written.
 MIN_FREE_GB = 4
 
 
@@ -215,49 +220,74 @@ def source_stamp(model: Model) -> list[tuple[str, float]]:
 
 def archive(model: Model, variant: Variant) -> Path:
     name = model.name
-    mar = variant.archive(name)
-    out_dir = mar.parent
+    target = variant.archive(name)
+    out_dir = target.parent
+    label = f"{variant.name}/{name}"
     stamp = out_dir / f".{name}.digest"
     digest = inputs_digest(name, model.file.read_text(), variant.overlay, source_stamp(model))
-    if mar.is_file() and stamp.is_file() and stamp.read_text() == digest:
-        log(f"{variant.name}/{name}.mar is up to date")
-        return mar
+    if is_archive(target) and stamp.is_file() and stamp.read_text() == digest:
+        log(f"{label} is up to date")
+        return target
     start = time.perf_counter()
     out_dir.mkdir(parents=True, exist_ok=True)
-    mar.unlink(missing_ok=True)  # stale; its space is needed for the new one
+    # Stale (or the .mar of an older kit): its space is needed for the new one.
+    shutil.rmtree(target, ignore_errors=True)
+    target.with_name(f"{name}.mar").unlink(missing_ok=True)
     if model.source.kind is SourceKind.EXPORTED and variant.traits.environment != DEFAULT_ENVIRONMENT:
-        raise VariantRefused(f"{variant.name}/{name} is not installed: {OTHER_TORCH_CANNOT_LOAD}")
-    require_free_space([out_dir, Path(tempfile.gettempdir())], f"{variant.name}/{name}.mar")
+        raise VariantRefused(f"{label} is not installed: {OTHER_TORCH_CANNOT_LOAD}")
+    require_free_space([out_dir, Path(tempfile.gettempdir())], label)
     with tempfile.TemporaryDirectory(prefix=f"kit-{name}-") as tmp:
         staging = Path(tmp) / "files"
         staging.mkdir()
         handler_settings = write_source(staging, model)
         config = merged_config({**model.serving, "handler": handler_settings}, variant.overlay)
-        compile_ahead(model.task.handler, config["handler"], staging, f"{variant.name}/{name}")
-        shutil.copytree(ROOT / "handlers", staging / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
+        compile_ahead(model.task.handler, config["handler"], staging, label)
         config_file = Path(tmp) / "model-config.yaml"
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
-        command = [
-            str(Path(sys.executable).parent / "torch-model-archiver"),
-            "--model-name", name,
-            "--version", "1.0",
-            "--handler", str(ROOT / "handlers" / model.task.handler),
-            "--extra-files", str(staging),
-            "--config-file", str(config_file),
-            "--export-path", str(out_dir),
-            # Weights barely compress; storing skips minutes of deflate on 2 cores.
-            "--archive-format", "zip-store",
-            "--force",
-        ]
+        pack(name, ROOT / "handlers" / model.task.handler, staging, config_file, out_dir)
+    stamp.write_text(digest)
+    size = sum(path.stat().st_size for path in target.rglob("*") if path.is_file())
+    log(f"{label} built in {time.perf_counter() - start:.0f}s ({size / 1e6:.0f} MB)")
+    return target
+
+
+def pack(name: str, handler: Path, files: Path, config_file: Path, store: Path) -> Path:
+    """`store/<name>/`: `files`, the kit's `handlers/` package and `config_file` laid out by
+    torch-model-archiver, written beside and renamed into place (a failed build leaves none)."""
+    shutil.copytree(ROOT / "handlers", files / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
+    export = store / f".{name}.partial"
+    shutil.rmtree(export, ignore_errors=True)
+    export.mkdir(parents=True)
+    try:
         # torch-model-archiver stages in $TMPDIR/<model name> and deletes that directory first and
         # after: with the system's TMPDIR, a source at /tmp/<name> (`make model NAME=lm SRC=/tmp/lm`)
-        # would be deleted. It stages inside this build's own directory instead.
-        archiver_tmp = Path(tmp) / "archiver"
-        archiver_tmp.mkdir()
-        subprocess.run(command, check=True, env={**os.environ, "TMPDIR": str(archiver_tmp)})
-    stamp.write_text(digest)
-    log(f"{variant.name}/{name}.mar built in {time.perf_counter() - start:.0f}s ({mar.stat().st_size / 1e6:.0f} MB)")
-    return mar
+        # would be deleted. It stages in a directory of its own instead.
+        with tempfile.TemporaryDirectory(prefix=f"kit-{name}-archiver-", dir=files.parent) as archiver_tmp:
+            command = [
+                str(Path(sys.executable).parent / "torch-model-archiver"),
+                "--model-name", name,
+                "--version", "1.0",
+                "--handler", str(handler),
+                "--extra-files", str(files),
+                "--config-file", str(config_file),
+                "--export-path", str(export),
+                "--archive-format", "no-archive",
+            ]
+            subprocess.run(command, check=True, env={**os.environ, "TMPDIR": archiver_tmp})
+        readable_by_all(export / name)
+        target = store / name
+        shutil.rmtree(target, ignore_errors=True)
+        (export / name).replace(target)
+    finally:
+        shutil.rmtree(export, ignore_errors=True)
+    return target
+
+
+def readable_by_all(directory: Path) -> None:
+    """Every file readable and every directory open to every user: the copies keep their sources'
+    modes, and a checkpoint saved 0600 would stop the image's non-root workers from reading it."""
+    for path in [directory, *directory.rglob("*")]:
+        path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

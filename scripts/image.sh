@@ -70,16 +70,20 @@ stage_context() {
         fi
         mkdir -p "$CONTEXT/model_store/$variant"
         for model in ${MODELS//,/ }; do
-            [[ -f "$ROOT/model_store/$variant/$model.mar" ]] \
-                || die "model_store/$variant/$model.mar is not built; run make archive VARIANTS=$variant MODELS=$model"
-            cp --link "$ROOT/model_store/$variant/$model".* "$CONTEXT/model_store/$variant/"  # the archive, its footprint
+            [[ -f "$ROOT/model_store/$variant/$model/MAR-INF/MANIFEST.json" ]] \
+                || die "model_store/$variant/$model is not built; run make archive VARIANTS=$variant MODELS=$model"
+            cp -r --link "$ROOT/model_store/$variant/$model" "$CONTEXT/model_store/$variant/"  # the archive
+            for footprint in "$ROOT/model_store/$variant/$model".*footprint.json; do  # and its footprints
+                if [[ -f "$footprint" ]]; then cp --link "$footprint" "$CONTEXT/model_store/$variant/"; fi
+            done
         done
     done
     # Footprints recorded here (kit/footprint.py) go along: the container's plan fits them into its
     # memory limit. One never measured leaves that model's memory unplanned in the container.
-    local mar unmeasured=()
-    for mar in "$CONTEXT"/model_store/*/*.mar; do
-        [[ -f "${mar%.mar}.footprint.json" ]] || unmeasured+=("$(basename "$(dirname "$mar")")/$(basename "$mar" .mar)")
+    local manifest archive unmeasured=()
+    for manifest in "$CONTEXT"/model_store/*/*/MAR-INF/MANIFEST.json; do
+        archive="${manifest%/MAR-INF/MANIFEST.json}"
+        [[ -f "$archive.footprint.json" ]] || unmeasured+=("$(basename "$(dirname "$archive")")/$(basename "$archive")")
     done
     if ((${#unmeasured[@]})); then
         step "no memory footprint measured for ${unmeasured[*]}: the container cannot fit them to its memory limit (make serve VARIANT=... here first, then make image, takes the footprints along)"

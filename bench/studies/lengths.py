@@ -23,7 +23,6 @@ import dataclasses
 import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 
 from bench.results import RESULTS, RunEnvironment
+from handlers.archive_files import is_archive
 from handlers.settings import LONGEST_TEXT, TextSettings
 from kit.models import Medium, Model, model_names
 from kit.paths import ROOT, process_environment
@@ -89,17 +89,17 @@ def texts_of(tokenizer, source: str, lengths: list[int]) -> list[str]:
     return [source[: offsets[n - 2][1]] for n in lengths]  # n - 2: without [CLS] and [SEP]
 
 
-def run_child(archive: Path, seconds: int, rounds: int, work_dir: Path) -> VariantRun:
+def run_child(archive: Path, seconds: int, rounds: int) -> VariantRun:
     import torch
 
-    from handlers.archive import extract, load_archived
+    from handlers.archive import load_archived
     from handlers.calibration import SENTENCES
     from handlers.optimize import graphs_compiled, optimize, warm_up
     from handlers.precompile import precompile
 
     torch.set_num_threads(1)
     started = time.perf_counter()
-    model_dir = extract(archive, work_dir)
+    model_dir = archive
     archived = load_archived(model_dir, {"length_buckets": list(BUCKET_SETS[COMPILED_SET])})
     handler, compiled = archived.handler, archived.settings
     precompile(handler, archived.model, model_dir, progress=lambda message: None)  # nothing for a compiler
@@ -149,7 +149,7 @@ def run_child(archive: Path, seconds: int, rounds: int, work_dir: Path) -> Varia
     )
 
 
-def measure(variant: Variant, model: str, seconds: int, rounds: int, work_dir: Path) -> VariantRun:
+def measure(variant: Variant, model: str, seconds: int, rounds: int) -> VariantRun:
     """One child process, with the variant's Python and one OpenMP thread, as a 1-thread worker."""
     command = [
         str(variant.environment / "bin" / "python"),
@@ -161,12 +161,9 @@ def measure(variant: Variant, model: str, seconds: int, rounds: int, work_dir: P
         str(seconds),
         "--rounds",
         str(rounds),
-        "--work-dir",
-        str(work_dir),
     ]
     env = {**process_environment(dict(os.environ)), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
-    shutil.rmtree(work_dir, ignore_errors=True)  # the extracted archive: hundreds of MB
     if done.returncode != 0:
         raise RuntimeError(f"{variant.name}/{model} failed:\n{done.stderr[-3000:]}")
     raw = json.loads(done.stdout.splitlines()[-1])
@@ -201,17 +198,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=4, help="per candidate and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--work-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(dataclasses.asdict(run_child(args.child, args.seconds, args.rounds, args.work_dir))))
+        print(json.dumps(dataclasses.asdict(run_child(args.child, args.seconds, args.rounds))))
         return 0
     variants = [Variant.load(v) for v in args.variants.split(",")]
     models = args.models.split(",") if args.models else [m for m in model_names() if is_text(m)]
     if not_text := [m for m in models if not is_text(m)]:
         print(f"[lengths] {', '.join(not_text)}: not text models; length buckets pad text only", file=sys.stderr)
         return 2
-    if missing := [str(v.archive(m)) for v in variants for m in models if not v.archive(m).is_file()]:
+    if missing := [str(v.archive(m)) for v in variants for m in models if not is_archive(v.archive(m))]:
         print(f"[lengths] missing archives: {', '.join(missing)}; build them with `make archive`", file=sys.stderr)
         return 2
     env = RunEnvironment.capture()
@@ -227,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                 f" bucket sets x {args.rounds} rounds x {args.seconds} s",
                 flush=True,
             )
-            runs.append(measure(variant, model, args.seconds, args.rounds, out / "extracted"))
+            runs.append(measure(variant, model, args.seconds, args.rounds))
             print(f"[lengths] {model} {variant.name}: done in {time.monotonic() - started:.0f} s", flush=True)
         rows += [{"model": model, **dataclasses.asdict(r)} for r in runs]
         lines += [*report(model, runs, env, args.seconds, args.rounds), ""]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +23,7 @@ from bench.payloads import write_payload
 from bench.plan import Plan, Row, ServedPeer, row_payload
 from bench.results import BenchRun, RowFailure, RowResult
 from bench.runner import _raise_interrupt, log, missing_environment, record, row_dir, run_row, skip
-from bench.versus.served import EXTRACTED, peer_log, row_name, run_served_peer
+from bench.versus.served import peer_log, row_name, run_served_peer
 from kit.models import Model
 from kit.variant import Variant
 
@@ -95,10 +94,5 @@ def run_rounds(run: BenchRun, out_dir: Path) -> None:
                 record(run, failure, functools.partial(entry.measure, round_dir))
                 for result in run.results[before:]:
                     result.round = number + 1
-            # The archives this round's peers unpacked: 2.7 GB a round for both models at three
-            # precisions, needed by no report (three such runs filled this VM's disk).
-            shutil.rmtree(round_dir / EXTRACTED, ignore_errors=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
-        for round_dir in out_dir.glob("round-*"):
-            shutil.rmtree(round_dir / EXTRACTED, ignore_errors=True)

@@ -24,14 +24,13 @@ from pathlib import Path
 
 from bench.plan import Peer, Runtime
 from bench.results import Measured
-from handlers.archive import extract
 from handlers.backends import DType
 from kit.paths import ROOT, process_environment
 from kit.topology import read_topology
 
 
 def measure_peer(peer: Peer, archive: Path, seconds: int, work_dir: Path) -> Measured:
-    model_dir = extract(archive, work_dir)
+    model_dir = archive
     command = [
         sys.executable,
         "-m",

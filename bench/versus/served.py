@@ -25,7 +25,6 @@ from bench.payloads import Payload
 from bench.plan import RunSettings, ServedPeer
 from bench.results import RowResult
 from bench.versus.apps import BATCH_TIMEOUT_S, HEALTH_PATH, HOST, STAGES_DIR_VAR
-from handlers.archive import extract
 from handlers.stages import difference, merge, read_stage_files, summarize
 from kit.footprint import measure_live
 from kit.paths import ROOT, process_environment
@@ -37,15 +36,14 @@ from kit.variant import Variant
 READY_DEADLINE_S = 300  # both frameworks load the IR in each worker: seconds here
 STOP_TIMEOUT_S = 20
 PEER_GROUP = "peer server"  # every process of the peer: its own API/worker split is not the kit's
-EXTRACTED = "extracted"  # under a row's output directory: the archive a peer serves, unpacked
 
 
 class PeerServer:
-    def __init__(self, peer: ServedPeer, model: str, log_path: Path, work_dir: Path):
+    def __init__(self, peer: ServedPeer, model: str, log_path: Path):
         self.peer, self.log_path, self.model = peer, log_path, model
         # Its processes' stage times (bench/versus/apps.py), beside its log; a fresh directory per start.
         self.stages_dir = log_path.parent / "stages" / log_path.stem
-        self.model_dir = extract(Variant.load(peer.variant).archive(model), work_dir)
+        self.model_dir = Variant.load(peer.variant).archive(model)
         # One single-threaded worker per core this process may use (CPU set and quota), as the kit's plan.
         self.workers = read_topology().capacity
         (self.port,) = PORTS.take(1)
@@ -122,9 +120,7 @@ def run_served_peer(peer: ServedPeer, model: str, payload: Payload, run: RunSett
     concurrency = peer.concurrency or run.concurrency
     name = row_name(peer, run)
     log_path = peer_log(peer, model, run, out_dir)
-    server = start_on_fresh_ports(
-        lambda: PeerServer(peer, model, log_path, out_dir / EXTRACTED), PeerServer.wait_ready, keep=log_path
-    )
+    server = start_on_fresh_ports(lambda: PeerServer(peer, model, log_path), PeerServer.wait_ready, keep=log_path)
     try:
         ready_s = time.monotonic() - server.started_at
         url = server.url(f"/predictions/{model}")

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
-import zipfile
 from pathlib import Path
 
 import pytest
 
+from handlers.archive_files import is_archive
 from kit.serve_config import ServeConfig
 from kit.server import START_DEADLINE_S, Server, start_ready
-from kit.variant import Variant
 from tests.conftest import BUNDLED_MODELS
 
 
@@ -21,7 +19,7 @@ def one_cpu() -> str:
 
 
 def start_server(run_dir: Path, config: ServeConfig) -> Server:
-    missing = [str(path) for path in config.archives().values() if not path.is_file()]
+    missing = [str(path) for path in config.archives().values() if not is_archive(path)]
     if missing:
         pytest.fail(f"archives {missing} missing: run `make archive` (make test does)")
     return start_ready(config, run_dir, START_DEADLINE_S)
@@ -34,27 +32,3 @@ def optimized_server(tmp_path_factory) -> Server:
     )
     yield server
     server.stop()
-
-
-class ExtractedArchives:
-    """The eager archives, each unpacked on first use into `root`."""
-
-    def __init__(self, root: Path):
-        self.root = root
-
-    def __getitem__(self, name: str) -> Path:
-        out = self.root / name
-        if not out.is_dir():
-            with zipfile.ZipFile(Variant.load("eager").archive(name)) as archive:
-                archive.extractall(out)
-        return out
-
-
-@pytest.fixture(scope="module")
-def extracted_archives(tmp_path_factory) -> ExtractedArchives:
-    """The eager archives unpacked, for in-process references built from the same files: only
-    those a module asks for, removed after it (BERT's alone is 0.4 GB, and a fresh CI machine's
-    disk is what runs out)."""
-    root = tmp_path_factory.mktemp("archives")
-    yield ExtractedArchives(root)
-    shutil.rmtree(root, ignore_errors=True)

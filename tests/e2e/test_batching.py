@@ -16,6 +16,7 @@ from handlers.settings import Architecture, ImageSettings, TextSettings
 from handlers.text import encode, load_tokenizer
 from kit.serve_config import ServeConfig
 from kit.server import Server
+from kit.variant import Variant
 from tests.e2e.conftest import start_server
 from tests.e2e.test_serving import post
 
@@ -69,26 +70,26 @@ def eager_embeddings(model_dir, texts: list[str]) -> torch.Tensor:
         return torch.cat([model(*(t[None] for t in encode(tokenizer, text, 128).inputs)) for text in texts])
 
 
-def test_inductor_batches_mixed_load_without_recompiling(inductor_batching, extracted_archives):
+def test_inductor_batches_mixed_load_without_recompiling(inductor_batching):
     texts = [SENTENCES[i % len(SENTENCES)] * (1 + i % 3) for i in range(48)]
     served = torch.stack(embed_all(inductor_batching, texts))
-    expected = eager_embeddings(extracted_archives["minilm"], texts)
+    expected = eager_embeddings(Variant.load("eager").archive("minilm"), texts)
     torch.testing.assert_close(served, expected, rtol=0, atol=1e-4)  # float32: summation order only
     assert served_buckets(inductor_batching, "minilm") - {1}, "no batch of more than one request was formed"
     assert_no_recompile(inductor_batching)
 
 
-def test_int8_packages_serve_batches_close_to_eager(int8_batching, extracted_archives):
+def test_int8_packages_serve_batches_close_to_eager(int8_batching):
     texts = [SENTENCES[i % len(SENTENCES)] for i in range(32)]
     served = torch.stack(embed_all(int8_batching, texts))
-    expected = eager_embeddings(extracted_archives["minilm"], texts)
+    expected = eager_embeddings(Variant.load("eager").archive("minilm"), texts)
     cosine = torch.nn.functional.cosine_similarity(served, expected, dim=1)
     assert cosine.min() >= 0.98, f"int8 embeddings drifted: cosine {cosine.min():.4f}"
 
     photos = [synthetic_photo(100 + i) for i in range(16)]
     with ThreadPoolExecutor(CLIENTS) as pool:
         responses = list(pool.map(lambda body: post(int8_batching, "resnet50", body, "image/jpeg"), photos))
-    model = load_model(ImageSettings(), extracted_archives["resnet50"])
+    model = load_model(ImageSettings(), Variant.load("eager").archive("resnet50"))
     agree = 0
     for response, photo in zip(responses, photos, strict=True):
         assert response.status_code == 200, response.text
@@ -101,17 +102,17 @@ def test_int8_packages_serve_batches_close_to_eager(int8_batching, extracted_arc
     assert "backend=aoti" in int8_batching.logs.model_log.read_text()
 
 
-def test_openais_client_embeds_more_texts_than_a_batch_through_the_kit(inductor_batching, extracted_archives):
+def test_openais_client_embeds_more_texts_than_a_batch_through_the_kit(inductor_batching):
     from openai import BadRequestError, OpenAI
 
     key = inductor_batching.api.keys().get("inference") or "unused"
     client = OpenAI(base_url=inductor_batching.api.url("inference", "/predictions/minilm/1.0/v1"), api_key=key)
     texts = [SENTENCES[i % len(SENTENCES)] * (1 + i % 2) for i in range(9)]  # 9 rows: forwards of 4, 4 and 1
-    expected = eager_embeddings(extracted_archives["minilm"], texts)
+    expected = eager_embeddings(Variant.load("eager").archive("minilm"), texts)
     packed = client.embeddings.create(model="minilm", input=texts)  # the client asks for base64 and decodes it
     served = torch.tensor([item.embedding for item in packed.data])
     torch.testing.assert_close(served, expected, rtol=0, atol=1e-4)
-    tokenizer = load_tokenizer(extracted_archives["minilm"])
+    tokenizer = load_tokenizer(Variant.load("eager").archive("minilm"))
     assert packed.usage.prompt_tokens == sum(int(encode(tokenizer, text, 128).inputs[1].sum()) for text in texts)
     single = client.embeddings.create(model="minilm", input=texts[1], encoding_format="float")
     torch.testing.assert_close(torch.tensor(single.data[0].embedding), expected[1], rtol=0, atol=1e-4)

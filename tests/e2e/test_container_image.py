@@ -27,6 +27,7 @@ from handlers.loaders import load_model
 from handlers.settings import Architecture, TextSettings
 from handlers.text import encode, load_tokenizer
 from kit.pin_worker import is_worker
+from kit.variant import Variant
 from tests.e2e.conftest import one_cpu
 from tests.e2e.test_placement import allowed_list
 from tests.e2e.test_serving import EMBEDDING_ATOL
@@ -181,11 +182,11 @@ def test_the_published_api_needs_the_secret_key(pod):
         assert "Authorization: Bearer" in refused.json()["message"]
 
 
-def test_the_served_embedding_equals_the_eager_reference(pod, extracted_archives):
+def test_the_served_embedding_equals_the_eager_reference(pod):
     response = predict(pod, pod.key)
     assert response.status_code == 200, response.text
     served = torch.tensor(response.json())
-    model_dir = extracted_archives["minilm"]
+    model_dir = Variant.load("eager").archive("minilm")
     model = load_model(TextSettings(architecture=Architecture.SENTENCE_EMBEDDER), model_dir)
     inputs = tuple(t[None] for t in encode(load_tokenizer(model_dir), TEXT, 128).inputs)
     with torch.inference_mode():

@@ -36,9 +36,9 @@ def test_workers_run_in_the_ipex_environment(ipex_server):
     assert "backend=ipex" in ipex_server.logs.model_log.read_text()
 
 
-def test_ipex_resnet50_matches_eager_reference(ipex_server, extracted_archives):
-    assert_resnet50_matches_eager(ipex_server, extracted_archives)
+def test_ipex_resnet50_matches_eager_reference(ipex_server):
+    assert_resnet50_matches_eager(ipex_server)
 
 
-def test_ipex_minilm_matches_eager_reference(ipex_server, extracted_archives):
-    assert_minilm_matches_eager(ipex_server, extracted_archives)
+def test_ipex_minilm_matches_eager_reference(ipex_server):
+    assert_minilm_matches_eager(ipex_server)

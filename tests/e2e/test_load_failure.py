@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import functools
-import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +15,7 @@ from handlers.backends import bf16_isa, cpu_flags
 from kit.paths import ROOT
 from kit.serve_config import ServeConfig
 from kit.server import ServerError, start_ready
+from model_store.build import pack
 from tests.conftest import TinyCNN, encode_image
 from tests.e2e.conftest import one_cpu
 
@@ -29,29 +27,9 @@ def build_archive(store: Path, name: str, handler_settings: dict) -> None:
     staging.mkdir(parents=True)
     model = TinyCNN().eval()
     torch.export.save(torch.export.export(model, (torch.randn(1, 3, 224, 224),)), staging / "model.pt2")
-    shutil.copytree(ROOT / "handlers", staging / "handlers", ignore=shutil.ignore_patterns("__pycache__"))
     config = store.parent / f"{name}.yaml"
     config.write_text(yaml.safe_dump({"handler": {"architecture": "exported-program", **handler_settings}}))
-    subprocess.run(
-        [
-            str(Path(sys.executable).parent / "torch-model-archiver"),
-            "--model-name",
-            name,
-            "--version",
-            "1.0",
-            "--handler",
-            str(ROOT / "handlers" / "image_classification.py"),
-            "--extra-files",
-            str(staging),
-            "--config-file",
-            str(config),
-            "--export-path",
-            str(store),
-            "--archive-format",
-            "zip-store",
-        ],
-        check=True,
-    )
+    pack(name, ROOT / "handlers" / "image_classification.py", staging, config, store)
 
 
 def test_bad_handler_setting_stops_start_up_with_the_reason(tmp_path):

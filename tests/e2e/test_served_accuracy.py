@@ -17,7 +17,7 @@ import requests
 import torch
 
 from handlers.accuracy import Answer, relative_errors, tolerance
-from handlers.archive import archived_settings, extract, load_archived
+from handlers.archive import archived_settings, load_archived
 from handlers.base import OptimizedHandler
 from handlers.labels import Labels
 from handlers.precompile import HELD_OUT_SYNTHETIC
@@ -76,7 +76,7 @@ def test_every_installed_quantized_variant_answers_within_its_tolerance(variant,
         tmp_path / "run", ServeConfig.from_preset("optimized", variant=variant, models=models, cpus=one_cpu())
     )
     try:
-        verdicts = [served_verdict(server, model, variant, tmp_path) for model in models]
+        verdicts = [served_verdict(server, model, variant) for model in models]
         report = "; ".join(map(str, verdicts))
         print(f"[served accuracy] {variant}: {report}")  # pytest -s shows it: the numbers docs/backends.md quotes
         assert all(v.over == 0 for v in verdicts), f"{variant}: {report}"
@@ -97,10 +97,10 @@ class Verdict:
         return f"{self.model}: {self.count} answers, worst {self.worst:.3g}, {self.over} over {self.limit:.3g}"
 
 
-def served_verdict(server: Server, model: str, variant: str, tmp_path) -> Verdict:
+def served_verdict(server: Server, model: str, variant: str) -> Verdict:
     """The served variant's answers on every body its build judged or calibrated on, against the
     model's eager archive (built beside it) by the archive's own metric and tolerance."""
-    eager = load_archived(extract(Variant.load("eager").archive(model), tmp_path))
+    eager = load_archived(Variant.load("eager").archive(model))
     handler = eager.handler
     limit = tolerance(archived_settings(Variant.load(variant).archive(model)), handler.answer)
     samples = handler.samples

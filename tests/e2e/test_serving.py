@@ -20,6 +20,7 @@ from handlers.stages import FLUSH_S, Stage, merge, read_stage_files, summarize
 from handlers.text import encode, load_tokenizer
 from kit.pin_worker import KIT_WORKER_MODULE
 from kit.server import Server
+from kit.variant import Variant
 
 pytestmark = pytest.mark.e2e
 
@@ -42,14 +43,14 @@ def worker_pids(server: Server, model: str) -> set[int]:
     return {w.process.pid for w in server.api.workers() if w.model == model and w.process}
 
 
-def assert_resnet50_matches_eager(server: Server, extracted_archives) -> None:
+def assert_resnet50_matches_eager(server: Server) -> None:
     jpeg = photo_jpeg()
     response = post(server, "resnet50", jpeg, "image/jpeg")
     assert response.status_code == 200, response.text
     served = response.json()
     assert len(served) == 5
 
-    model = load_model(ImageSettings(), extracted_archives["resnet50"])
+    model = load_model(ImageSettings(), Variant.load("eager").archive("resnet50"))
     with torch.inference_mode():
         probabilities = torch.softmax(model(image_to_tensor(jpeg)[None])[0], 0)
     top = torch.topk(probabilities, 5)
@@ -57,17 +58,17 @@ def assert_resnet50_matches_eager(server: Server, extracted_archives) -> None:
     assert list(served.values()) == pytest.approx(top.values.tolist(), abs=PROBABILITY_ATOL)
 
 
-def test_resnet50_matches_eager_reference(optimized_server, extracted_archives):
-    assert_resnet50_matches_eager(optimized_server, extracted_archives)
+def test_resnet50_matches_eager_reference(optimized_server):
+    assert_resnet50_matches_eager(optimized_server)
 
 
-def assert_bert_matches_eager(server: Server, extracted_archives) -> None:
+def assert_bert_matches_eager(server: Server) -> None:
     text = "The film was a quiet, beautifully acted study of grief."
     response = post(server, "bert", text.encode(), "text/plain")
     assert response.status_code == 200, response.text
     served = response.json()
 
-    model_dir = extracted_archives["bert"]
+    model_dir = Variant.load("eager").archive("bert")
     model = load_model(TextSettings(), model_dir)
     inputs = tuple(t[None] for t in encode(load_tokenizer(model_dir), text, 128).inputs)
     with torch.inference_mode():
@@ -76,8 +77,8 @@ def assert_bert_matches_eager(server: Server, extracted_archives) -> None:
     assert list(served.values()) == pytest.approx(probabilities.tolist(), abs=PROBABILITY_ATOL)
 
 
-def test_bert_matches_eager_reference(optimized_server, extracted_archives):
-    assert_bert_matches_eager(optimized_server, extracted_archives)
+def test_bert_matches_eager_reference(optimized_server):
+    assert_bert_matches_eager(optimized_server)
 
 
 def embed(server: Server, text: str) -> torch.Tensor:
@@ -86,10 +87,10 @@ def embed(server: Server, text: str) -> torch.Tensor:
     return torch.tensor(response.json())
 
 
-def assert_minilm_matches_eager(server: Server, extracted_archives) -> None:
+def assert_minilm_matches_eager(server: Server) -> None:
     text = "A man is playing a guitar."
     served = embed(server, text)
-    model_dir = extracted_archives["minilm"]
+    model_dir = Variant.load("eager").archive("minilm")
     model = load_model(TextSettings(architecture=Architecture.SENTENCE_EMBEDDER), model_dir)
     inputs = tuple(t[None] for t in encode(load_tokenizer(model_dir), text, 128).inputs)
     with torch.inference_mode():
@@ -98,8 +99,8 @@ def assert_minilm_matches_eager(server: Server, extracted_archives) -> None:
     torch.testing.assert_close(served, reference, rtol=0, atol=EMBEDDING_ATOL)
 
 
-def test_minilm_matches_eager_reference(optimized_server, extracted_archives):
-    assert_minilm_matches_eager(optimized_server, extracted_archives)
+def test_minilm_matches_eager_reference(optimized_server):
+    assert_minilm_matches_eager(optimized_server)
 
 
 def test_minilm_paraphrase_is_closer_than_unrelated(optimized_server):

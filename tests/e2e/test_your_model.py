@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -49,7 +50,9 @@ TABLES = [(torch.randn(FEATURES, generator=g), torch.randint(0, CATEGORIES, (IDS
 
 def remove_model(name: str) -> None:
     model_file(name).unlink(missing_ok=True)
-    for path in [*STORE.glob(f"*/{name}.mar"), *STORE.glob(f"*/.{name}.digest")]:
+    for archive in STORE.glob(f"*/{name}"):
+        shutil.rmtree(archive)
+    for path in [*STORE.glob(f"*/.{name}.digest"), *STORE.glob(f"*/{name}.*footprint.json")]:
         path.unlink()
 
 

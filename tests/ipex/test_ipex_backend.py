@@ -11,7 +11,8 @@ import torch
 pytest.importorskip("intel_extension_for_pytorch", reason="needs .venv-ipex: run `make install-ipex`")
 
 from handlers.architectures.text import BertClassifier  # noqa: E402
-from handlers.archive import extract, load_archived  # noqa: E402
+from handlers.archive import load_archived  # noqa: E402
+from handlers.archive_files import is_archive  # noqa: E402
 from handlers.backends import bf16_isa, cpu_flags  # noqa: E402
 from handlers.optimize import optimize  # noqa: E402
 from handlers.settings import ImageSettings, TextSettings  # noqa: E402
@@ -80,11 +81,11 @@ def test_bf16_matches_eager(tiny_cnn, tiny_bert_config):
 
 # The archives make test-ipex builds; BERT's text path is covered at its size in the tests above.
 @pytest.mark.parametrize("model", ["resnet50", "minilm"])
-def test_served_models_match_eager(model, tmp_path):
+def test_served_models_match_eager(model):
     archive = Variant.load("ipex").archive(model)
-    if not archive.is_file():
+    if not is_archive(archive):
         pytest.fail(f"{archive} missing: `make archive VARIANTS=ipex` (make test builds it)")
-    archived = load_archived(extract(archive, tmp_path))
+    archived = load_archived(archive)
     inputs = archived.example(1)
     optimized = optimize(archived.model, archived.settings, [inputs])
     assert optimized.backend.value == "ipex"

@@ -89,7 +89,7 @@ def test_the_preset_is_chosen_from_the_rows_that_ran_and_names_those_that_failed
 
 def test_the_preset_serves_the_models_it_measured_only(tmp_path, monkeypatch):
     """A mixed winner's majority variant has no archive for a model the run did not measure
-    (round 3 of a `make tune` here: inductor-mkl, and no inductor-mkl minilm.mar)."""
+    (round 3 of a `make tune` here: inductor-mkl, and no inductor-mkl minilm archive)."""
     from bench import tune
     from kit import serve_config
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import zipfile
+import shutil
 
 import torch
 import yaml
@@ -17,10 +17,10 @@ from tests.hf_models import qwen2_lm
 
 def archive_of(tmp_path, handler: dict):
     directory = qwen2_lm(tmp_path / "lm")
-    archive = tmp_path / "lm.mar"
-    with zipfile.ZipFile(archive, "w") as files:
-        files.writestr("model-config.yaml", yaml.safe_dump({"asyncCommunication": True, "handler": handler}))
-        files.write(directory / "config.json", "config.json")
+    archive = tmp_path / "store" / "lm"  # the files of an archive the plan reads
+    archive.mkdir(parents=True)
+    (archive / "model-config.yaml").write_text(yaml.safe_dump({"asyncCommunication": True, "handler": handler}))
+    shutil.copyfile(directory / "config.json", archive / "config.json")
     return directory, archive
 
 

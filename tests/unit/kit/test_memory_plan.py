@@ -8,9 +8,11 @@ import itertools
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
+from handlers.archive_files import MANIFEST
 from kit.footprint import Footprint, footprint_file, measure, record, recorded
 from kit.layout import Demand, Grouping, Layout, OmpWaitPolicy, PlanError, Sequences
 from kit.plan import place, plan_layout
@@ -70,27 +72,31 @@ def test_this_process_is_measured_from_proc():
     assert 0 < footprint.private <= footprint.pss <= footprint.rss <= footprint.peak
 
 
+def built_archive(directory: Path, created: str) -> Path:
+    """An archive's directory as torch-model-archiver writes it: a manifest stamped when it was built."""
+    (directory / MANIFEST).parent.mkdir(parents=True, exist_ok=True)
+    (directory / MANIFEST).write_text(json.dumps({"createdOn": created, "model": {"modelName": directory.name}}))
+    return directory
+
+
 def test_a_recorded_footprint_is_stale_once_the_archive_is_rebuilt(tmp_path):
-    archive = tmp_path / "bert.mar"
-    archive.write_bytes(b"x" * 100)
+    archive = built_archive(tmp_path / "bert", created="02/12/2026 10:00:00")
     assert recorded(archive, 1) is None  # never measured
     worst = record(archive, 1, [INDUCTOR["bert"], dataclasses.replace(INDUCTOR["bert"], rss=1400 * MiB)])
     assert footprint_file(archive, 1).name == "bert.footprint.json"
     assert recorded(archive, 1) == worst == dataclasses.replace(INDUCTOR["bert"], rss=1400 * MiB, workers=2)
-    copy = tmp_path / "image" / "bert.mar"  # the archive and its footprint copied into an image
-    copy.parent.mkdir()
-    shutil.copyfile(archive, copy)
+    copy = tmp_path / "image" / "bert"  # the archive and its footprint copied into an image
+    shutil.copytree(archive, copy)
     shutil.copyfile(footprint_file(archive, 1), footprint_file(copy, 1))
     assert recorded(copy, 1) == worst
-    archive.write_bytes(b"x" * 99 + b"y")  # `make archive` wrote a new one
+    built_archive(archive, created="02/12/2026 10:05:00")  # `make archive` wrote a new one
     assert recorded(archive, 1) is None
     footprint_file(archive, 1).write_text("{not json")
     assert recorded(archive, 1) is None
 
 
 def test_a_footprint_holds_for_the_batch_size_it_was_measured_at(tmp_path):
-    archive = tmp_path / "bert.mar"
-    archive.write_bytes(b"x" * 100)
+    archive = built_archive(tmp_path / "bert", created="02/12/2026 10:00:00")
     single = record(archive, 1, [INDUCTOR["bert"]])
     assert recorded(archive, 4) is None  # a batching worker holds more: measured again
     batching = record(archive, 4, [dataclasses.replace(INDUCTOR["bert"], private=INDUCTOR["bert"].private + 330 * MiB)])

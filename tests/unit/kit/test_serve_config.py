@@ -40,7 +40,8 @@ def test_optimized_preset_renders_the_planned_workers():
     assert props["enable_model_api"] == "false"
     assert props["allowed_urls"] == r"file://\\Q/store\\E/.*"  # only the local model store (Java-escaped)
     assert props["max_request_size"] == str(16 * 1024 * 1024)
-    assert props["load_models"] == "bert.mar,minilm.mar,resnet50.mar"
+    # Each an archive directory, by absolute path (TorchServe tries a name in its working directory first).
+    assert props["load_models"] == "/store/bert,/store/minilm,/store/resnet50"
 
 
 def test_fixed_launcher_preset_renders_torchserve_launcher():
@@ -180,7 +181,7 @@ def test_a_variant_is_resolved_once_with_its_traits():
     config = ServeConfig.from_preset("optimized", variant="ipex")
     assert config.variant.name == "ipex" and config.variant.backend.value == "ipex"
     assert config.variant.environment.name == ".venv-ipex"
-    assert config.variant.archive("bert").parts[-3:] == ("model_store", "ipex", "bert.mar")
+    assert config.variant.archive("bert").parts[-3:] == ("model_store", "ipex", "bert")
     assert ServeConfig.from_preset("optimized").variant.environment.name == ".venv"
     # What the state file stores (JSON) and reads back: the name, resolved again.
     assert parse_settings(ServeConfig, json.loads(json.dumps(config.to_dict()))) == config
@@ -194,8 +195,8 @@ def test_models_of_different_variants_get_their_archives_and_allocators():
     config = ServeConfig.from_preset("optimized", models=["resnet50", "bert"], model_variants={"bert": "openvino"})
     assert config.mixed_variants and config.variant_of("resnet50").name == "inductor"
     assert config.archives() == {
-        "resnet50": STORE / "inductor" / "resnet50.mar",
-        "bert": STORE / "openvino" / "bert.mar",
+        "resnet50": STORE / "inductor" / "resnet50",
+        "bert": STORE / "openvino" / "bert",
     }
     # Each model's workers get their backend's allocator: OpenVINO crashes under a preloaded one.
     layout = config.layout(parse_topology((FIXTURES / "xeon-2s-28c-smt.txt").read_text()))

@@ -41,8 +41,8 @@ def test_archive_build_stops_early_when_the_disk_is_nearly_full(tmp_path, monkey
 
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(build.shutil, "disk_usage", lambda path: usage._replace(free=int(1.5e9)))
-    with pytest.raises(SystemExit, match=rf"1.5 GB free in {tmp_path}; building inductor/bert.mar needs 4 GB"):
-        build.require_free_space([tmp_path], "inductor/bert.mar")
+    with pytest.raises(SystemExit, match=rf"1.5 GB free in {tmp_path}; building inductor/bert needs 4 GB"):
+        build.require_free_space([tmp_path], "inductor/bert")
 
 
 def test_the_build_skips_a_variant_this_cpu_cannot_serve_only_when_asked(monkeypatch, capsys):
@@ -101,3 +101,35 @@ def test_a_language_models_inductor_graphs_are_compiled_at_build_and_a_refusal_i
     # Other backends compile in the worker (eager: nothing to compile) or are exported (openvino).
     monkeypatch.setattr(long_step.subprocess, "run", finished(1, "not run"))
     build.compile_language_model({"backend": "eager"}, staging, "eager/lm")
+
+
+def test_an_archive_is_a_directory_torchserve_serves_in_place(tmp_path):
+    """torch-model-archiver's directory form, renamed into place: a rebuild replaces it whole and
+    leaves no partial one beside it."""
+    from handlers.archive import archived_settings, read_manifest
+    from handlers.archive_files import MODEL_CONFIG, is_archive
+    from kit.paths import ROOT
+    from model_store.build import pack
+
+    store = tmp_path / "store"
+    store.mkdir()
+
+    def build(weights: str) -> None:
+        files = tmp_path / f"files-{weights}"
+        files.mkdir()
+        (files / "weights.bin").write_text(weights)
+        (files / "weights.bin").chmod(0o600)  # as safetensors saves a checkpoint
+        config = tmp_path / MODEL_CONFIG
+        config.write_text("handler:\n  architecture: exported-program\n  backend: eager\n")
+        pack("tiny", ROOT / "handlers" / "image_classification.py", files, config, store)
+
+    build("first")
+    archive = store / "tiny"
+    assert is_archive(archive) and read_manifest(archive)["model"]["modelName"] == "tiny"
+    assert read_manifest(archive)["model"]["handler"] == "image_classification.py"
+    assert (archive / "weights.bin").read_text() == "first" and (archive / "handlers" / "base.py").is_file()
+    assert archived_settings(archive).backend.value == "eager"
+    assert (archive / "weights.bin").stat().st_mode & 0o777 == 0o644  # the image's non-root workers read it
+    build("second")
+    assert (archive / "weights.bin").read_text() == "second"
+    assert sorted(path.name for path in store.iterdir()) == ["tiny"]

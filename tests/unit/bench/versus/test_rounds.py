@@ -11,7 +11,6 @@ from bench.plan import PlanError, load_plan, parse_plan
 from bench.results import BenchRun, RowFailure, RowResult
 from bench.versus.report import compare, summarize_entries, write_versus_report
 from bench.versus.rounds import Entry, entries, run_rounds
-from bench.versus.served import EXTRACTED
 from tests.unit.bench.rows import ENVIRONMENT, row_result
 
 
@@ -114,7 +113,6 @@ def test_rounds_alternate_the_order_and_number_each_result(tmp_path, monkeypatch
         failure = RowFailure("resnet50", label, "served", False, "", "")
 
         def measure(out_dir: Path) -> RowResult:
-            (out_dir / EXTRACTED / label).mkdir(parents=True, exist_ok=True)  # as a peer unpacks its archive
             order.append(label)
             return row_result(name=label)
 
@@ -124,7 +122,6 @@ def test_rounds_alternate_the_order_and_number_each_result(tmp_path, monkeypatch
     run_rounds(run, tmp_path)
     assert order == ["kit a", "kit b", "peer", "peer", "kit b", "kit a", "kit a", "kit b", "peer"]
     assert [r.round for r in run.results] == [1, 1, 1, 2, 2, 2, 3, 3, 3]
-    assert not list(tmp_path.glob(f"round-*/{EXTRACTED}"))  # unpacked archives do not outlive their round
 
 
 def test_a_plan_sets_rounds_warm_up_seconds_and_a_rows_itt():
