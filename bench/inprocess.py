@@ -55,6 +55,7 @@ def measure_in_process(archive: Path, model: str, config: ServeConfig, seconds: 
     """Summed items/s of concurrent model processes laid out like the server's workers, and
     the first one's agreement with float32 eager."""
     model_dir = archive
+    work_dir.mkdir(parents=True, exist_ok=True)
     children = []
     log_path = work_dir / f"in-process-{model_dir.parent.name}-{model_dir.name}.log"
     log_file = open(log_path, "a")  # noqa: SIM115 - closed in finally, after the children

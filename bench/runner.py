@@ -56,6 +56,7 @@ ITT_DRAIN_S = 60  # longest wait for requests ab left in flight to finish (a slo
 ITT_AGREE_S = 1.0
 # How long neither count may move, disagreeing, before they are taken as they are: longer than one request.
 ITT_STILL_S = 10.0
+IN_PROCESS = "in-process"  # under a run's directory: what its in-process and peer rows write
 
 
 def model_ranges(itt_dir: Path, model: str) -> list[Range]:
@@ -257,7 +258,7 @@ def run_peers(plan: Plan, out_dir: Path, run: BenchRun) -> None:
                 skip(run, f"peer {model} / {peer.name}", refusal)
                 continue
             log(f"peer {model} / {peer.name}: in-process, {plan.run.in_process_seconds}s")
-            measured = measure_peer(peer, archive, plan.run.in_process_seconds, out_dir / "extracted")
+            measured = measure_peer(peer, archive, plan.run.in_process_seconds, out_dir / IN_PROCESS)
             log(f"  {measured.items_per_s:.1f} items/s, cosine >= {measured.cosine_min:.4f}")
             run.references.append(peer_row(model, peer, measured))
 
@@ -310,7 +311,7 @@ def measure_row(
                 row.model,
                 row.serve,
                 plan.run.in_process_seconds,
-                out_dir / "extracted",
+                out_dir / IN_PROCESS,
             )
             log(f"  in-process {in_process[key].items_per_s:.1f} items/s")
             run.references.append(in_process_row(row, in_process[key]))
@@ -340,6 +341,7 @@ def run_plan(run: BenchRun, out_dir: Path) -> None:
         run_peers(plan, out_dir, run)
     finally:
         signal.signal(signal.SIGTERM, previous)
-        # Archives unpacked for the in-process and peer rows: GBs per run, needed by no report.
-        shutil.rmtree(out_dir / "extracted", ignore_errors=True)
+        # What the in-process and peer rows wrote (their logs, a peer's ONNX or IR copy of the
+        # model): up to GBs per run, needed by no report.
+        shutil.rmtree(out_dir / IN_PROCESS, ignore_errors=True)
         add_derived(run.results)

@@ -19,7 +19,7 @@ digest of torch's version and the CPU's /proc/cpuinfo flags, and a worker takes 
 for a CPU like its own; otherwise it compiles, as without the files, and says why. The thread
 count is not part of it: a language model's kernels read theirs when they run (DYNAMIC_THREADS),
 so graphs the build compiled with its threads serve a worker planned with any other number. The
-files sit in the archive as they sat in the cache (TorchServe unpacks the archive): nothing to
+files sit in the archive's directory as they sat in the cache: copied file by file, nothing to
 extract, so nothing that could write outside the cache.
 """
 

@@ -140,7 +140,7 @@ def test_your_int8_program_served_answers_within_its_tolerance(your_models, tmp_
     config = ServeConfig.from_preset("optimized", variant="aoti-int8", models=[TENSOR], cpus=one_cpu())
     server = start_server(tmp_path / "run", config)
     try:
-        verdict = served_verdict(server, TENSOR, "aoti-int8", tmp_path)
+        verdict = served_verdict(server, TENSOR, "aoti-int8")
         print(f"[served accuracy] aoti-int8: {verdict}")
         assert verdict.over == 0 and verdict.count >= HELD_OUT_SYNTHETIC, verdict
     finally:
