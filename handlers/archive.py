@@ -1,6 +1,6 @@
 """A built archive's model in this process, exactly as its handler would load it.
 
-    archived = load_archived(Path("model_store/inductor/resnet50"))
+    archived = load_archived(Path("model_store/inductor/mine"))
     inputs = archived.example(batch_size=1)     # the handler's own warm-up inputs
     archived.model(*inputs)                     # eager, unoptimized
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 from torch import nn
 
-from handlers.archive_files import MANIFEST, MODEL_CONFIG
+from handlers.archive_files import MANIFEST, MODEL_CONFIG, is_archive
 from handlers.backends.common import Inputs
 from handlers.base import OptimizedHandler
 from handlers.loaders import load_model
@@ -40,6 +40,8 @@ class ArchivedModel:
 
 
 def read_manifest(model_dir: Path) -> dict:
+    if not is_archive(model_dir):
+        raise FileNotFoundError(f"{model_dir} is not a built archive; build it with `make archive`")
     return json.loads((model_dir / MANIFEST).read_text())
 
 
@@ -72,8 +74,8 @@ def archived_settings(model_dir: Path) -> OptimizationSettings:
 
 def archived_handler(model_dir: Path, overrides: dict | None = None) -> OptimizedHandler:
     """The bare handler of a built archive (its decode, format, example); `overrides` replace `handler:` keys."""
-    settings = {**handler_section(model_dir), **(overrides or {})}
-    return bare_handler(read_manifest(model_dir)["model"]["handler"], settings, model_dir)
+    handler_file = read_manifest(model_dir)["model"]["handler"]
+    return bare_handler(handler_file, {**handler_section(model_dir), **(overrides or {})}, model_dir)
 
 
 def load_archived(model_dir: Path, overrides: dict | None = None) -> ArchivedModel:

@@ -4,7 +4,7 @@
     variant.backend, variant.dtype        # Backend.OPENVINO, DType.INT8
     variant.environment                   # ROOT/.venv (the ipex variants: ROOT/.venv-ipex)
     variant.preloaded_allocator           # False: its workers keep glibc malloc
-    variant.archive("resnet50")           # ROOT/model_store/openvino-int8/resnet50/
+    variant.archive("mine")               # ROOT/model_store/openvino-int8/mine/
 
 A variant file is an overlay of each model's config/models/<model>.yaml, applied when its
 archives are built; its `handler:` section holds backend settings only (backend, mode, dtype,

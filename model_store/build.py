@@ -10,7 +10,8 @@ with config/variants/<variant>.yaml. A stamp of those inputs makes re-runs skip 
 
 An archive is a directory (torch-model-archiver's `no-archive` form, MAR-INF/MANIFEST.json inside):
 TorchServe serves a directory of its model store in place, where it would unzip a .mar into its
-temp directory at every start (15 s for a 2 GB language model, and a copy on disk per server).
+temp directory at every start (half a minute for a 2 GB language model on 2 cores: docs/generation.md,
+"Start"; and a copy on disk per running server).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from handlers.archive_files import is_archive
+from handlers.archive_files import MODEL_CONFIG, is_archive
 from handlers.typed_config import SettingsError
 from handlers.backends import DEFAULT_ENVIRONMENT
 from kit import long_step
@@ -242,7 +243,7 @@ def archive(model: Model, variant: Variant) -> Path:
         handler_settings = write_source(staging, model)
         config = merged_config({**model.serving, "handler": handler_settings}, variant.overlay)
         compile_ahead(model.task.handler, config["handler"], staging, label)
-        config_file = Path(tmp) / "model-config.yaml"
+        config_file = Path(tmp) / MODEL_CONFIG
         config_file.write_text(yaml.safe_dump(config, sort_keys=False))
         pack(name, ROOT / "handlers" / model.task.handler, staging, config_file, out_dir)
     stamp.write_text(digest)
