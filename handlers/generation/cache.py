@@ -14,6 +14,11 @@ hold stale values; the caller's mask hides them (runner.py). Past the context is
 more, the scratch position, where a row with nothing to compute writes, so that what a free row
 holds (a prefix for the prefix cache, prefix.py) is never overwritten by another's step.
 
+Keys are one tensor [layers, slots, kv_heads, positions, head_size], values another, a layer's a
+view of them: a compiled forward then has two cache inputs, not two a layer, and each start
+traces and guards two (Qwen2.5-0.5B's shape restarting with its graphs in the Inductor cache:
+warm-up 42-48 s against 63 s with a tensor a layer; docs/generation.md, "Start").
+
 The buffers are mapped at the start but not touched (an anonymous mapping: the kernel maps a
 page when it is first written), so the worker's memory grows with the positions the load uses,
 not with the cache's size, whichever allocator the worker preloads.
@@ -79,9 +84,9 @@ class SlotCache(Cache):
     def __init__(self, shape: KvShape, slots: int, context: int, dtype: torch.dtype):
         super().__init__(layers=[])
         self.shape, self.slots, self.context, self.dtype = shape, slots, context, dtype
-        size = (slots, shape.kv_heads, context + 1, shape.head_size)  # and the scratch position
-        self.keys = [untouched_zeros(size, dtype) for _ in range(shape.layers)]
-        self.values = [untouched_zeros(size, dtype) for _ in range(shape.layers)]
+        size = (shape.layers, slots, shape.kv_heads, context + 1, shape.head_size)  # and the scratch position
+        self.keys = untouched_zeros(size, dtype)
+        self.values = untouched_zeros(size, dtype)
         self.rows = slice(0, slots)
         self.row_index = torch.arange(slots)[:, None]
         self.positions = torch.zeros(slots, 1, dtype=torch.long)
@@ -106,8 +111,8 @@ class SlotCache(Cache):
     def copy(self, source: int, target: int, positions: slice) -> None:
         """Row `source`'s keys and values at `positions` written into row `target` (a prefix found
         in another row)."""
-        for tensor in (*self.keys, *self.values):
-            tensor[target, :, positions] = tensor[source, :, positions]
+        for tensor in (self.keys, self.values):
+            tensor[:, target, :, positions] = tensor[:, source, :, positions]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         # key_states, value_states: [rows, kv_heads, tokens, head_dim]
@@ -118,8 +123,12 @@ class SlotCache(Cache):
                 f"not the {keys.shape[1]} x {keys.shape[3]} its config.json says: the kit's cache cannot hold them"
             )
         # [rows, 1] (or [1, tokens]) and [rows, tokens] index [rows, tokens, kv_heads, head_dim]
-        keys[self.row_index, :, self.positions] = key_states.transpose(1, 2).to(self.dtype)
-        values[self.row_index, :, self.positions] = value_states.transpose(1, 2).to(self.dtype)
+        # One write into the whole buffer, the layer an index like the others: written into the
+        # layer's view instead, the compiled forward copied the whole buffer (Qwen2.5-0.5B's
+        # shape: a 1.5 s decode step, not 0.13 s).
+        layer = torch.full((1, 1), layer_idx, dtype=torch.long)
+        self.keys[layer, self.row_index, :, self.positions] = key_states.transpose(1, 2).to(self.dtype)
+        self.values[layer, self.row_index, :, self.positions] = value_states.transpose(1, 2).to(self.dtype)
         return keys[self.rows, :, : self.kv_length], values[self.rows, :, : self.kv_length]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -132,4 +141,4 @@ class SlotCache(Cache):
     @property
     def bytes(self) -> int:
         """The cache's size (its resident part is what the load has written)."""
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        return 2 * self.keys.numel() * self.keys.element_size()
