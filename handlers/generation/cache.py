@@ -87,6 +87,10 @@ class SlotCache(Cache):
         size = (shape.layers, slots, shape.kv_heads, context + 1, shape.head_size)  # and the scratch position
         self.keys = untouched_zeros(size, dtype)
         self.values = untouched_zeros(size, dtype)
+        # Each layer's index a tensor of its own, read by the compiled kernels when they run: as a
+        # constant it is part of their source, and each layer's kernels were compiled again (98 C++
+        # compiles for Qwen2.5-0.5B's 24 layers, against 5).
+        self.layer_index = [torch.full((1, 1), layer, dtype=torch.long) for layer in range(shape.layers)]
         self.rows = slice(0, slots)
         self.row_index = torch.arange(slots)[:, None]
         self.positions = torch.zeros(slots, 1, dtype=torch.long)
@@ -126,7 +130,7 @@ class SlotCache(Cache):
         # One write into the whole buffer, the layer an index like the others: written into the
         # layer's view instead, the compiled forward copied the whole buffer (Qwen2.5-0.5B's
         # shape: a 1.5 s decode step, not 0.13 s).
-        layer = torch.full((1, 1), layer_idx, dtype=torch.long)
+        layer = self.layer_index[layer_idx]
         self.keys[layer, self.row_index, :, self.positions] = key_states.transpose(1, 2).to(self.dtype)
         self.values[layer, self.row_index, :, self.positions] = value_states.transpose(1, 2).to(self.dtype)
         return keys[self.rows, :, : self.kv_length], values[self.rows, :, : self.kv_length]
