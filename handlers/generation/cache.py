@@ -17,7 +17,8 @@ holds (a prefix for the prefix cache, prefix.py) is never overwritten by another
 Keys are one tensor [layers, slots, kv_heads, positions, head_size], values another, a layer's a
 view of them: a compiled forward then has two cache inputs, not two a layer, and each start
 traces and guards two (Qwen2.5-0.5B's shape restarting with its graphs in the Inductor cache:
-warm-up 42-48 s against 63 s with a tensor a layer; docs/generation.md, "Start").
+READY after 58 s against 78 s with a tensor a layer, medians of 3 rounds in turns;
+docs/generation.md, "Start").
 
 The buffers are mapped at the start but not touched (an anonymous mapping: the kernel maps a
 page when it is first written), so the worker's memory grows with the positions the load uses,
