@@ -160,11 +160,11 @@ test-container: test-image test-tools
 	@$(if $(LEAN),bash scripts/image.sh --remove)
 
 # Everything else against a real TorchServe, and the diagnosis tools on the real archives, in
-# E2E_JOBS test processes, a module each at a time (--dist loadfile: a module's servers and archives
-# are made once; modules make their models under names of their own): a test waits on its server
-# much of its time (with two processes, the e2e part of a fresh-clone CI at f3cbccd kept 2 CPUs
-# 82 % busy). Each process starts the session's optimized server once. Tests marked serial
-# compare rates over time: they run after, alone.
+# E2E_JOBS test processes, a module each at a time (a module's servers and archives are made once;
+# modules make their models under names of their own; the modules on the session's optimized
+# server are one group: tests/e2e/conftest.py draws them): a test waits on its server much of its
+# time (with two processes, the e2e part of a fresh-clone CI at f3cbccd kept 2 CPUs 82 % busy).
+# Tests marked serial compare rates over time: they run after, alone.
 E2E_JOBS ?= 2
 test-e2e: test-archives test-tools
 	@$(PY) -m pytest tests/e2e tests/integration -m "not ipex and not container and not serial" \

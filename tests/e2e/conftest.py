@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from handlers.archive_files import is_archive
 from kit.serve_config import ServeConfig
@@ -23,6 +24,36 @@ def start_server(run_dir: Path, config: ServeConfig) -> Server:
     if missing:
         pytest.fail(f"archives {missing} missing: run `make archive` (make test does)")
     return start_ready(config, run_dir, START_DEADLINE_S)
+
+
+# make test runs the e2e tests in two processes, a group of tests each at a time: a module's tests
+# are a group, so that its servers and archives are made once; these modules, which ask for the
+# session's optimized server, are one group, so that one process starts it (a start compiles three
+# models' graphs: 244 s on 2 cores, two starting at once; Inductor's frozen graphs are not cached).
+# The groups are drawn here, not by xdist's --dist loadgroup: xdist 3.8 marks a test's group in
+# its `_nodeid`, which pytest 9 no longer reads.
+SHARED = "optimized_server"
+ON_OPTIMIZED_SERVER = ("test_bad_input.py", "test_fuzz.py", "test_grpc.py", "test_memory_limit.py", "test_serving.py")
+
+
+class ModuleGroups(LoadScopeScheduling):
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return SHARED if module.rsplit("/", 1)[-1] in ON_OPTIMIZED_SERVER else module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log) -> ModuleGroups:
+    return ModuleGroups(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A module on the session's optimized server that is not in ON_OPTIMIZED_SERVER would start one
+    more: refused by name."""
+    strays = {item.path.name for item in items if SHARED in getattr(item, "fixturenames", ())}
+    if strays - set(ON_OPTIMIZED_SERVER):
+        raise pytest.UsageError(
+            f"{sorted(strays - set(ON_OPTIMIZED_SERVER))} use {SHARED}: add them to ON_OPTIMIZED_SERVER"
+        )
 
 
 @pytest.fixture(scope="session")
