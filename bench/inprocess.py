@@ -54,10 +54,9 @@ def worker_cpus(config: ServeConfig, model: str) -> list[tuple[set[int], int]]:
 def measure_in_process(archive: Path, model: str, config: ServeConfig, seconds: int, work_dir: Path) -> Measured:
     """Summed items/s of concurrent model processes laid out like the server's workers, and
     the first one's agreement with float32 eager."""
-    model_dir = archive
     work_dir.mkdir(parents=True, exist_ok=True)
     children = []
-    log_path = work_dir / f"in-process-{model_dir.parent.name}-{model_dir.name}.log"
+    log_path = work_dir / f"in-process-{archive.parent.name}-{archive.name}.log"
     log_file = open(log_path, "a")  # noqa: SIM115 - closed in finally, after the children
     for cpus, threads in worker_cpus(config, model):
         # The variant's own environment: torch 2.8 for the ipex backends.
@@ -66,7 +65,7 @@ def measure_in_process(archive: Path, model: str, config: ServeConfig, seconds: 
             str(python),
             "-m",
             "bench.inprocess",
-            str(model_dir),
+            str(archive),
             "--batch",
             str(config.batch_size),
             "--seconds",

@@ -99,14 +99,13 @@ def run_child(archive: Path, seconds: int, rounds: int) -> VariantRun:
 
     torch.set_num_threads(1)
     started = time.perf_counter()
-    model_dir = archive
-    archived = load_archived(model_dir, {"length_buckets": list(BUCKET_SETS[COMPILED_SET])})
+    archived = load_archived(archive, {"length_buckets": list(BUCKET_SETS[COMPILED_SET])})
     handler, compiled = archived.handler, archived.settings
-    precompile(handler, archived.model, model_dir, progress=lambda message: None)  # nothing for a compiler
+    precompile(handler, archived.model, archive, progress=lambda message: None)  # nothing for a compiler
     first, *others = handler.examples(1)
     # The first length pays the compile of the one dynamic graph, whatever the bucket set: the
     # others cost what each more bucket adds to a worker's start, warmed as optimize warms them.
-    optimized = optimize(archived.model, compiled, [first], model_dir, handler.samples.checks(1))
+    optimized = optimize(archived.model, compiled, [first], archive, handler.samples.checks(1))
     lengths_warmed = warm_up(optimized, others, compiled.warmup_iterations)
     start_s = time.perf_counter() - started
     # No others: the model pads to one length (no attention mask), and more buckets cost nothing.

@@ -30,13 +30,12 @@ from kit.topology import read_topology
 
 
 def measure_peer(peer: Peer, archive: Path, seconds: int, work_dir: Path) -> Measured:
-    model_dir = archive
     work_dir.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
         "-m",
         "bench.versus.runtimes",
-        str(model_dir),
+        str(archive),
         "--runtime",
         peer.runtime.value,
         "--precision",
