@@ -8,14 +8,14 @@
 
 A decode step has a row per slot up to the last one in use: row r feeds token r at position r of
 slot r and attends over that slot's cache (a slot with nothing to decode writes at the cache's
-scratch position, never read). A part computes a run of one sequence's tokens (a prompt, whole or a
-chunk of it), each attending over the slot's cache before it and the part's tokens up to it; its
-last token's logits, or (`every`: a draft to check, lookup.py) each of its tokens'. Where the
-model's attention is transformers' pluggable kind (attention.py), decode rows and a part are one
-forward (a mixed step): on CPU a decode step costs mostly the read of the weights, which the part's
-forward makes anyway; decode rows alone are then a mixed step too, with an idle part, so that one
-graph is compiled for every step. Shapes are rounded so that the compiled forward sees few of them:
-a decode step's span to a multiple of SPAN_STEP, a last part to a multiple of PROMPT_STEP.
+scratch position, never read). A part computes a run of one sequence's tokens (a prompt, whole
+or a chunk of it), each attending over the slot's cache before it and the part's tokens up to
+it; its last token's logits, or (`every`: a draft to check, lookup.py) each of its tokens'. Where
+the model's attention is transformers' pluggable kind (attention.py), decode rows and a
+part are one forward (a mixed step): on CPU a decode step costs mostly the read of the weights,
+which the part's forward makes anyway. Shapes are rounded so that the compiled forward sees few
+of them: a decode step's span to a multiple of SPAN_STEP, a last part to a multiple of
+PROMPT_STEP.
 """
 
 from __future__ import annotations
@@ -43,11 +43,6 @@ PROMPT_STEP = 8
 # every start (Qwen2.5-0.5B's shape: ~40 s on 2 cores). A second row costs a decode step little:
 # its time is the read of the weights, made once for every row.
 MIN_ROWS = 2
-# Where the model mixes, a decode step is a mixed step whose part computes nothing: then one graph
-# is compiled (and traced again at every start) for every kind of step, not two. Its tokens cost a
-# step two positions' compute, little beside the read of the weights; not 1 token, a size the
-# compiler specialises.
-IDLE_PART = 2
 DECODE_KEEP = torch.tensor([0])  # a decode step feeds one token per row: its logits are all there are
 
 
@@ -120,10 +115,7 @@ class Runner:
         return [*tokens, *[0] * idle], [*positions, *[self.cache.scratch] * idle]
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        """Row r's next-token logits [rows, vocab], row r feeding tokens[r] at positions[r] of slot r:
-        where the model mixes, a mixed step with an idle part (the mixed step's graph, none more)."""
-        if self.mixes:
-            return self._mixed(tokens, positions, *self._idle_part(), keep=torch.arange(0))[0]
+        """Row r's next-token logits [rows, vocab], row r feeding tokens[r] at positions[r] of slot r."""
         ids, where, mask = self._rows(*self.padded(tokens, positions))
         self.cache.select(slice(0, ids.shape[0]), where, mask.shape[-1])
         return self._forward(ids, self.model_positions(where), mask, DECODE_KEEP)[:, -1]
@@ -145,38 +137,16 @@ class Runner:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """decode(tokens, positions) and part(part, every) in one forward: the decode rows and the
         part flattened into one row of tokens; attention.py splits its attention."""
-        ids, part_positions, mask = self._part(part)
-        take = len(part.tokens)
-        keep = torch.arange(take) if every else torch.tensor([take - 1])
-        rows, logits = self._mixed(tokens, positions, ids, part_positions, mask, torch.tensor([part.slot]), keep)
-        return rows, (logits if every else logits[0])
-
-    def _idle_part(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """ids, positions, mask and slot of a part that computes nothing: IDLE_PART tokens written
-        at slot 0's scratch position, attending over its first positions."""
-        kv = span(1, self.context)
-        positions = torch.full((1, IDLE_PART), self.cache.scratch)
-        mask = torch.ones(1, 1, IDLE_PART, kv, dtype=torch.bool)
-        return torch.zeros(1, IDLE_PART, dtype=torch.long), positions, mask, torch.tensor([0])
-
-    def _mixed(
-        self,
-        tokens: Sequence[int],
-        positions: Sequence[int],
-        ids: torch.Tensor,
-        part_positions: torch.Tensor,
-        mask: torch.Tensor,
-        slot: torch.Tensor,
-        keep: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The decode rows' logits [rows, vocab] and the part's at its tokens `keep` [len(keep), vocab]."""
         decode_ids, decode_positions, decode_mask = self._rows(*self.padded(tokens, positions))
+        ids, part_positions, mask = self._part(part)
         rows = decode_ids.shape[0]
-        slots = torch.cat([torch.arange(rows), slot.expand(ids.shape[1])])[None]
+        slots = torch.cat([torch.arange(rows), torch.full((ids.shape[1],), part.slot)])[None]
         flat_positions = torch.cat([decode_positions.T, part_positions], 1)
         self.cache.select_tokens(slots, flat_positions, max(decode_mask.shape[-1], mask.shape[-1]))
-        mixed = attention.Mixed(decode_mask, mask, slot)
+        take = len(part.tokens)
+        kept = rows + torch.arange(take) if every else torch.tensor([rows + take - 1])
+        keep = torch.cat([torch.arange(rows), kept])
+        mixed = attention.Mixed(decode_mask, mask, torch.tensor([part.slot]))
         ids = torch.cat([decode_ids.T, ids], 1)
-        keep = torch.cat([torch.arange(rows), rows + keep])
         logits = self._forward(ids, self.model_positions(flat_positions), mask, keep, mixed=mixed)[0]
-        return logits[:rows], logits[rows:]
+        return logits[:rows], (logits[rows:] if every else logits[rows])

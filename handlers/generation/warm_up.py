@@ -3,14 +3,14 @@ model is).
 
     step_times = WarmUp(engine, tokenizer, settings).run()   # StepTimes where the prefill chunk is left open
 
-The compiler traces each graph (one for every step where the model mixes, runner.py; else decode
-rows, and a prompt's part) at its first call and again at the first call whose sizes differ from
-it, after which it is general. So each size is met twice, each time with values no other size has
-(a size equal to another would be tied to it): a prompt alone (one decode row with idle ones) whose
-decode crosses a span boundary (two spans); every slot at once; prompts arriving while others
-decode; prompts whose first blocks are in the prefix cache, alone and arriving (a part that starts
-past position 0). Each prompt is of a token of its own, so that none finds another's blocks but
-where meant to, and generates a few tokens: each compiled call is slow the first time, and a longer
+The compiler traces each graph (decode rows; a prompt's part, alone or mixed with decode rows) at
+its first call and again at the first call whose sizes differ from it, after which it is
+general. So each size is met twice, each time with values no other size has (a size equal to
+another would be tied to it): a prompt alone (one decode row with idle ones) whose decode
+crosses a span boundary (two spans); every slot at once; prompts arriving while others decode;
+prompts whose first blocks are in the prefix cache, alone and arriving (a part that starts past
+position 0). Each prompt is of a token of its own, so that none finds another's blocks but where
+meant to, and generates a few tokens: each compiled call is slow the first time, and a longer
 warm-up only computes more of what is already compiled.
 """
 

@@ -67,24 +67,3 @@ def test_a_part_alone_is_a_mixed_step_of_idle_rows_and_answers_as_transformers(m
         logits = run.part(Part(1, PROMPT[8:], 8, last=True))
     assert given == [MIN_ROWS, MIN_ROWS]  # both mixed steps, each with its idle decode rows
     torch.testing.assert_close(logits, transformers_logits(model, PROMPT)[-1], atol=1e-4, rtol=1e-4)
-
-
-def test_a_decode_step_is_the_mixed_steps_forward_and_its_idle_part_writes_only_at_the_scratch(model):
-    """Decode rows alone, where the model mixes, are a mixed step with an idle part (one graph to
-    compile, not two): its tokens write only at the scratch position, so every other position of
-    every slot holds what it held, and the row's logits are transformers'."""
-    run = runner(model, 4)
-    mixed: list[bool] = []
-    forward = run._forward
-    run._forward = lambda *args, **kwargs: mixed.append("mixed" in kwargs) or forward(*args, **kwargs)
-    with torch.inference_mode():
-        run.part(Part(0, PROMPT[:-1], 0, last=True))
-        run.part(Part(1, PROMPT[:5], 0, last=True))
-        before = [tensor[:, :, :, :CONTEXT].clone() for tensor in (run.cache.keys, run.cache.values)]
-        logits = run.decode([PROMPT[-1]], [len(PROMPT) - 1])
-    assert mixed == [True, True, True]
-    for was, tensor in zip(before, (run.cache.keys, run.cache.values), strict=True):
-        now = tensor[:, :, :, :CONTEXT].clone()
-        now[:, 0, :, len(PROMPT) - 1] = was[:, 0, :, len(PROMPT) - 1]  # the decode row's own write
-        assert torch.equal(now, was)
-    torch.testing.assert_close(logits[0], transformers_logits(model, PROMPT)[-1], atol=1e-4, rtol=1e-4)
