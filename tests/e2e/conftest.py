@@ -30,8 +30,8 @@ def start_server(run_dir: Path, config: ServeConfig) -> Server:
 # are a group, so that its servers and archives are made once; these modules, which ask for the
 # session's optimized server, are one group, so that one process starts it (a start compiles three
 # models' graphs: 244 s on 2 cores, two starting at once; Inductor's frozen graphs are not cached).
-# The groups are drawn here, not by xdist's --dist loadgroup: xdist 3.8 marks a test's group in
-# its `_nodeid`, which pytest 9 no longer reads.
+# The groups are drawn here, whatever --dist says, not by xdist's --dist loadgroup: xdist 3.8
+# marks a test's group in its `_nodeid`, which pytest 9 no longer reads.
 SHARED = "optimized_server"
 ON_OPTIMIZED_SERVER = ("test_bad_input.py", "test_fuzz.py", "test_grpc.py", "test_memory_limit.py", "test_serving.py")
 
@@ -50,10 +50,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A module on the session's optimized server that is not in ON_OPTIMIZED_SERVER would start one
     more: refused by name."""
     strays = {item.path.name for item in items if SHARED in getattr(item, "fixturenames", ())}
-    if strays - set(ON_OPTIMIZED_SERVER):
-        raise pytest.UsageError(
-            f"{sorted(strays - set(ON_OPTIMIZED_SERVER))} use {SHARED}: add them to ON_OPTIMIZED_SERVER"
-        )
+    if strays := strays - set(ON_OPTIMIZED_SERVER):
+        raise pytest.UsageError(f"{sorted(strays)} use {SHARED}: add them to ON_OPTIMIZED_SERVER")
 
 
 @pytest.fixture(scope="session")
