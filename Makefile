@@ -20,7 +20,7 @@ IMAGE ?= localhost/kit-serve:latest
 IMAGE_VARIANTS ?= inductor
 export IMAGE
 
-.PHONY: help test-tools test-image test-ipex test-container install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths bench-router bench-prefix bench-metrics bench-threads test test-archives test-unit test-e2e lint format clean
+.PHONY: help test-tools test-image test-ipex test-container install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths bench-router bench-prefix bench-metrics bench-threads bench-decode test test-archives test-unit test-e2e lint format clean
 
 help:
 	@echo "make serve [CONFIG=optimized|baseline|tuned|path.yaml] [VARIANT=name] [MODELS=resnet50,bert] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1] [ITT_TRACE=1] [MEMORY=6Gi]"
@@ -105,6 +105,11 @@ bench-prefix: archive
 # (the kit's, so that shipped graphs serve any worker size) against kernels fixed to it (bench/studies/compiled_threads.py).
 bench-threads: install
 	@$(PY) -m bench.studies.compiled_threads --models $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(THREADS),--threads $(THREADS))
+
+# Where a language model's decode step goes: its linear kernels against the rest, and the rate they
+# read their weights at against a plain read (bench/studies/decode_split.py).
+bench-decode: archive
+	@$(PY) -m bench.studies.decode_split --models $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(STREAMS),--streams $(STREAMS))
 
 # What the kit's metrics cost a worker per request, clock on and off in turns (bench/studies/metrics_cost.py).
 bench-metrics: install

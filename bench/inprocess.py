@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 
 from bench.results import Measured
+from kit.layout import OmpWaitPolicy
+from kit.models import omp_wait_policy
 from kit.paths import ROOT, process_environment
 from kit.pin_worker import allocator_library
 from kit.properties import worker_environment
@@ -29,9 +31,13 @@ from kit.serve_config import Placement, ServeConfig
 from kit.topology import read_topology
 
 
-def child_environment(config: ServeConfig, threads: int) -> dict[str, str]:
+def child_environment(config: ServeConfig, threads: int, model: str) -> dict[str, str]:
     env = {**process_environment(dict(os.environ)), **worker_environment(config)}
     env["OMP_NUM_THREADS"] = str(threads)
+    if (policy := omp_wait_policy(model)) is not None:  # the model's own over the preset's, as kit/pin_worker.py
+        env.pop("OMP_WAIT_POLICY", None)
+        if policy is not OmpWaitPolicy.DEFAULT:
+            env["OMP_WAIT_POLICY"] = policy.value.upper()
     env.pop("LD_PRELOAD", None)
     library = allocator_library(config.variant.environment / "lib", config.served_allocator.value)
     if config.placement is not Placement.NONE and library:
@@ -77,7 +83,7 @@ def measure_in_process(archive: Path, model: str, config: ServeConfig, seconds: 
             subprocess.Popen(
                 command,
                 cwd=ROOT,
-                env=child_environment(config, threads),
+                env=child_environment(config, threads, model),
                 text=True,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

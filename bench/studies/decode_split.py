@@ -1,0 +1,187 @@
+"""Where a language model's decode step goes: the linear layers' kernels against the rest, and the
+rate at which the kernels read their weights against a plain read of as many bytes
+(`make bench-decode MODELS=lm`).
+
+    .venv/bin/python -m bench.studies.decode_split --models lm [--rounds 5] [--streams 1,16]
+
+A decode step reads every weight of the model once, whatever its rows: on a CPU, one stream's
+time between tokens is mostly that read. A process laid out as the server's worker (its threads,
+its allocator: bench/inprocess.py) loads the model's archive as a worker does (packed or int8
+kernels, compiled graphs from the archive) and, per round and per count of streams, starts that
+many greedy sequences of a 64-token prompt and times each decode step after their prompts: the
+whole step (scheduler, forward, sampling) and the time spent inside the linear kernels
+(handlers/generation/linears.py). The kernels' bytes over their time is the rate they read at; a
+sum over a float32 tensor of as many bytes, timed in the same process with the same threads, is
+the rate a plain read reaches on this machine. Per round the median step; the table: medians of
+the rounds (min-max). Served time between tokens adds what serving a token costs (its reply
+through TorchServe): `make bench PLAN=generate` measures that end to end.
+Results: bench/results/decode-<time>/results.json, report.md and the table printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.inprocess import child_environment
+from bench.results import RESULTS, study_report
+from kit.models import Model, Task
+from kit.paths import ROOT
+from kit.serve_config import ServeConfig
+from kit.topology import read_topology
+
+PROMPT_TOKENS = 64
+STEPS = 40  # decode steps timed per round and count of streams
+WARM_STEPS = 3  # steps after the prompts, not timed (the first decode shapes of a round)
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    streams: int
+    threads: int
+    kernel_bytes: int  # read by the linear kernels in a step
+    step_ms: list[float]  # per round: the median decode step
+    kernels_ms: list[float]  # per round: the median time inside the linear kernels
+    plain_gbps: list[float]  # per round: a sum over as many bytes
+
+    @property
+    def rest_ms(self) -> list[float]:
+        return [s - k for s, k in zip(self.step_ms, self.kernels_ms, strict=True)]
+
+    @property
+    def kernels_gbps(self) -> list[float]:
+        return [self.kernel_bytes / ms / 1e6 for ms in self.kernels_ms]
+
+
+def measure(archive: Path, name: str, rounds: int, streams: list[int]) -> list[Split]:
+    """In this process: the archive's model loaded as a worker loads it, its decode steps timed."""
+    import torch
+    import yaml
+
+    from handlers.calibration import SENTENCES
+    from handlers.generation import linears
+    from handlers.generation.linears import OpaqueLinear
+    from handlers.generation.sequences import Discard, Generation
+    from handlers.generation.weights import kernel_bytes
+    from handlers.outside_context import worker_context
+    from handlers.text_generation import TextGenerationHandler
+
+    settings = yaml.safe_load((archive / "model-config.yaml").read_text())["handler"]
+    handler = TextGenerationHandler()
+    handler.initialize(worker_context(archive, name, settings))
+    engine = handler.engine
+    read = sum(kernel_bytes(m) for m in engine.model.modules() if isinstance(m, OpaqueLinear))
+    plain = torch.ones(read // 4)
+    inside = [0.0]
+
+    def timed(kernel: linears.Kernel) -> linears.Kernel:
+        def call(x: torch.Tensor) -> torch.Tensor:
+            started = time.perf_counter()
+            out = kernel(x)
+            inside[0] += time.perf_counter() - started
+            return out
+
+        call.out_features = kernel.out_features  # type: ignore[attr-defined]
+        return call  # type: ignore[return-value]
+
+    linears.KERNELS.update({key: timed(kernel) for key, kernel in linears.KERNELS.items()})
+    prompt = tuple(handler.tokenizer(" ".join(SENTENCES))["input_ids"][:PROMPT_TOKENS])
+    results = {count: ([], [], []) for count in streams}
+    for _ in range(rounds):
+        for count in streams:
+            for index in range(count):
+                generation = Generation((*prompt[:-1], prompt[-1 - index]), STEPS + WARM_STEPS + 1, ignore_eos=True)
+                engine.submit(generation, Discard())
+            while any(s.prefilling for s in engine.active.values()) or engine.waiting:
+                engine.step()
+            steps, kernels = [], []
+            for number in range(STEPS + WARM_STEPS):
+                inside[0] = 0.0
+                started = time.perf_counter()
+                engine.step()
+                if number >= WARM_STEPS:
+                    steps.append(1000 * (time.perf_counter() - started))
+                    kernels.append(1000 * inside[0])
+            while engine.busy:
+                engine.step()
+            started = time.perf_counter()
+            plain.sum()
+            step_ms, kernels_ms, plain_gbps = results[count]
+            plain_gbps.append(plain.numel() * 4 / (time.perf_counter() - started) / 1e9)
+            step_ms.append(statistics.median(steps))
+            kernels_ms.append(statistics.median(kernels))
+    threads = torch.get_num_threads()
+    return [Split(count, threads, read, *results[count]) for count in streams]
+
+
+def spread(values: list[float], digits: int = 1) -> str:
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def table(splits: list[Split], header: str) -> str:
+    lines = [
+        header,
+        "",
+        "| streams | threads | decode step, ms | in the linear kernels, ms | the rest, ms "
+        "| kernels' bytes a step | kernels read at, GB/s | a plain read, GB/s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for s in splits:
+        lines.append(
+            f"| {s.streams} | {s.threads} | {spread(s.step_ms)} | {spread(s.kernels_ms)} | {spread(s.rest_ms)} "
+            f"| {s.kernel_bytes / 1e9:.2f} GB | {spread(s.kernels_gbps)} | {spread(s.plain_gbps)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", required=True, help="a text-generation model file (make model NAME=... SRC=...)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--streams", default="1,16", help="counts of concurrent sequences, comma-separated")
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # the child process
+    args = parser.parse_args(argv)
+    name = args.models.split(",")[0]
+    if Model.load(name).task is not Task.TEXT_GENERATION:
+        print(f"[decode] ERROR: {name} is not a text-generation model; name one", file=sys.stderr)
+        return 2
+    streams = [int(count) for count in args.streams.split(",")]
+    config = ServeConfig.from_preset("optimized", models=[name])
+    archive = config.archives()[name]
+    if args.measure:
+        print(json.dumps([dataclasses.asdict(s) for s in measure(archive, name, args.rounds, streams)]))
+        return 0
+    threads = len(read_topology().cpus)  # one language-model worker computes on every usable CPU
+    command = [sys.executable, "-m", "bench.studies.decode_split", "--models", name, "--measure"]
+    command += ["--rounds", str(args.rounds), "--streams", args.streams]
+    print(f"[decode] {name}: loading {archive} as a worker does, then {args.rounds} rounds", file=sys.stderr)
+    started = time.monotonic()
+    environment = child_environment(config, threads, name)
+    done = subprocess.run(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        print(
+            f"[decode] ERROR: the measuring process failed (exit {done.returncode}); its log is above", file=sys.stderr
+        )
+        return 1
+    print(f"[decode] measured in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    splits = [Split(**s) for s in json.loads(done.stdout.strip().splitlines()[-1])]
+    out = RESULTS / f"decode-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True)
+    study_report(
+        out,
+        f"Where a decode step goes: {name}",
+        f"{args.rounds} rounds of {STEPS} decode steps, a {PROMPT_TOKENS}-token prompt, {archive.parent.name}",
+        lambda header: table(splits, header),
+        {"splits": splits},
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
