@@ -96,7 +96,10 @@ def measure(archive: Path, name: str, rounds: int, streams: list[int]) -> list[S
     for _ in range(rounds):
         for count in streams:
             for index in range(count):
-                generation = Generation((*prompt[:-1], prompt[-1 - index]), STEPS + WARM_STEPS + 1, ignore_eos=True)
+                # Long enough that none ends in the timed steps: those whose prompts were done
+                # first (the prompts take up to `count` steps) decode in the others' steps.
+                tokens = STEPS + WARM_STEPS + count + 1
+                generation = Generation((*prompt[:-1], prompt[-1 - index]), tokens, ignore_eos=True)
                 engine.submit(generation, Discard())
             while any(s.prefilling for s in engine.active.values()) or engine.waiting:
                 engine.step()
@@ -121,7 +124,7 @@ def measure(archive: Path, name: str, rounds: int, streams: list[int]) -> list[S
 
 
 def spread(values: list[float], digits: int = 1) -> str:
-    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
 
 
 def table(splits: list[Split], header: str) -> str:

@@ -20,5 +20,5 @@ def test_the_kernels_rate_is_their_bytes_over_their_time():
 def test_the_table_gives_each_columns_median_and_the_rounds_spread():
     text = table([split()], "# header")
     assert text.startswith("# header\n")
-    assert "| 1 | 2 | 100.0 (90.0-110.0) | 80.0 (80.0-100.0) | 10.0 (10.0-20.0) | 2.00 GB | 25.0 (20.0-25.0) " in text
-    assert "| 22.0 (20.0-24.0) |" in text
+    assert "| 1 | 2 | 100.0 (90.0–110.0) | 80.0 (80.0–100.0) | 10.0 (10.0–20.0) | 2.00 GB | 25.0 (20.0–25.0) " in text
+    assert "| 22.0 (20.0–24.0) |" in text
