@@ -64,19 +64,18 @@ def measure(archive: Path, name: str, rounds: int, streams: list[int]) -> list[S
     import torch
     import yaml
 
+    from handlers.archive_files import MODEL_CONFIG
     from handlers.calibration import SENTENCES
     from handlers.generation import linears
-    from handlers.generation.linears import OpaqueLinear
     from handlers.generation.sequences import Discard, Generation
-    from handlers.generation.weights import kernel_bytes
     from handlers.outside_context import worker_context
     from handlers.text_generation import TextGenerationHandler
 
-    settings = yaml.safe_load((archive / "model-config.yaml").read_text())["handler"]
+    settings = yaml.safe_load((archive / MODEL_CONFIG).read_text())["handler"]
     handler = TextGenerationHandler()
     handler.initialize(worker_context(archive, name, settings))
     engine = handler.engine
-    read = sum(kernel_bytes(m) for m in engine.model.modules() if isinstance(m, OpaqueLinear))
+    read = handler.weight_bytes["linear kernels"]  # what the READY line states (handlers/generation/weights.py)
     plain = torch.ones(read // 4)
     inside = [0.0]
 
