@@ -113,7 +113,7 @@ class TextGenerationHandler(StreamingHandler):
         eos, sampling = model_defaults(model_dir, config)
         self.engine = getattr(self, BACKENDS[settings.backend].generation_engine)(model_dir, eos)
         vocabulary = getattr(config, "vocab_size", None) or len(self.tokenizer)
-        self.grammars = Grammars(self.tokenizer, vocabulary, eos)
+        self.grammars = Grammars(self.tokenizer, vocabulary, eos, self.engine.dialect)
         self.limits = api.Limits(
             settings.context_length,
             settings.max_new_tokens,

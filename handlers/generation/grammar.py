@@ -13,11 +13,15 @@ tokens on spaces and finishes a small schema well inside max_tokens. Once the va
 the grammar allows only an end-of-sequence token: the answer ends there (finish_reason stop).
 A schema is compiled once and kept (by its text); one llguidance cannot serve is a 400 naming
 the construct, as llguidance reports it.
+
+An engine whose steps follow a grammar themselves (OpenVINO GenAI's pipeline) takes the schema's
+compact JSON as EBNF instead (schema_ebnf.py): its `dialect`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import json
 import math
@@ -27,6 +31,7 @@ from typing import Any
 
 import torch
 
+from handlers.generation.schema_ebnf import Unservable, compact_ebnf
 from handlers.payload import InvalidInput
 
 BIT_SHIFTS = torch.arange(32, dtype=torch.int32)  # a mask word's bits, lowest first (llguidance's order)
@@ -35,14 +40,25 @@ FORMATS = ("text", "json_object", "json_schema")
 ANY_OBJECT = {"type": "object"}  # json_object: a JSON object, whatever its keys
 
 
+class Dialect(enum.Enum):
+    """Who follows the grammar, and so what it is written in."""
+
+    LLGUIDANCE = "llguidance"  # the kit's engine masks each step's logits (Matcher)
+    EBNF = "ebnf"  # the engine's own sampler follows it (openvino_engine.py)
+
+
 @dataclasses.dataclass(frozen=True)
 class Constraint:
     """A compiled grammar and the tokenizer it masks: a matcher per sequence."""
 
-    grammar: str  # llguidance's grammar (JSON text)
-    tokenizer: Any = dataclasses.field(compare=False)  # llguidance.LLTokenizer
+    grammar: str  # llguidance's grammar (JSON text), or EBNF text (dialect)
+    tokenizer: Any = dataclasses.field(compare=False)  # llguidance.LLTokenizer (None for EBNF)
+    dialect: Dialect = Dialect.LLGUIDANCE
 
-    def matcher(self) -> Matcher:
+    def matcher(self) -> Matcher | None:
+        """Where a sequence is in the grammar, for the kit's masks; None where the engine follows it."""
+        if self.dialect is not Dialect.LLGUIDANCE:
+            return None
         import llguidance
 
         return Matcher(llguidance.LLMatcher(self.tokenizer, self.grammar), self.tokenizer.vocab_size)
@@ -76,8 +92,8 @@ class Grammars:
     """A worker's grammars: its tokenizer made llguidance's once (at the first schema: 0.5 s for a
     vocabulary of 150,000), each schema compiled once."""
 
-    def __init__(self, tokenizer, vocabulary: int, eos: Iterable[int]):
-        self.hf_tokenizer, self.vocabulary, self.eos = tokenizer, vocabulary, sorted(eos)
+    def __init__(self, tokenizer, vocabulary: int, eos: Iterable[int], dialect: Dialect = Dialect.LLGUIDANCE):
+        self.hf_tokenizer, self.vocabulary, self.eos, self.dialect = tokenizer, vocabulary, sorted(eos), dialect
         self.lock = threading.Lock()
         self._tokenizer = None
 
@@ -113,7 +129,16 @@ class Grammars:
 
     def constraint(self, schema: str, asker: str = "response_format json_schema") -> Constraint:
         """`schema` (JSON text) compiled; `asker`: the field that asked for it, named if it cannot be served."""
+        if self.dialect is Dialect.EBNF:
+            return Constraint(self.ebnf(schema, asker), None, Dialect.EBNF)
         return Constraint(self.compiled(schema, asker), self.tokenizer)
+
+    @functools.lru_cache(maxsize=CACHED_SCHEMAS)  # noqa: B019 - one Grammars per worker, for its life
+    def ebnf(self, schema: str, asker: str) -> str:
+        try:
+            return compact_ebnf(json.loads(schema))
+        except Unservable as error:
+            raise InvalidInput(f"{asker} cannot be served: {error}") from None
 
     @functools.lru_cache(maxsize=CACHED_SCHEMAS)  # noqa: B019 - one Grammars per worker, for its life
     def compiled(self, schema: str, asker: str) -> str:

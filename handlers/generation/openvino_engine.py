@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from handlers.backends import DType
+from handlers.generation.grammar import Dialect
 from handlers.generation.sampling import Sampling
 from handlers.generation.scheduler import Running, Scheduler
 from handlers.generation.sequences import Finish
@@ -75,7 +76,8 @@ class Pipeline:
         properties = {**precision_properties(dtype), "INFERENCE_NUM_THREADS": threads}  # the launcher's, as torch's
         return cls(openvino_genai.ContinuousBatchingPipeline(str(ir_dir), scheduler, "CPU", properties))
 
-    def add(self, request_id: int, prompt: Sequence[int], max_new_tokens: int, sampling: Sampling):
+    def add(self, request_id: int, prompt: Sequence[int], max_new_tokens: int, sampling: Sampling, grammar: str = ""):
+        """A sequence into the pipeline; `grammar` (EBNF, grammar.py) constrains its answer."""
         import numpy as np
         import openvino as ov
         import openvino_genai
@@ -92,6 +94,10 @@ class Pipeline:
             if sampling.top_k:
                 config.top_k = sampling.top_k
             config.rng_seed = sampling.seed if sampling.seed is not None else random.getrandbits(SEED_BITS)
+        if grammar:
+            structured = openvino_genai.StructuredOutputConfig()
+            structured.grammar = grammar
+            config.structured_output_config = structured
         ids = ov.Tensor(np.array([list(prompt)], dtype=np.int64))
         return self.pipeline.add_request(request_id, ids, config)
 
@@ -138,21 +144,12 @@ class OpenVinoEngine(Scheduler):
 
     prefill_chunk = 0  # the pipeline chunks prompts itself
     prefix_caching = False  # (Pipeline.load)
-    # The pipeline has no logit bias and no alternatives' log-probabilities, its penalties are not
-    # checked to equal the kit's (sampling.py), and its structured output is not wired (so neither
-    # is a forced tool_choice): refused by name rather than answered otherwise.
+    # The pipeline has no logit bias and no alternatives' log-probabilities, and its penalties are
+    # not checked to equal the kit's (sampling.py): refused by name rather than answered otherwise.
     unserved = frozenset(
-        {
-            "logit_bias",
-            "repetition_penalty",
-            "presence_penalty",
-            "frequency_penalty",
-            "logprobs",
-            "top_logprobs",
-            "response_format",
-            "tool_choice",
-        }
+        {"logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs"}
     )
+    dialect = Dialect.EBNF  # response_format and a forced tool_choice: the pipeline's structured output
     mixes = False  # (the warm-up's mixed steps are the kit's engine's)
 
     def __init__(
@@ -185,7 +182,11 @@ class OpenVinoEngine(Scheduler):
             # (it is never fed): room for one more than the positions left.
             room = self.context - len(generation.prompt) + 1
             self.handles[sequence.slot] = self.pipeline.add(
-                self.requests, generation.prompt, min(generation.max_new_tokens, room), generation.sampling
+                self.requests,
+                generation.prompt,
+                min(generation.max_new_tokens, room),
+                generation.sampling,
+                generation.constraint.grammar if generation.constraint else "",
             )
             self.requests += 1
         if not self.active:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from handlers.generation.grammar import Matcher
+from handlers.generation.grammar import Dialect, Matcher
 from handlers.generation.logprobs import TokenLogprob
 from handlers.generation.metrics import EngineMetrics, Gauges
 from handlers.generation.sequences import Finish, Generation, QueueFull, Sink, Usage
@@ -91,6 +91,7 @@ class Scheduler:
 
     unserved: frozenset[str] = frozenset()  # request fields its steps cannot follow (fields.check)
     lookup = 0  # draft tokens a step checks (prompt lookup: engine.py); 0 where its steps cannot
+    dialect = Dialect.LLGUIDANCE  # how a request's grammar reaches its steps (grammar.py)
 
     def __init__(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import openvino_genai
 import pytest
 
+from handlers.generation.grammar import Dialect, Grammars
 from handlers.generation.openvino_engine import SEED_BITS, OpenVinoEngine, Pipeline
 from handlers.generation.sampling import Sampling
 from handlers.generation.sequences import Finish, Generation, QueueFull, Usage
@@ -67,11 +68,11 @@ class Scripted:
     def __init__(self, *scripts: list[list[int]], drop_after: int | None = None):
         self.scripts, self.drop_after = list(scripts), drop_after
         self.handles: list[Handle] = []
-        self.asked: list[tuple[int, tuple[int, ...], int, Sampling]] = []
+        self.asked: list[tuple[int, tuple[int, ...], int, Sampling, str]] = []
         self.steps = 0
 
-    def add(self, request_id: int, prompt, max_new_tokens: int, sampling: Sampling) -> Handle:
-        self.asked.append((request_id, tuple(prompt), max_new_tokens, sampling))
+    def add(self, request_id: int, prompt, max_new_tokens: int, sampling: Sampling, grammar: str = "") -> Handle:
+        self.asked.append((request_id, tuple(prompt), max_new_tokens, sampling, grammar))
         handle = Handle(self.scripts.pop(0) if self.scripts else [], max_new_tokens, self.drop_after)
         self.handles.append(handle)
         return handle
@@ -232,3 +233,24 @@ def test_with_itt_each_pipeline_step_is_one_range_named_by_the_sequences_it_adva
     finish(e)
     assert recorder.events == ["push lm:bs2", "pop", "push lm:bs1", "pop"]
     assert pipeline.steps == 2
+
+
+def test_a_requests_grammar_is_the_pipelines_structured_output_and_none_is_none():
+    recording = Recording()
+    grammar = 'root ::= "true" | "false"'
+    Pipeline(recording).add(1, [4], 8, Sampling(), grammar)
+    Pipeline(recording).add(2, [4], 8, Sampling())
+    (_, constrained), (_, free) = recording.configs
+    assert constrained.structured_output_config.grammar == grammar
+    assert free.structured_output_config is None
+
+
+def test_a_constrained_request_reaches_the_pipeline_with_its_grammar_and_no_matcher():
+    grammars = Grammars(None, 16, {EOS}, Dialect.EBNF)  # EBNF needs no tokenizer of the kit's
+    constraint = grammars.parse({"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "boolean"}}})
+    pipeline = Scripted([[EOS]])
+    e = OpenVinoEngine(pipeline, decode, {EOS}, slots=1, context=32)
+    running = e.submit(Generation((1, 2), 8, constraint=constraint), Recorder())
+    assert running.matcher is None  # the pipeline follows the grammar, not the kit's masks
+    finish(e)
+    assert pipeline.asked[0][4].startswith("root ::= json_boolean\n")
