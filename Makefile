@@ -153,7 +153,7 @@ test-unit: install
 test-ipex: install-ipex test-tools
 	@$(PY) -m model_store.build --models resnet50,minilm --variants eager,ipex
 	@$(IPEX_PY) -m pytest tests/ipex -p no:cacheprovider $(PYTEST_ARGS)
-	@$(PY) -m pytest tests/e2e -m ipex -n $(E2E_JOBS) --dist loadfile $(PYTEST_ARGS)
+	@$(PY) -m pytest tests/e2e -m ipex -n $(E2E_JOBS) $(PYTEST_ARGS)
 	@$(if $(LEAN),echo "[test] LEAN: removing .venv-ipex and the ipex archives and compile cache"; \
 		rm -rf .venv-ipex model_store/ipex "$(DEFAULT_INDUCTOR_CACHE)")
 
@@ -173,7 +173,7 @@ test-container: test-image test-tools
 E2E_JOBS ?= 2
 test-e2e: test-archives test-tools
 	@$(PY) -m pytest tests/e2e tests/integration -m "not ipex and not container and not serial" \
-		-n $(E2E_JOBS) --dist loadfile $(PYTEST_ARGS)
+		-n $(E2E_JOBS) $(PYTEST_ARGS)
 	@$(PY) -m pytest tests/e2e -m "serial and not ipex and not container" $(PYTEST_ARGS)
 
 # nginx for the auth proxy's tests on the host (scripts/test_tools.sh).

@@ -194,8 +194,9 @@ def test_the_kits_metrics_count_every_request_by_stage_and_outcome_beside_torchs
 def test_the_frontend_jvm_runs_the_presets_collector(optimized_server):
     java = [p for p in optimized_server.process_tree() if p.name() == "java"]
     assert len(java) == 1, [p.name() for p in optimized_server.process_tree()]
-    assert optimized_server.config.frontend_jvm_args == "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
-    assert {"-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"} <= set(java[0].cmdline())  # TorchServe passed them on
+    options = optimized_server.config.frontend_jvm_args.split()
+    assert {"-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xmn24m", "-Dio.netty.allocator.maxOrder=9"} <= set(options)
+    assert set(options) <= set(java[0].cmdline())  # TorchServe passed them on
 
 
 def test_workers_are_the_kits_and_time_every_stage(optimized_server):
