@@ -62,7 +62,7 @@ def test_a_literal_is_the_compact_json_text_escaped_for_ebnf():
     [
         ({"type": "string", "pattern": "^a"}, "pattern"),
         ({"type": "integer", "minimum": 1}, "minimum"),
-        ({"$ref": "#/$defs/x"}, r"\$ref"),
+        ({"$ref": "#/$defs/x", "type": "object"}, "type is not served"),
         ({"type": "object", "properties": {"n": {"type": "number", "maximum": 3}}}, r"the schema\.n: maximum"),
         ({"type": "array", "maxItems": 100}, "at most 16"),
         ({"enum": []}, "empty"),
@@ -73,3 +73,37 @@ def test_a_literal_is_the_compact_json_text_escaped_for_ebnf():
 def test_what_the_grammar_cannot_follow_is_refused_by_name(schema, named):
     with pytest.raises(Unservable, match=named):
         compact_ebnf(schema)
+
+
+def test_a_literal_with_two_spaces_keeps_them_inside_an_array():
+    assert root({"type": "array", "items": {"const": "a  b"}, "minItems": 1}) == (
+        'root ::= "[" "\\"a  b\\"" ("," "\\"a  b\\"")* "]"'
+    )
+
+
+def test_refs_to_the_roots_defs_are_rules_a_definition_may_refer_to_itself():
+    # pydantic's shape for nested models, as the `openai` client's `parse` sends it.
+    schema = {
+        "$defs": {
+            "Node": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "next": {"anyOf": [{"$ref": "#/$defs/Node"}, {"type": "null"}]},
+                },
+                "required": ["name", "next"],
+                "additionalProperties": False,
+            }
+        },
+        "type": "object",
+        "properties": {"head": {"$ref": "#/$defs/Node"}},
+        "required": ["head"],
+        "additionalProperties": False,
+    }
+    lines = compact_ebnf(schema).splitlines()
+    assert lines[:2] == [
+        'root ::= "{" "\\"head\\"" ":" def0_Node "}"',
+        'def0_Node ::= "{" "\\"name\\"" ":" json_string "," "\\"next\\"" ":" (def0_Node | json_null) "}"',
+    ]
+    with pytest.raises(Unservable, match=r"\$ref '#/\$defs/Leaf' is not one of the root's \$defs: \['#/\$defs/Node'\]"):
+        compact_ebnf({**schema, "properties": {"head": {"$ref": "#/$defs/Leaf"}}})
