@@ -1,7 +1,7 @@
 """A JSON schema as a grammar of compact JSON in EBNF (xgrammar's dialect), for OpenVINO GenAI.
 
     compact_ebnf({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]})
-    # 'root ::= "{" "\\"ok\\"" ":" ("true" | "false") "}"'
+    # root ::= "{" "\\"ok\\"" ":" json_boolean "}"    and the rules of any JSON value (json_boolean ::= ...)
 
 OpenVINO GenAI's pipeline constrains an answer by a JSON schema (`StructuredOutputConfig.json_schema`)
 with whitespace free between every token: a random model asked for a 3-field schema of enums and
