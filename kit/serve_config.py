@@ -135,8 +135,9 @@ class ServeConfig:
     # A young generation of 24 MiB, and Netty's buffers in chunks of 4 MiB (Netty's own default
     # since 4.1.76; TorchServe 0.12 ships 4.1.53, whose 16 MiB chunks, one per arena and two arenas
     # a core, were 64 MB of the frontend's memory on 2 cores; the gRPC server's shaded Netty alike):
-    # the JVM's PSS after 20 s of 4 clients embedding with MiniLM, 133 MB against 277 MB, as many
-    # requests a second (one run each, 2-core Xeon).
+    # the JVM's PSS after 20 s of 4 clients embedding with MiniLM, 133 MB against 277 MB (2-core
+    # Xeon). Requests a second in those single runs: 133 and 152 against 156, 146 and 151, no
+    # change beyond the noise between runs; not an interleaved measurement.
     frontend_jvm_args: str = (
         "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xmn24m -Dio.netty.allocator.maxOrder=9 "
         "-Dio.grpc.netty.shaded.io.netty.allocator.maxOrder=9"
