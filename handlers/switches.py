@@ -28,8 +28,10 @@ NO_STAGE_METRICS_VAR = "KIT_NO_STAGE_METRICS"
 LOG_DIR_VAR = "LOG_LOCATION"  # TorchServe's log directory, set by kit/server.py
 STAGES_DIR = "stages"  # in it: each worker's stage histograms
 # Set by kit/pin_worker.py from the plan: the sequences a language model's worker generates at
-# once, fewer than its archive's max_sequences when the memory budget holds no more KV cache.
+# once (its archive's max_sequences, or the preset's model_sequences).
 PLANNED_SEQUENCES_VAR = "KIT_MAX_SEQUENCES"
+# And the contexts of KV cache its sequences share: as many, fewer when memory holds no more.
+PLANNED_KV_CONTEXTS_VAR = "KIT_KV_CONTEXTS"
 # Set by kit/properties.py from the preset's model_settings: per model, handler settings served
 # over its archive's ({"lm": {"prompt_lookup": 4}}, JSON), the ones a worker reads as it starts.
 MODEL_SETTINGS_VAR = "KIT_MODEL_SETTINGS"
@@ -93,11 +95,20 @@ class WorkerDirs:
 
 def planned_sequences(environ: Mapping[str, str] = os.environ) -> int | None:
     """The plan's number of sequences for this worker; None when it set none."""
-    raw = environ.get(PLANNED_SEQUENCES_VAR)
+    return _planned(environ, PLANNED_SEQUENCES_VAR, "sequences")
+
+
+def planned_kv_contexts(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The plan's KV cache for this worker, in whole contexts; None when it set none."""
+    return _planned(environ, PLANNED_KV_CONTEXTS_VAR, "contexts")
+
+
+def _planned(environ: Mapping[str, str], name: str, what: str) -> int | None:
+    raw = environ.get(name)
     if raw is None:
         return None
     if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{PLANNED_SEQUENCES_VAR} must be a number of sequences >= 1, got {raw!r}")
+        raise ValueError(f"{name} must be a number of {what} >= 1, got {raw!r}")
     return int(raw)
 
 

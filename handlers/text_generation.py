@@ -12,8 +12,9 @@ followed the step before (`after_step`). `initialize` makes the engine its backe
 (a reduced one judged against float32 first: the accuracy guard, handlers/generation/agreement.py)
 on the kit's engine; for
 openvino, the IR `make archive` exported and judged, on OpenVINO GenAI's pipeline. Either
-sizes its KV cache for `max_sequences` x `context_length` positions, and generates once
-through every path before the first request.
+sizes its KV cache for the plan's contexts (`max_sequences` of them unless memory holds fewer) of
+`context_length` positions, shared by its sequences, and generates once through every path
+before the first request.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from handlers.replies import Transport
 from handlers.settings import Weights
 from handlers.stages import OK
 from handlers.streaming import StreamingHandler
-from handlers.switches import WorkerDirs, planned_sequences, served_settings
+from handlers.switches import WorkerDirs, planned_kv_contexts, planned_sequences, served_settings
 
 log = logging.getLogger(__name__)
 SERVICE_UNAVAILABLE = 503
@@ -105,9 +106,12 @@ class TextGenerationHandler(StreamingHandler):
         section = (context.model_yaml_config or {}).get("handler")
         settings = GenerationSettings.served_over(section, served_settings(self.model_name))
         if (planned := planned_sequences()) is not None:
-            # The plan's: the settings' max_sequences or the preset's model_sequences, within memory.
+            # The plan's: the settings' max_sequences or the preset's model_sequences.
             settings = dataclasses.replace(settings, max_sequences=planned)
         self.settings = settings
+        # The KV cache the sequences share, in contexts: the plan's (fewer when memory holds no
+        # more), else one a sequence.
+        self.kv_contexts = planned_kv_contexts() or settings.max_sequences
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
         eos, sampling = model_defaults(model_dir, config)
@@ -134,7 +138,7 @@ class TextGenerationHandler(StreamingHandler):
             metrics_writer(path, self.model_name, self.engine.metrics, self.engine.gauges).start()
         graphs, hits = graphs_compiled() - graphs, fx_graph_cache_counts()[0] - hits
         log.info(
-            "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%.0fMB (resident as used) "
+            "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%d contexts (%.0fMB, resident as used) "
             "prefill_chunk=%d%s prefix_caching=%s prompt_lookup=%d weights=%s%s eos=%s load=%.1fs warmup=%.1fs "
             "graphs=%d (%d from the compile cache)",
             self.model_name,
@@ -142,6 +146,7 @@ class TextGenerationHandler(StreamingHandler):
             settings.dtype.value,
             settings.max_sequences,
             settings.context_length,
+            self.kv_contexts,
             self.engine.cache_bytes / 1e6,
             self.engine.prefill_chunk,
             "" if self.step_times is None else f" ({self.step_times})",
@@ -198,6 +203,7 @@ class TextGenerationHandler(StreamingHandler):
             settings.prefill_chunk or 0,  # null: measured after the warm-up (warm_up)
             prefix_caching=settings.prefix_caching,
             lookup=settings.prompt_lookup,
+            kv_positions=self.kv_contexts * settings.context_length,
         )
 
     def openvino_engine(self, model_dir: Path, eos: set[int]) -> OpenVinoEngine:
@@ -210,6 +216,7 @@ class TextGenerationHandler(StreamingHandler):
             settings.context_length,
             prompt_chunk(openvino_engine.PIPELINE_CHUNK if settings.prefill_chunk is None else settings.prefill_chunk),
             torch.get_num_threads(),  # the launcher's
+            self.kv_contexts,
         )
         return OpenVinoEngine(
             pipeline,

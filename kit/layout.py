@@ -60,8 +60,8 @@ class Objective(enum.StrEnum):
 class Sequences:
     """A language model's KV cache: what each sequence a worker generates at once holds."""
 
-    per_sequence: int  # bytes: layers x 2 (keys, values) x kv heads x head size x context x dtype
-    most: int  # its settings' max_sequences (or the preset's model_sequences): the plan may serve fewer
+    per_sequence: int  # a context's bytes: layers x 2 (keys, values) x kv heads x head size x context x dtype
+    most: int  # its settings' max_sequences (or the preset's model_sequences), and as many contexts of KV at most
 
 
 class Grouping(enum.StrEnum):
@@ -116,6 +116,10 @@ class ModelPlan:
     allocator: str = PREFERRED_ALLOCATOR.value
     sequences: int = 0  # a language model's: sequences each worker generates at once (0: not one)
     omp_wait_policy: str = ""  # an OmpWaitPolicy its workers get over the preset's; "": the preset's
+    # A language model's KV cache, in whole contexts (its positions: these x context_length),
+    # which its sequences share (handlers/generation/kv_budget.py): `sequences` unless the memory
+    # holds fewer. 0: not a language model.
+    kv_contexts: int = 0
 
     def to_dict(self) -> dict:
         return {
@@ -123,6 +127,7 @@ class ModelPlan:
             "allocator": self.allocator,
             "sequences": self.sequences,
             "omp_wait_policy": self.omp_wait_policy,
+            "kv_contexts": self.kv_contexts,
         }
 
 
@@ -199,6 +204,7 @@ class Layout:
                 model["allocator"],
                 model.get("sequences", 0),
                 model.get("omp_wait_policy", ""),
+                model.get("kv_contexts", model.get("sequences", 0)),
             )
             for name, model in raw["models"].items()
         }
@@ -238,7 +244,12 @@ class Layout:
                 f"{name}: {len(model.workers)} worker(s) x {'/'.join(map(str, threads))} thread(s) on CPUs "
                 f"{format_cpus(c for w in model.workers for c in w.cpus)} (node {', '.join(nodes)}); "
                 f"{model.allocator}"
-                + (f"; {model.sequences} sequence(s) at once per worker" if model.sequences else "")
+                + (
+                    f"; {model.sequences} sequence(s) at once per worker, sharing a KV cache of "
+                    f"{model.kv_contexts} context(s)"
+                    if model.sequences
+                    else ""
+                )
             )
         lines.append(self.memory.summary() if self.memory else f"memory: not planned ({self.unplanned})")
         return lines

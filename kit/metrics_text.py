@@ -50,8 +50,9 @@ COUNTERS: tuple[tuple[str, Callable[[EngineMetrics], int], str], ...] = (
     ),
     (
         "num_preemptions_total",
-        lambda m: 0,
-        "Sequences preempted: none, a sequence keeps its place (vllm:num_preemptions_total).",
+        lambda m: m.preemptions,
+        "Sequences put back in the queue to make room in the KV cache, computed again later "
+        "(vllm:num_preemptions_total).",
     ),
     (
         "spec_decode_num_draft_tokens_total",

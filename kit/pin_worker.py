@@ -35,6 +35,7 @@ ALLOCATOR_DIR_VAR = "KIT_ALLOCATOR_DIR"  # where lib<allocator>.so are: the envi
 # A language model's planned sequences (the plan's "sequences"), read by the handler. Spelled here
 # too, not imported: this script is standard library only (handlers.switches.PLANNED_SEQUENCES_VAR).
 SEQUENCES_VAR = "KIT_MAX_SEQUENCES"
+KV_CONTEXTS_VAR = "KIT_KV_CONTEXTS"  # and its KV cache's contexts (handlers.switches.PLANNED_KV_CONTEXTS_VAR)
 # Allocator.DEFAULT's value (kit/plan.py), glibc malloc: nothing preloaded. Spelled out because
 # this script imports nothing of the kit; tests/unit/kit/test_pin_worker.py keeps the two equal.
 GLIBC_MALLOC = "default"
@@ -104,6 +105,7 @@ def main(args: list[str]) -> None:
     env = dict(os.environ, OMP_NUM_THREADS=str(worker["threads"]), KIT_WORKER_SLOT=str(index))
     if plan.get("sequences"):
         env[SEQUENCES_VAR] = str(plan["sequences"])
+        env[KV_CONTEXTS_VAR] = str(plan.get("kv_contexts") or plan["sequences"])
     if policy := plan.get("omp_wait_policy"):  # the model's own, over the server's (kit/plan.py)
         env.pop("OMP_WAIT_POLICY", None)
         if policy != LIBGOMP_DEFAULT:

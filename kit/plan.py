@@ -28,8 +28,8 @@ A pure function of the topology, the models (with their traffic shares) and the 
   model's measured footprint (kit/footprint.py) and a budget (the cgroup's limit, else the
   machine's memory; `memory:` of a preset, `--memory`), the workers, the frontend (its JVM heap is
   set from the budget) and a headroom must fit. When they would not, a worker gets more cores
-  (2, 4, ... up to an L3 domain: fewer workers, the cores stay busy); then a language model
-  generates fewer sequences at once (its KV cache is a row per sequence); then workers are dropped,
+  (2, 4, ... up to an L3 domain: fewer workers, the cores stay busy); then a language model's KV
+  cache holds fewer contexts (its sequences share them); then workers are dropped,
   the costliest model's first; when even one worker per model does not fit, the plan is refused
   naming each model's footprint and the budget. Without a footprint the memory is not planned,
   and the plan says so.
@@ -148,7 +148,7 @@ def plan_layout(
     }
     budget = topology.memory.budget
     wider = widen(layout, topology, demands, objective, [] if threads else thread_counts(topology), footprints)
-    sized = fewer_sequences(wider, demands, footprints, budget)
+    sized = smaller_kv_caches(wider, demands, footprints, budget)
     fitted, dropped = drop_workers(sized, footprints, budget, kv_caches(demands))
     plan = memory_plan(fitted, footprints, budget)
     if fitted != layout:
@@ -157,10 +157,13 @@ def plan_layout(
     return dataclasses.replace(fitted, memory=plan)
 
 
-def fewer_sequences(layout: Layout, demands: Sequence[Demand], footprints: dict[str, Footprint], budget: int) -> Layout:
-    """`layout` with its language models generating fewer sequences at once, in the demands' order,
-    until it fits (at least one each); `footprints` updated to match. A sequence fewer costs a
-    worker a KV cache row, not the cores and weights a dropped worker would."""
+def smaller_kv_caches(
+    layout: Layout, demands: Sequence[Demand], footprints: dict[str, Footprint], budget: int
+) -> Layout:
+    """`layout` with its language models' KV caches holding fewer contexts, in the demands' order,
+    until it fits (at least one each); `footprints` updated to match. A context fewer costs a
+    worker a context's KV cache, not the cores and weights a dropped worker would; its sequences
+    still generate at once, sharing the positions that are left (handlers/generation/kv_budget.py)."""
     for demand in demands:
         plan = memory_plan(layout, footprints, budget)
         if plan.fits:
@@ -169,10 +172,10 @@ def fewer_sequences(layout: Layout, demands: Sequence[Demand], footprints: dict[
             continue
         model = layout.models[demand.model]
         per_worker = len(model.workers) * demand.sequences.per_sequence
-        sequences = max(1, model.sequences - math.ceil((plan.total - budget) / per_worker))
-        footprints[demand.model] = footprints[demand.model].with_sequences(sequences, demand.sequences.per_sequence)
+        contexts = max(1, model.kv_contexts - math.ceil((plan.total - budget) / per_worker))
+        footprints[demand.model] = footprints[demand.model].with_sequences(contexts, demand.sequences.per_sequence)
         layout = dataclasses.replace(
-            layout, models={**layout.models, demand.model: dataclasses.replace(model, sequences=sequences)}
+            layout, models={**layout.models, demand.model: dataclasses.replace(model, kv_contexts=contexts)}
         )
     return layout
 
@@ -180,9 +183,7 @@ def fewer_sequences(layout: Layout, demands: Sequence[Demand], footprints: dict[
 def kv_caches(demands: Sequence[Demand]) -> dict[str, str]:
     """What a refusal says of each language model's KV cache."""
     return {
-        d.model: f" (at 1 sequence; its KV cache holds {gib(d.sequences.per_sequence)} per sequence)"
-        for d in demands
-        if d.sequences
+        d.model: f" (with a KV cache of 1 context: {gib(d.sequences.per_sequence)})" for d in demands if d.sequences
     }
 
 
@@ -247,10 +248,10 @@ def drop_workers(
 
 
 def shape(layout: Layout) -> str:
-    """ "bert 2x1, lm 1x2 (8 sequences)": workers x threads per model, a language model's sequences."""
+    """ "bert 2x1, lm 1x2 (KV 8 contexts)": workers x threads per model, a language model's KV cache."""
     return ", ".join(
         f"{name} {len(model.workers)}x{max(w.threads for w in model.workers)}"
-        + (f" ({model.sequences} sequences)" if model.sequences else "")
+        + (f" (KV {model.kv_contexts} contexts)" if model.sequences else "")
         for name, model in layout.models.items()
     )
 
@@ -288,6 +289,7 @@ def place(topology: Topology, demands: Sequence[Demand], objective: Objective, t
             demand.allocator,
             demand.sequences.most if demand.sequences else 0,
             demand.omp_wait_policy.value if demand.omp_wait_policy else "",
+            demand.sequences.most if demand.sequences else 0,
         )
         offset += count
     return Layout(objective, models, frontend_cpus, len(serving), capacity)

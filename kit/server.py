@@ -307,9 +307,9 @@ class Server:
             time.sleep(0.2)
 
     def sequences_of(self, model: str, archive: Path) -> int:
-        """The KV cache rows each of the model's workers holds: the plan's, else its archive's."""
+        """The KV cache's contexts each of the model's workers holds: the plan's, else its archive's."""
         if self.layout and model in self.layout.models:
-            return self.layout.models[model].sequences
+            return self.layout.models[model].kv_contexts
         sequences = served_sequences(model, archive)
         return sequences.most if sequences else 0
 

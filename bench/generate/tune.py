@@ -78,7 +78,7 @@ class Tuning:
 @dataclasses.dataclass(frozen=True)
 class Candidate:
     variant: str
-    sequences: int  # asked of the plan: it may serve fewer under a memory budget
+    sequences: int  # at once (a memory budget gives them a smaller KV cache, not fewer of them)
     lookup: int = 0  # prompt lookup's drafted tokens (the preset's model_settings); 0: off
 
     @property
@@ -209,21 +209,15 @@ def measure_once(model: Model, entry: Measured, tuning: Tuning, run_dir: Path) -
         server.stop()
 
 
-def skip_reason(model: Model, entry: Measured, measured: list[Measured]) -> str:
-    """Why `entry` is not measured on this machine: the memory plan refuses it, or gives it fewer
-    sequences than asked, as many as a candidate measured already has; "" when it is measured."""
+def skip_reason(model: Model, entry: Measured) -> str:
+    """Why `entry` is not measured on this machine: the memory plan refuses it; "" when it is
+    measured. (A tight budget gives a smaller KV cache, not fewer sequences: every candidate's
+    sequences are served, sharing what there is.)"""
     try:
-        planned = config_of(model, entry.candidate).layout(read_topology()).models[model.name].sequences
+        config_of(model, entry.candidate).layout(read_topology())
     except PlanError as error:
         return f"the memory plan refuses it: {error}"
-    same = [
-        m
-        for m in measured
-        if m is not entry
-        and (m.candidate.variant, m.candidate.lookup) == (entry.candidate.variant, entry.candidate.lookup)
-        and m.served == planned
-    ]
-    return f"the memory plan serves {planned} sequences, as {same[0].candidate.name}" if same else ""
+    return ""
 
 
 def measure_candidates(
@@ -245,7 +239,7 @@ def measure_rounds(model: Model, measured: list[Measured], tuning: Tuning, run_d
         shift = round_ % len(measured)
         for entry in measured[shift:] + measured[:shift]:
             if not entry.failure:
-                entry.failure = skip_reason(model, entry, measured)
+                entry.failure = skip_reason(model, entry)
             if entry.failure:
                 continue
             log(f"round {round_ + 1}/{tuning.rounds}: {entry.candidate.name}")

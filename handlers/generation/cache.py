@@ -22,7 +22,8 @@ docs/generation.md, "Start").
 
 The buffers are mapped at the start but not touched (an anonymous mapping: the kernel maps a
 page when it is first written), so the worker's memory grows with the positions the load uses,
-not with the cache's size, whichever allocator the worker preloads.
+not with the cache's size, whichever allocator the worker preloads; `release` gives a row's
+pages back (kv_budget.py keeps what is resident within the memory plan's budget).
 """
 
 from __future__ import annotations
@@ -70,15 +71,29 @@ def row_bytes(config: PretrainedConfig, context: int, dtype: torch.dtype) -> int
     return KvShape.of(config).token_bytes(dtype) * context
 
 
-def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """Zeros whose pages are mapped when first written: an anonymous private mapping of its own,
-    which the kernel fills with zeros page by page. Not the allocator's: torch's zeros write every
-    byte, and tcmalloc's calloc (the workers preload it) does too, making a whole cache resident
-    at once (806 MB of Qwen2.5-0.5B's 16 x 2048 positions before the first request)."""
+def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, mmap.mmap]:
+    """Zeros whose pages are mapped when first written, and their mapping (an anonymous private
+    one of their own, which the kernel fills with zeros page by page; its pages can be given
+    back). Not the allocator's: torch's zeros write every byte, and tcmalloc's calloc (the
+    workers preload it) does too, making a whole cache resident at once (806 MB of
+    Qwen2.5-0.5B's 16 x 2048 positions before the first request)."""
     size = math.prod(shape) * dtype.itemsize
     mapping = mmap.mmap(-1, max(1, size), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    # Pages of 4 KiB, whatever the host's transparent huge pages: where they are `always` (RHEL's
+    # default), a first write would make 2 MiB resident, the rows of other sequences and layers
+    # with it, and the whole cache would soon be.
+    mapping.madvise(mmap.MADV_NOHUGEPAGE)
     raw = torch.frombuffer(mapping, dtype=torch.uint8)[:size]  # the tensor holds the mapping
-    return raw.view(dtype).view(shape)
+    return raw.view(dtype).view(shape), mapping
+
+
+def give_back(mapping: mmap.mmap, start: int, length: int) -> None:
+    """The whole pages within bytes [start, start + length) of the mapping returned to the system:
+    read as zeros afterwards, resident again when written."""
+    first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (start + length) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > first:
+        mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
 class SlotCache(Cache):
@@ -86,8 +101,9 @@ class SlotCache(Cache):
         super().__init__(layers=[])
         self.shape, self.slots, self.context, self.dtype = shape, slots, context, dtype
         size = (shape.layers, slots, shape.kv_heads, context + 1, shape.head_size)  # and the scratch position
-        self.keys = untouched_zeros(size, dtype)
-        self.values = untouched_zeros(size, dtype)
+        self.keys, key_mapping = untouched_zeros(size, dtype)
+        self.values, value_mapping = untouched_zeros(size, dtype)
+        self._mappings = ((self.keys, key_mapping), (self.values, value_mapping))
         # Each layer's index a tensor of its own, read by the compiled kernels when they run: as a
         # constant it is part of their source, and each layer's kernels were compiled again (98 C++
         # compiles for Qwen2.5-0.5B's 24 layers, against 5).
@@ -118,6 +134,14 @@ class SlotCache(Cache):
         in another row)."""
         for tensor in (self.keys, self.values):
             tensor[:, target, :, positions] = tensor[:, source, :, positions]
+
+    def release(self, slot: int) -> None:
+        """The slot's row of every layer given back to the system (release's callers forget what
+        it held: it reads as zeros). A layer's row is one span of the buffer: 2 x layers calls."""
+        for tensor, mapping in self._mappings:
+            span = tensor[0, slot].numel() * tensor.element_size()
+            for layer in range(self.shape.layers):
+                give_back(mapping, tensor[layer, slot].data_ptr() - tensor.data_ptr(), span)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         # key_states, value_states: [rows, kv_heads, tokens, head_dim]

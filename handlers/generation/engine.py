@@ -1,7 +1,7 @@
 """Continuous batching on a torch model: every sequence in flight advances a token a step; new ones join between steps.
 
     engine = Engine(model, decode=tokenizer.decode, eos={2}, slots=16, context=2048, dtype=torch.float32,
-                    prefill_chunk=256)
+                    prefill_chunk=256, kv_positions=4 * 2048)
     sequence = engine.submit(Generation(prompt_ids, max_new_tokens=64, sampling=Sampling()), sink, key="r1")
     engine.run_forever()           # in a thread of its own (handlers/text_generation.py)
     engine.cancel("r1")            # the client went away: its slot is free at the next step
@@ -16,7 +16,14 @@ its first prompt whole, as nobody else waits on it), and advances every sequence
 token, in one forward with the first prompt part where the model allows it (runner.py). A
 sequence leaves at an end-of-sequence token, a stop string, its max_new_tokens or the context's
 end, or when cancelled; its slot is free for the next step, and what its row holds stays
-findable until the slot is taken again.
+findable until the slot is taken again or its room is needed.
+
+The rows together hold at most `kv_positions` (the memory plan's contexts x the context: fewer
+than a context a slot where memory is short; kv_budget.py counts what they hold). A sequence
+is admitted when its text fits beside those in flight, finished rows given back to make room,
+least recently used first. When the sequences in flight outgrow it, the youngest is preempted:
+its row given back, it waits first in the queue and is computed again from its prompt and the
+tokens it has, and goes on as it would have (vLLM's recompute).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import torch
 from torch import nn
 
 from handlers.generation.cache import KvShape, SlotCache
+from handlers.generation.kv_budget import KvBudget
 from handlers.generation.lookup import PAUSE_MOST, guess
 from handlers.generation.prefix import PrefixCache
 from handlers.generation.runner import PROMPT_STEP, Part, Runner
@@ -62,26 +70,35 @@ class Engine(Scheduler):
         block_size: int = BLOCK_SIZE,
         prefix_caching: bool = True,
         lookup: int = 0,
+        kv_positions: int | None = None,
     ):
         super().__init__(decode, eos, slots, context, max_waiting, name)
+        if kv_positions is not None and kv_positions < context:
+            raise ValueError(
+                f"the KV cache's budget of {kv_positions} positions holds less than one context ({context})"
+            )
         self.prefill_chunk = prompt_chunk(prefill_chunk)
         self.prefix = PrefixCache(slots, block_size, prefix_caching)
         self.cache = SlotCache(KvShape.of(model.config), slots, context, dtype)
+        # What the cache may hold resident (the memory plan's); None: every row a whole context.
+        self.budget = KvBudget(slots, kv_positions or slots * context)
         self.runner = Runner(model, self.cache, context, name, itt)
         self.model, self.mixes = model, self.runner.mixes
         self.lookup = lookup  # draft tokens a step checks (prompt lookup, lookup.py); 0: none
 
     @property
-    def cache_bytes(self) -> int:
-        return self.cache.bytes
-
-    @property
     def prefix_caching(self) -> bool:
         return self.prefix.enabled
 
+    @property
+    def cache_bytes(self) -> int:
+        """What the cache may hold resident: the budget's positions (it maps more, untouched)."""
+        return self.budget.positions * self.cache.shape.token_bytes(self.cache.dtype)
+
     def kv_cache_usage(self) -> float:
-        """The positions its sequences' computed tokens hold, of every row's."""
-        return sum(s.computed for s in list(self.active.values())) / (self.slots * self.context)
+        """The budget's share held by the rows of sequences in flight (a finished sequence's
+        row is room: it is given back when needed)."""
+        return sum(self.budget.held[slot] for slot in list(self.active)) / self.budget.positions
 
     def step(self) -> None:
         """Admit what fits, compute prompts (a chunk's worth), and advance every sequence whose
@@ -89,9 +106,14 @@ class Engine(Scheduler):
         allows it, else in a decode forward after the prompts."""
         with torch.inference_mode():
             self._admit()
-            parts = self._prompt_parts()
-            decoding = [s for s in self.active.values() if not s.prefilling]
-            if not parts and (drafted := self._drafted(decoding)):
+            while True:  # until what the step writes fits in the budget, preempting the youngest
+                parts = self._prompt_parts()
+                decoding = [s for s in self.active.values() if not s.prefilling]
+                drafted = None if parts else self._drafted(decoding)
+                if self._make_room(self._written(parts, decoding, drafted)):
+                    break
+                self._preempt(list(self.active.values())[-1])
+            if drafted:
                 self._check(decoding, *drafted)
                 return
             if parts and decoding and self.mixes:
@@ -104,6 +126,56 @@ class Engine(Scheduler):
                 self._computed(sequence, len(part.tokens), self.runner.part(part))
             if decoding:
                 self._computed_rows(decoding, self.runner.decode(*self._decode_rows()))
+
+    # -- the KV cache's budget (kv_budget.py) ------------------------------------------------------
+    def _room_for(self, sequence: Running) -> bool:
+        return self.budget.room_for(len(sequence.known), self.active)
+
+    @staticmethod
+    def _written(
+        parts: list[tuple[Running, Part]], decoding: list[Running], drafted: tuple[Running, tuple[int, ...]] | None
+    ) -> dict[int, int]:
+        """Each row's positions once the step has written: a decoding sequence's next, a prompt's
+        part, a draft and the token before it."""
+        written = {s.slot: s.computed + 1 for s in decoding}
+        written.update({s.slot: part.start + len(part.tokens) for s, part in parts})
+        if drafted:
+            sequence, draft = drafted
+            written[sequence.slot] = sequence.computed + 1 + len(draft)
+        return written
+
+    def _make_room(self, written: dict[int, int]) -> bool:
+        """Rows of finished sequences given back, least recently used first, until `written` fits;
+        False when it does not with all of them given back."""
+        while not self.budget.fits(written):
+            row = self.budget.coldest(set(range(self.slots)) - set(self.active) - set(written))
+            if row is None:
+                return False
+            self._give_back(row)
+        self.budget.hold(written)
+        return True
+
+    def _give_back(self, row: int) -> None:
+        self.prefix.forget(row)
+        self.cache.release(row)
+        self.budget.release(row)
+
+    def _preempt(self, sequence: Running) -> None:
+        """The sequence's row given back and the sequence queued first, to be computed again from
+        its prompt and the tokens it has: the same answer, later (a token chosen at random was
+        drawn and stays)."""
+        if len(self.active) == 1:
+            raise RuntimeError(f"the KV cache's budget of {self.budget.positions} positions holds no sequence")
+        row = sequence.slot
+        log.info(
+            "%s: request %s preempted at %d token(s): the KV cache's %d positions are in use; computed again later",
+            self.name,
+            sequence.key or "-",
+            len(sequence.known),
+            self.budget.positions,
+        )
+        self._requeue(sequence)
+        self._give_back(row)
 
     # -- prompt lookup ----------------------------------------------------------------------------
     def _drafted(self, decoding: list[Running]) -> tuple[Running, tuple[int, ...]] | None:
@@ -158,7 +230,9 @@ class Engine(Scheduler):
         free = set(range(self.slots)) - set(self.active)
         place = self.prefix.place(sequence.known, free)
         if place.source is not None:
+            self._make_room({place.row: place.found})  # room_for counted the whole sequence: there is
             self.cache.copy(place.source, place.row, slice(place.held, place.found))
+        self.budget.hold({place.row: place.found})
         sequence.computed = place.found
         return place.row
 

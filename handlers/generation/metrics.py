@@ -66,6 +66,7 @@ class EngineMetrics:
     prefix_hit_tokens: int = 0  # of them, found computed
     draft_tokens: int = 0  # prompt lookup's drafts
     accepted_tokens: int = 0  # of them, kept
+    preemptions: int = 0  # sequences put back in the queue to make room in the KV cache
     # Requests by how the handler took them: "ok" (queued, then answered or cancelled), or the
     # refusal's reason (handlers/payload.py's, "overload" for a full queue): kit_requests_total.
     outcomes: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -90,6 +91,10 @@ class EngineMetrics:
 
     def token(self, first: bool, seconds: float) -> None:
         (self.first_token if first else self.inter_token).add(seconds)
+        self.changes += 1
+
+    def preempted(self) -> None:
+        self.preemptions += 1
         self.changes += 1
 
     def drafted(self, drafted: int, kept: int) -> None:

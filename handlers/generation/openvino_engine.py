@@ -1,6 +1,7 @@
 """Continuous batching by OpenVINO GenAI's pipeline: a language model's openvino variants.
 
-    engine = OpenVinoEngine(Pipeline.load(ir_dir, dtype, slots, context, chunk, threads), decode, eos, slots, context)
+    engine = OpenVinoEngine(Pipeline.load(ir_dir, dtype, slots, context, chunk, threads, kv_contexts=slots),
+                            decode, eos, slots, context)
     engine.submit(Generation(prompt_ids, 64), sink, key="r1")     # as engine.Engine
     engine.run_forever()
 
@@ -58,14 +59,17 @@ class Pipeline:
     pipeline: object  # openvino_genai.ContinuousBatchingPipeline
 
     @classmethod
-    def load(cls, ir_dir: Path, dtype: DType, slots: int, context: int, chunk: int, threads: int) -> Pipeline:
-        """`slots` sequences of `context` tokens at most; `chunk` prompt tokens a step at most
-        (0: each prompt whole as it is admitted)."""
+    def load(
+        cls, ir_dir: Path, dtype: DType, slots: int, context: int, chunk: int, threads: int, kv_contexts: int
+    ) -> Pipeline:
+        """`slots` sequences of `context` tokens at most, sharing a KV cache of `kv_contexts`
+        contexts (the pipeline preempts a sequence when its blocks run out); `chunk` prompt
+        tokens a step at most (0: each prompt whole as it is admitted)."""
         import openvino_genai
 
         scheduler = openvino_genai.SchedulerConfig()
         scheduler.max_num_seqs = slots
-        scheduler.num_kv_blocks = slots * math.ceil(context / BLOCK)
+        scheduler.num_kv_blocks = kv_contexts * math.ceil(context / BLOCK)
         scheduler.dynamic_split_fuse = bool(chunk)
         # Off whatever the settings say: with it on, OpenVINO GenAI 2026.4 answered a prompt that
         # arrived beside an identical one with wrong tokens (tests/e2e/test_generation.py's requests

@@ -89,7 +89,7 @@ class PrefixCache:
             if holders := self.holders.get(chain[index], set()) - {row}:
                 found, source = index + 1, min(holders)
                 break
-        self._forget(row, held)
+        self.forget(row, held)
         for key in chain[held:found]:
             self.keys[row].append(key)
             self.holders.setdefault(key, set()).add(row)
@@ -110,7 +110,8 @@ class PrefixCache:
             keys.append(key)
             self.holders.setdefault(key, set()).add(row)
 
-    def _forget(self, row: int, keep: int) -> None:
+    def forget(self, row: int, keep: int = 0) -> None:
+        """The row's blocks past its first `keep` no longer findable (the row is taken, or given back)."""
         for key in self.keys[row][keep:]:
             holders = self.holders[key]
             holders.discard(row)

@@ -53,6 +53,7 @@ class Running:
     draft_at: int = 0  # drafts resume when it has this many tokens (engine.py: after refused drafts)
     refusals: int = 0  # drafts refused in a row
     last_token_at: float | None = None  # when its latest token was chosen (perf_counter)
+    preemptions: int = 0  # times its place was taken back to make room (engine.py), its tokens kept
 
     @property
     def known(self) -> tuple[int, ...]:
@@ -168,7 +169,7 @@ class Scheduler:
 
     @property
     def cache_bytes(self) -> int:
-        """The KV cache's size."""
+        """The KV cache's size: what its sequences' keys and values may hold at most."""
         raise NotImplementedError
 
     # -- the engine's thread -----------------------------------------------------------------
@@ -202,17 +203,36 @@ class Scheduler:
             with self.lock:
                 if not self.waiting:
                     break
-                sequence = self.waiting.popleft()
+                sequence = self.waiting[0]
+                if self.active and not sequence.cancelled and not self._room_for(sequence):
+                    break  # in order: it waits for room, and those behind it with it
+                self.waiting.popleft()
             if sequence.cancelled:
                 self._end(sequence, Finish.CANCELLED)
                 continue
             sequence.slot = self._place(sequence)
             self.active[sequence.slot] = sequence
-            prompt = len(sequence.generation.prompt)
-            # The prefix cache's find (engine.py's _place): the prompt's tokens already computed.
-            self.metrics.admitted(time.perf_counter() - sequence.submitted, prompt, min(sequence.computed, prompt))
+            if not sequence.preemptions:  # a request is admitted once, whatever it is computed again for
+                prompt = len(sequence.generation.prompt)
+                # The prefix cache's find (engine.py's _place): the prompt's tokens already computed.
+                self.metrics.admitted(time.perf_counter() - sequence.submitted, prompt, min(sequence.computed, prompt))
             admitted.append(sequence)
         return admitted
+
+    def _room_for(self, sequence: Running) -> bool:
+        """Whether the engine's cache has room for the sequence beside those in flight (asked
+        only when some are: alone, a sequence always fits)."""
+        return True
+
+    def _requeue(self, sequence: Running) -> None:
+        """The sequence out of its place and first in the queue, to be computed again from its
+        prompt and the tokens it has (preempted: the engine needs its room)."""
+        self.active.pop(sequence.slot, None)
+        sequence.slot, sequence.computed = -1, 0
+        sequence.preemptions += 1
+        self.metrics.preempted()
+        with self.lock:
+            self.waiting.appendleft(sequence)
 
     def _place(self, sequence: Running) -> int:
         """The free slot the sequence takes (there is one)."""

@@ -1,5 +1,5 @@
-"""Your language model planned: the memory plan counts its KV cache per sequence and gives
-fewer sequences under a tight budget; `make tune MODELS=lm` measures numbers of sequences and
+"""Your language model planned: the memory plan counts its KV cache per context and gives a
+smaller one, shared by as many sequences, under a tight budget; `make tune MODELS=lm` measures numbers of sequences and
 prompt lookup on real servers and writes the preset that serves the choice. Tiny random Qwen2 and
 GPT-2 (tests/hf_models.py), made here under names of their own (tests/e2e/language_models.py).
 """
@@ -41,10 +41,11 @@ def references(sources) -> dict[str, Reference]:
     return {name: Reference(path) for name, path in sources.items()}
 
 
-def test_a_memory_budget_short_of_the_kv_caches_serves_fewer_sequences(sources, references, tmp_path):
-    """The plan counts a language model's KV cache per sequence (its archive's config.json and
-    settings) in the footprint its last server recorded, and under a budget too small for every
-    sequence gives its workers fewer; the worker serves that many, and answers as before."""
+def test_a_memory_budget_short_of_the_kv_caches_serves_smaller_ones_to_as_many_sequences(sources, references, tmp_path):
+    """The plan counts a language model's KV cache per context (its archive's config.json and
+    settings) in the footprint its last server recorded, and under a budget too small for a
+    context a sequence gives its workers a KV cache of fewer contexts; the worker serves that
+    cache to as many sequences at once, and answers as before."""
     config = ServeConfig.from_preset("optimized", variant="eager", models=list(MAKERS), cpus=one_cpu())
     topology = read_topology()
     if any(config.demand(m).footprint is None for m in MAKERS):
@@ -57,21 +58,23 @@ def test_a_memory_budget_short_of_the_kv_caches_serves_fewer_sequences(sources, 
         except PlanError:
             return None
 
-    # The largest budget, in steps of one sequence's cache, under which the first model loses one.
-    per_sequence = config.demand(config.models[0]).sequences.per_sequence
+    # The largest budget, in steps of one context's cache, under which the first model loses one.
+    per_context = config.demand(config.models[0]).sequences.per_sequence
     budget = planned(64 * 2**30).memory.total
-    while (layout := planned(budget)) and layout.models[config.models[0]].sequences == most[config.models[0]]:
-        budget -= per_sequence
-    assert layout is not None, "no budget serves fewer sequences without refusing"
-    sequences = {m: layout.models[m].sequences for m in MAKERS}
-    assert sequences[config.models[0]] < most[config.models[0]] and layout.memory.total <= budget
-    assert "sequences) ->" in layout.memory.note
+    while (layout := planned(budget)) and layout.models[config.models[0]].kv_contexts == most[config.models[0]]:
+        budget -= per_context
+    assert layout is not None, "no budget serves a smaller KV cache without refusing"
+    contexts = {m: layout.models[m].kv_contexts for m in MAKERS}
+    assert contexts[config.models[0]] < most[config.models[0]] and layout.memory.total <= budget
+    assert all(layout.models[m].sequences == most[m] for m in MAKERS)
+    assert "contexts) ->" in layout.memory.note
 
     server = start_server(tmp_path / "tight", dataclasses.replace(config, memory=str(budget)))
     try:
         log = server.logs.model_log.read_text(errors="replace")
         for model in MAKERS:
-            assert f"{model} ready: backend=eager dtype=float32 sequences={sequences[model]} " in log
+            ready = f"{model} ready: backend=eager dtype=float32 sequences={most[model]} "
+            assert re.search(rf"{ready}context=\d+ kv_cache={contexts[model]} contexts ", log), ready
         text, count = references[QWEN].prompt(PROMPTS[0])
         assert generate(server, QWEN, {"prompt": PROMPTS[0], "max_new_tokens": 24}).json()["text"] == text
     finally:

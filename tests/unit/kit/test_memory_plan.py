@@ -205,40 +205,44 @@ def test_a_footprint_counts_a_language_models_kv_cache_per_sequence():
     assert three.sequences == 3 and three.with_sequences(8, LM_KV.per_sequence) == LM
 
 
-def test_a_language_model_generates_fewer_sequences_to_fit_its_budget_and_says_so():
+def test_a_language_models_kv_cache_holds_fewer_contexts_to_fit_its_budget_and_says_so():
+    """Under a tight budget the KV cache shrinks, not the sequences generated at once: they share it."""
     vm = MACHINES["this-vm"]  # one worker on both cores
     roomy = plan_layout(with_budget(vm, 8 * GiB), lm_demands())
-    assert roomy.models["lm"].sequences == 8 and roomy.memory.note == ""
-    # Measured at 8, asked for at most 4 (the model file's max_sequences): planned at 4.
-    assert (
-        plan_layout(with_budget(vm, 8 * GiB), lm_demands(sequences=Sequences(256 * MiB, 4))).models["lm"].sequences == 4
-    )
+    assert (roomy.models["lm"].sequences, roomy.models["lm"].kv_contexts) == (8, 8) and roomy.memory.note == ""
+    # Measured at 8, asked for at most 4 (the model file's max_sequences): planned at 4, and 4 contexts.
+    asked_four = plan_layout(with_budget(vm, 8 * GiB), lm_demands(sequences=Sequences(256 * MiB, 4))).models["lm"]
+    assert (asked_four.sequences, asked_four.kv_contexts) == (4, 4)
     tight = plan_layout(with_budget(vm, 3 * GiB), lm_demands())
-    sequences = tight.models["lm"].sequences
-    assert 1 <= sequences < 8 and tight.memory.total <= 3 * GiB
-    # The most that fits: one sequence more would not.
-    one_more = LM.with_sequences(sequences + 1, LM_KV.per_sequence)
+    contexts = tight.models["lm"].kv_contexts
+    assert tight.models["lm"].sequences == 8
+    assert 1 <= contexts < 8 and tight.memory.total <= 3 * GiB
+    # The most that fits: one context more would not.
+    one_more = LM.with_sequences(contexts + 1, LM_KV.per_sequence)
     assert (
-        tight.memory.total + one_more.per_worker - LM.with_sequences(sequences, LM_KV.per_sequence).per_worker > 3 * GiB
+        tight.memory.total + one_more.per_worker - LM.with_sequences(contexts, LM_KV.per_sequence).per_worker > 3 * GiB
     )
-    assert tight.memory.note == f"reduced to fit: lm 1x2 (8 sequences) -> lm 1x2 ({sequences} sequences)"
-    assert f"{sequences} sequence(s) at once per worker" in "\n".join(tight.summary())
-    # A footprint measured with fewer sequences (a server the plan had narrowed) plans the same.
+    assert tight.memory.note == f"reduced to fit: lm 1x2 (KV 8 contexts) -> lm 1x2 (KV {contexts} contexts)"
+    assert f"8 sequence(s) at once per worker, sharing a KV cache of {contexts} context(s)" in "\n".join(
+        tight.summary()
+    )
+    # A footprint measured with fewer contexts (a server the plan had narrowed) plans the same.
     measured_at_two = LM.with_sequences(2, LM_KV.per_sequence)
-    assert plan_layout(with_budget(vm, 3 * GiB), lm_demands(measured_at_two)).models["lm"].sequences == sequences
+    assert plan_layout(with_budget(vm, 3 * GiB), lm_demands(measured_at_two)).models["lm"].kv_contexts == contexts
 
 
-def test_a_language_model_that_does_not_fit_at_one_sequence_is_refused_with_its_kv_cache():
+def test_a_language_model_that_does_not_fit_with_one_context_is_refused_with_its_kv_cache():
     with pytest.raises(PlanError) as refused:
         plan_layout(with_budget(MACHINES["this-vm"], int(1.5 * GiB)), lm_demands())
-    assert "(at 1 sequence; its KV cache holds 256 MiB per sequence)" in str(refused.value)
+    assert "(with a KV cache of 1 context: 256 MiB)" in str(refused.value)
 
 
 def test_a_language_models_sequences_reach_the_json_plan():
     layout = plan_layout(with_budget(MACHINES["epyc-96c"], 12 * GiB), lm_demands() + demands())
     raw = json.loads(json.dumps(layout.to_dict()))
     assert raw["models"]["lm"]["sequences"] == layout.models["lm"].sequences >= 1
-    assert raw["models"]["bert"]["sequences"] == 0
+    assert raw["models"]["lm"]["kv_contexts"] == layout.models["lm"].kv_contexts >= 1
+    assert raw["models"]["bert"]["sequences"] == raw["models"]["bert"]["kv_contexts"] == 0
     assert (raw["models"]["lm"]["omp_wait_policy"], raw["models"]["bert"]["omp_wait_policy"]) == ("default", "")
     assert Layout.from_dict(raw) == layout
 

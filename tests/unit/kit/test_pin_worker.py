@@ -10,7 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from handlers.switches import PLANNED_SEQUENCES_VAR, planned_sequences
+import pytest
+
+from handlers.switches import PLANNED_KV_CONTEXTS_VAR, PLANNED_SEQUENCES_VAR, planned_kv_contexts, planned_sequences
 from kit import pin_worker
 
 REPORT = """#!/bin/sh
@@ -18,6 +20,7 @@ echo "allocator=$(grep -q libtcmalloc /proc/$$/maps && echo tcmalloc || echo def
 echo "cpus=$(grep Cpus_allowed_list /proc/$$/status | cut -f2)"
 echo "omp=$OMP_NUM_THREADS"
 echo "sequences=${KIT_MAX_SEQUENCES:-unset}"
+echo "kv_contexts=${KIT_KV_CONTEXTS:-unset}"
 echo "policy=$(numactl --show | sed -n 's/^policy: //p')"
 echo "omp_wait=${OMP_WAIT_POLICY:-unset}"
 echo "args=$*"
@@ -129,16 +132,22 @@ def test_both_workers_are_recognised_by_their_command_line():
     assert not pin_worker.is_worker(["python", "-m", "kit", "serve"])
 
 
-def test_a_language_models_worker_is_told_its_planned_sequences(tmp_path):
+def test_a_language_models_worker_is_told_its_planned_sequences_and_kv_contexts(tmp_path):
     assert pin_worker.SEQUENCES_VAR == PLANNED_SEQUENCES_VAR  # one name, spelled in two places
+    assert pin_worker.KV_CONTEXTS_VAR == PLANNED_KV_CONTEXTS_VAR
     cpu = max(os.sched_getaffinity(0))
     worker = {"cpus": [cpu], "threads": 1, "numa_node": 0}
     layout = {
         "models": {
-            "lm": {"workers": [worker], "allocator": "default", "sequences": 3},
-            "bert": {"workers": [worker], "allocator": "default", "sequences": 0},
+            "lm": {"workers": [worker], "allocator": "default", "sequences": 3, "kv_contexts": 2},
+            "bert": {"workers": [worker], "allocator": "default", "sequences": 0, "kv_contexts": 0},
         }
     }
-    assert start_worker(tmp_path / "a", "lm", layout)["sequences"] == "3"
-    assert start_worker(tmp_path / "b", "bert", layout)["sequences"] == "unset"
+    told = start_worker(tmp_path / "a", "lm", layout)
+    assert (told["sequences"], told["kv_contexts"]) == ("3", "2")
+    told = start_worker(tmp_path / "b", "bert", layout)
+    assert (told["sequences"], told["kv_contexts"]) == ("unset", "unset")
     assert planned_sequences({PLANNED_SEQUENCES_VAR: "3"}) == 3 and planned_sequences({}) is None
+    assert planned_kv_contexts({PLANNED_KV_CONTEXTS_VAR: "2"}) == 2 and planned_kv_contexts({}) is None
+    with pytest.raises(ValueError, match="KIT_KV_CONTEXTS must be a number of contexts >= 1, got '0'"):
+        planned_kv_contexts({PLANNED_KV_CONTEXTS_VAR: "0"})

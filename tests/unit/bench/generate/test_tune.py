@@ -107,21 +107,18 @@ def test_a_language_model_joins_the_preset_tuned_for_the_others_in_the_same_run(
     assert yaml.safe_load(path.read_text())["model_sequences"] == {"lm": 4}
 
 
-def test_a_candidate_the_memory_plan_cuts_to_one_measured_already_or_refuses_is_skipped(monkeypatch):
-    """A budget of 8 sequences: x16 would run x8's server again; a plan that refuses says why."""
+def test_a_candidate_the_memory_plan_refuses_is_skipped_with_its_reason(monkeypatch):
     from types import SimpleNamespace
 
     from kit.layout import PlanError
 
     def config_of(model, candidate):
-        planned = SimpleNamespace(models={"lm": SimpleNamespace(sequences=min(candidate.sequences, 8))})
+        planned = SimpleNamespace(models={"lm": SimpleNamespace(sequences=candidate.sequences)})
         return SimpleNamespace(layout=lambda topology: planned)
 
     monkeypatch.setattr(tune_lm, "config_of", config_of)
     model = SimpleNamespace(name="lm")
-    rows = [measured("inductor", 8, [10.0]), Measured(Candidate("inductor", 16), "lm")]
-    assert tune_lm.skip_reason(model, rows[1], rows) == "the memory plan serves 8 sequences, as inductor x8"
-    assert tune_lm.skip_reason(model, Measured(Candidate("inductor-bf16", 16), "lm"), rows) == ""
+    assert tune_lm.skip_reason(model, Measured(Candidate("inductor", 16), "lm")) == ""
 
     def refusing(model, candidate):
         def layout(topology):
@@ -130,7 +127,8 @@ def test_a_candidate_the_memory_plan_cuts_to_one_measured_already_or_refuses_is_
         return SimpleNamespace(layout=layout)
 
     monkeypatch.setattr(tune_lm, "config_of", refusing)
-    assert tune_lm.skip_reason(model, rows[0], rows) == "the memory plan refuses it: 1.0 GiB of memory holds no worker"
+    refused = tune_lm.skip_reason(model, measured("inductor", 8, [10.0]))
+    assert refused == "the memory plan refuses it: 1.0 GiB of memory holds no worker"
 
 
 def test_prompt_lookup_is_served_only_where_it_wrote_more_tokens_within_the_itl_limit():

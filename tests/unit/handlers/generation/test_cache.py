@@ -53,7 +53,7 @@ def resident():
 
 maps = Path("/proc/self/maps").read_text()
 before = resident()
-zeros = untouched_zeros((256, 1024, 256), torch.float32)  # 256 MB
+zeros, _ = untouched_zeros((256, 1024, 256), torch.float32)  # 256 MB
 assert float(zeros[100, 5, 7]) == 0.0
 untouched = resident() - before
 zeros[:64] = 1.0  # a quarter written
@@ -81,6 +81,53 @@ def test_the_cache_is_resident_only_where_written_whatever_the_allocator(allocat
     assert int(ones) == 64 * 1024 * 256
     assert int(untouched) < 32 * MB
     assert 60 * MB < int(quarter) < 100 * MB
+
+
+RELEASE = """
+from pathlib import Path
+import torch
+from handlers.generation.cache import KvShape, SlotCache
+
+def resident():
+    status = Path("/proc/self/status").read_text().splitlines()
+    return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+
+# A layer's row: 2 heads x 2048 positions (the context and the scratch one) x 64 x 4 bytes = 1 MiB.
+cache = SlotCache(KvShape(layers=4, kv_heads=2, head_size=64), slots=4, context=2047, dtype=torch.float32)
+cache.keys[:] = 1.0
+cache.values[:] = 2.0
+written = resident()
+cache.release(1)
+given_back = written - resident()
+sums = [float(cache.keys[:, row].sum() + cache.values[:, row].sum()) for row in range(4)]
+cache.keys[:, 1, :, :16] = 3.0  # written again: resident again, one page a head and layer
+start, flags = cache.keys.data_ptr(), None
+for line in Path("/proc/self/smaps").read_text().splitlines():
+    head = line.split()[0]
+    if "-" in head and all(c in "0123456789abcdef-" for c in head):
+        low, high = (int(x, 16) for x in head.split("-"))
+        inside = low <= start < high
+    elif line.startswith("VmFlags:") and inside:
+        flags = line.split()[1:]
+print(given_back, resident() - written + given_back, "nh" in flags, *sums)
+"""
+
+
+def test_a_released_row_is_given_back_to_the_system_and_reads_as_zeros():
+    """What kv_budget.py counts as given back is: the process's resident memory (from /proc) falls
+    by the row's bytes, the row reads zeros, and the other rows keep what they hold. The mapping
+    asks for small pages, so that a write makes its own page resident, not 2 MiB around it."""
+    run = subprocess.run([sys.executable, "-c", RELEASE], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    given_back, after_rewrite, no_huge_pages, *sums = run.stdout.split()
+    given_back, after_rewrite, sums = float(given_back), float(after_rewrite), [float(s) for s in sums]
+    # Small pages whatever the host's transparent huge pages (the mapping's VmFlags in /proc/self/smaps).
+    assert no_huge_pages == "True"
+    row = 4 * 2 * MB  # keys and values of 4 layers
+    assert row * 0.95 < given_back < row * 1.05
+    assert after_rewrite < row / 2
+    held = 4 * 2 * 2048 * 64  # positions a row holds: keys of 1.0 and values of 2.0
+    assert sums == [3.0 * held, 0.0, 3.0 * held, 3.0 * held]
 
 
 def test_a_layer_whose_keys_differ_from_its_config_is_refused_by_name(tmp_path):

@@ -603,3 +603,91 @@ def test_prompt_lookup_stops_at_an_end_token_inside_a_kept_draft(lm):
     while eng.busy:
         eng.step()
     assert sequence.tokens == plain[: plain.index(end)] and sequence.sink.reason is Finish.STOP
+
+
+# -- the KV cache's budget (kv_budget.py) ---------------------------------------------------------
+def budgeted(model, tokenizer, positions: int, slots: int = 3, context: int = 256, **options) -> Engine:
+    return Engine(model, tokenizer.decode, set(), slots, context, torch.float32, kv_positions=positions, **options)
+
+
+@pytest.mark.parametrize("options", [{}, {"prefill_chunk": 16}, {"lookup": 4}])
+def test_sequences_beyond_the_budget_are_preempted_and_computed_again_to_transformers_answers(lm, options):
+    """Three sequences of 100 tokens in a budget of one context (256 positions): they cannot all
+    finish in it, so the youngest is put back and computed again from its prompt and tokens;
+    every answer is still transformers' greedy one, and its usage the request's."""
+    model, tokenizer = lm
+    prompts = [REPEATING, PROMPTS[0], PROMPTS[2]]
+    ids = [tokenizer(p)["input_ids"] for p in prompts]
+    new = 100
+    expected = [reference(model, i, new) for i in ids]
+    eng = budgeted(model, tokenizer, 256, **options)
+    sequences = [eng.submit(Generation(tuple(i), new), Recorder()) for i in ids]
+    eng.step()
+    assert all(s.slot >= 0 for s in sequences)  # short prompts: all three admitted at once
+    peak = 0
+    while eng.busy:
+        eng.step()
+        peak = max(peak, eng.budget.used)
+        assert eng.budget.used <= 256
+    assert [s.tokens for s in sequences] == expected
+    assert [(s.sink.usage.prompt_tokens, s.sink.usage.completion_tokens) for s in sequences] == [
+        (len(i), new) for i in ids
+    ]
+    assert eng.metrics.preemptions >= 1 and sum(s.preemptions for s in sequences) == eng.metrics.preemptions
+    assert sum(eng.metrics.queue.counts) == 3  # each request admitted once, whatever it was computed again for
+    assert peak > 200
+
+
+def test_a_sequence_waits_for_room_in_the_budget_and_not_for_a_slot(lm):
+    """A prompt longer than what the budget has left beside a sequence in flight waits (a slot is
+    free), and is admitted when the first ends; one that fits beside it is admitted at once."""
+    model, tokenizer = lm
+    long = tokenizer(PROMPTS[2] * 3)["input_ids"]
+    short = tokenizer(PROMPTS[0])["input_ids"]
+    assert 256 < len(long) < 480
+    eng = budgeted(model, tokenizer, 512, slots=3, context=512)  # not two of them
+    first = eng.submit(Generation(tuple(long), 20), Recorder())
+    eng.step()
+    second = eng.submit(Generation(tuple(long), 4), Recorder())
+    eng.step()
+    assert first.slot >= 0 and second.slot == -1 and len(eng.waiting) == 1
+    while first.sink.reason is None:
+        eng.step()
+    third = eng.submit(Generation(tuple(short), 4), Recorder())
+    eng.step()
+    assert second.slot >= 0 and third.slot >= 0
+    while eng.busy:
+        eng.step()
+    assert second.tokens == reference(model, long, 4) and eng.metrics.preemptions == 0
+
+
+def test_a_finished_rows_prefix_stays_until_its_room_is_needed_then_it_is_given_back(lm):
+    """Two finished rows hold their prompts while the budget has room (the first is found again
+    whole); a prompt that needs their room takes the lowest row, and the other finished row is
+    given back: its prefix forgotten, its positions zero, the budget's total within its limit."""
+    model, tokenizer = lm
+    system = tokenizer(PROMPTS[2])["input_ids"]
+    other = tokenizer(PROMPTS[0] * 8)["input_ids"]
+    context = 2 * len(system)
+    eng = budgeted(model, tokenizer, context + 16, slots=3, context=context)
+    pair = [eng.submit(Generation(tuple(ids), 1), Recorder()) for ids in (system, other)]
+    while eng.busy:
+        eng.step()
+    assert [s.slot for s in pair] == [0, 1] and eng.budget.held[1] > 0 and eng.prefix.keys[1]
+    again = eng.submit(Generation(tuple(system), 2), Recorder())
+    eng.step()
+    assert again.slot == 0 and again.computed >= len(system) // 16 * 16  # found: nothing was given back
+    while eng.busy:
+        eng.step()
+    big = tuple(tokenizer(PROMPTS[3] * 60)["input_ids"][: context - 8])
+    eng.submit(Generation(big, 2), Recorder())
+    while eng.busy:
+        eng.step()
+        assert eng.budget.used <= context + 16
+    assert eng.budget.held[1] == 0 and not eng.prefix.keys[1]  # its pages: test_cache.py
+
+
+def test_a_budget_below_one_context_is_refused_with_the_numbers(lm):
+    model, tokenizer = lm
+    with pytest.raises(ValueError, match="100 positions holds less than one context \\(256\\)"):
+        budgeted(model, tokenizer, 100)
