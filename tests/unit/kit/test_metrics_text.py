@@ -36,6 +36,8 @@ def test_a_workers_numbers_become_series_with_vllms_names(tmp_path):
         metrics.token(False, 0.05)
     metrics.ended("stop", 0.4, 40, 4)
     metrics.drafted(4, 3)
+    metrics.preempted()
+    metrics.preempted()
     metrics.answered("ok")
     metrics.answered("overload")
     write(tmp_path, "lm", metrics, Gauges(2, 5, 0.125))
@@ -49,6 +51,7 @@ def test_a_workers_numbers_become_series_with_vllms_names(tmp_path):
     assert values[f'kit_lm_request_success_total{{{at},finished_reason="stop"}}'] == 1
     assert values[f"kit_lm_prefix_cache_hits_total{{{at}}}"] == 32
     assert values[f"kit_lm_spec_decode_num_accepted_tokens_total{{{at}}}"] == 3
+    assert values[f"kit_lm_num_preemptions_total{{{at}}}"] == 2
     assert values[f"kit_lm_num_requests_waiting{{{at}}}"] == 5
     # Requests by outcome: the classifiers' family, counted by the engine's file here.
     assert values[f'kit_requests_total{{{at},outcome="ok"}}'] == 1
