@@ -47,7 +47,7 @@ from handlers.generation.quantized import int8_weights
 from handlers.generation.respond import Responder, answer_whole, refuse
 from handlers.generation.sampling import Sampling
 from handlers.generation.sequences import QueueFull
-from handlers.generation.settings import GenerationSettings
+from handlers.generation.settings import GenerationSettings, KvCache
 from handlers.generation.tools import detect
 from handlers.generation.warm_up import WarmUp
 from handlers.generation.weights import own_memory, weight_parts
@@ -139,7 +139,7 @@ class TextGenerationHandler(StreamingHandler):
         graphs, hits = graphs_compiled() - graphs, fx_graph_cache_counts()[0] - hits
         log.info(
             "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%d contexts (%.0fMB, resident as used) "
-            "prefill_chunk=%d%s prefix_caching=%s prompt_lookup=%d weights=%s%s eos=%s load=%.1fs warmup=%.1fs "
+            "prefill_chunk=%d%s prefix_caching=%s prompt_lookup=%d weights=%s%s kv_cache=%s eos=%s load=%.1fs warmup=%.1fs "
             "graphs=%d (%d from the compile cache)",
             self.model_name,
             settings.backend.value,
@@ -154,6 +154,7 @@ class TextGenerationHandler(StreamingHandler):
             self.engine.lookup,
             settings.weights.value,
             "".join(f" ({part} {size / 1e6:.0f}MB)" for part, size in self.weight_bytes.items()),
+            settings.kv_cache.value,
             sorted(eos),
             load_seconds,
             warm_seconds,
@@ -182,7 +183,7 @@ class TextGenerationHandler(StreamingHandler):
         self.weight_bytes = weight_parts(model)
         if reference is not None:
             # Judged as it will serve (packed or quantized), before the compiler: it computes the same.
-            agreed = agreement.measure(model, reference)
+            agreed = agreement.measure(model, reference, settings.kv_cache)
             log.info(
                 "%s accuracy against float32: %s (served in %s)", self.model_name, agreed.summary(), settings.precision
             )
@@ -204,6 +205,7 @@ class TextGenerationHandler(StreamingHandler):
             prefix_caching=settings.prefix_caching,
             lookup=settings.prompt_lookup,
             kv_positions=self.kv_contexts * settings.context_length,
+            kv_int8=settings.kv_cache is KvCache.INT8,
         )
 
     def openvino_engine(self, model_dir: Path, eos: set[int]) -> OpenVinoEngine:

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from handlers.archive_files import MODEL_CONFIG, is_archive
-from handlers.generation.settings import GenerationSettings
+from handlers.generation.settings import GenerationSettings, KvCache
 from handlers.typed_config import parse_settings
 from kit.layout import Sequences
 from kit.models import Model, Task, model_file
@@ -43,4 +43,7 @@ def archive_sequences(archive: Path) -> Sequences:
 
     settings = archive_settings(archive)
     config = AutoConfig.for_model(**json.loads((archive / HF_CONFIG).read_text()))
-    return Sequences(row_bytes(config, settings.context_length, TORCH_DTYPES[settings.dtype]), settings.max_sequences)
+    int8 = settings.kv_cache is KvCache.INT8
+    return Sequences(
+        row_bytes(config, settings.context_length, TORCH_DTYPES[settings.dtype], int8), settings.max_sequences
+    )

@@ -3,7 +3,7 @@ the float model's, on held-out prompts, before the first request.
 
     guard = limits(settings)                                # None: the precision is not judged
     reference = Reference.of(model, prompts, tokens=32)    # the float32 model, before conversion
-    agreement = measure(model, reference)                   # the converted one, as it serves
+    agreement = measure(model, reference, settings.kv_cache)  # the converted one, as it serves
     agreement.summary()    # "greedy tokens 96.9% equal (248 of 256 positions, 8 prompts), next-token distance ..."
     require(agreement, guard, settings.precision)           # AccuracyError naming the numbers
 
@@ -28,7 +28,9 @@ from torch import nn
 from handlers.accuracy import AccuracyError
 from handlers.backends import DType
 from handlers.calibration import SENTENCES
-from handlers.generation.settings import GenerationSettings
+from handlers.generation.cache import KvShape, SlotCache
+from handlers.generation.runner import Part, Runner
+from handlers.generation.settings import GenerationSettings, KvCache
 from handlers.samples import UserSamples
 from handlers.settings import Weights
 
@@ -115,11 +117,22 @@ class Agreement:
         )
 
 
+def through_int8_cache(model: nn.Module, ids: torch.Tensor, start: int) -> torch.Tensor:
+    """next_token_probabilities as the engine computes them on an int8 KV cache (cache.py): each
+    position attends to the keys and values of those before it as the cache holds them."""
+    dtype = next(model.parameters()).dtype
+    cache = SlotCache(KvShape.of(model.config), 1, ids.shape[1], dtype, int8=True)
+    logits = Runner(model, cache, ids.shape[1]).part(Part(0, tuple(ids[0].tolist()), 0, last=False), every=True)
+    return logits[start:-1].float().softmax(-1)
+
+
 @torch.no_grad()
-def measure(model: nn.Module, reference: Reference) -> Agreement:
+def measure(model: nn.Module, reference: Reference, kv_cache: KvCache = KvCache.DTYPE) -> Agreement:
+    """The served model's agreement with the float one's answers, through its KV cache's precision."""
+    probabilities = through_int8_cache if kv_cache is KvCache.INT8 else next_token_probabilities
     equal, distances = 0, []
     for judged in reference.prompts:
-        ours = next_token_probabilities(model, judged.ids, judged.start)
+        ours = probabilities(model, judged.ids, judged.start)
         equal += int((ours.argmax(-1) == judged.probabilities.argmax(-1)).sum())
         distances.append(0.5 * (ours - judged.probabilities).abs().sum(-1))
     every = torch.cat(distances) if distances else torch.zeros(0)
@@ -155,16 +168,26 @@ class AgreementLimits:
 # int8 weights round each weight to 1/254 of its channel's largest, coarser than bfloat16's
 # 8 bits of mantissa: their limits are looser, pass the tests' small models on int8 weights and
 # still refuse the one with a broken layer (the same tests).
-LIMITS: dict[DType | Weights, AgreementLimits] = {
-    DType.BFLOAT16: AgreementLimits(min_match_rate=0.85, max_distance_mean=0.1),
-    Weights.INT8: AgreementLimits(min_match_rate=0.8, max_distance_mean=0.15),
-}
+# An int8 KV cache (a scale per head and position) was as close to float32's as bfloat16 compute
+# on the tests' small models (tests/unit/handlers/generation/test_cache.py): bfloat16's limits.
+# Pairs, not a dict: the reductions are string enums, and Weights.INT8 == KvCache.INT8 == "int8".
+LIMITS: tuple[tuple[DType | Weights | KvCache, AgreementLimits], ...] = (
+    (DType.BFLOAT16, AgreementLimits(min_match_rate=0.85, max_distance_mean=0.1)),
+    (Weights.INT8, AgreementLimits(min_match_rate=0.8, max_distance_mean=0.15)),
+    (KvCache.INT8, AgreementLimits(min_match_rate=0.85, max_distance_mean=0.1)),
+)
+
+
+def limits_of(reduced: DType | Weights | KvCache) -> AgreementLimits | None:
+    """One reduction's default limits; None when it is none (float32, weights or KV in the dtype)."""
+    return next((limits for key, limits in LIMITS if key is reduced), None)
 
 
 def limits(settings: GenerationSettings) -> AgreementLimits | None:
     """What the served model must meet, or None when it is not judged. A model reduced twice
-    (bfloat16 on int8 weights) meets the looser of the two: its error is mostly the coarser one's."""
-    reductions = [LIMITS[reduced] for reduced in (settings.dtype, settings.weights) if reduced in LIMITS]
+    (bfloat16 on int8 weights, or with an int8 KV cache) meets the loosest: its error is mostly
+    the coarsest one's."""
+    reductions = [r for r in map(limits_of, (settings.dtype, settings.weights, settings.kv_cache)) if r is not None]
     if not reductions:
         return None
     rate, distance = settings.accuracy_min_match_rate, settings.accuracy_tolerance

@@ -43,6 +43,7 @@ with torchao_import():  # transformers' modeling code imports torchao when it is
 
 # A model's weights, activations and cache are in its served dtype.
 TORCH_DTYPES = {DType.FLOAT32: torch.float32, DType.BFLOAT16: torch.bfloat16}
+SCALE_DTYPE = torch.float32  # an int8 cache's scales: one per head and position
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,14 +62,29 @@ class KvShape:
         head_size = getattr(text, "head_dim", None) or text.hidden_size // heads
         return cls(text.num_hidden_layers, kv_heads, head_size)
 
-    def token_bytes(self, dtype: torch.dtype) -> int:
-        """Keys and values of every layer, for one position."""
-        return self.layers * 2 * self.kv_heads * self.head_size * dtype.itemsize
+    def token_bytes(self, dtype: torch.dtype, int8: bool = False) -> int:
+        """Keys and values of every layer, for one position (`int8`: a byte an element and a
+        float32 scale a head)."""
+        element = self.head_size + SCALE_DTYPE.itemsize if int8 else self.head_size * dtype.itemsize
+        return self.layers * 2 * self.kv_heads * element
 
 
-def row_bytes(config: PretrainedConfig, context: int, dtype: torch.dtype) -> int:
+def row_bytes(config: PretrainedConfig, context: int, dtype: torch.dtype, int8: bool = False) -> int:
     """What one sequence of `context` positions holds: the plan's count of a sequence's KV."""
-    return KvShape.of(config).token_bytes(dtype) * context
+    return KvShape.of(config).token_bytes(dtype, int8) * context
+
+
+def quantized(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 states [..., head_size] and their scales [..., 1]: each head's vector at a position
+    rounded to 1/127 of its largest magnitude (its own scale: one outlying token or head costs
+    no other its precision)."""
+    scale = states.abs().amax(-1, keepdim=True).float() / 127
+    ints = torch.where(scale > 0, states.float() / scale, 0.0).round().clamp(-127, 127)
+    return ints.to(torch.int8), scale
+
+
+def dequantized(ints: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (ints.float() * scales).to(dtype)
 
 
 def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, mmap.mmap]:
@@ -97,13 +113,18 @@ def give_back(mapping: mmap.mmap, start: int, length: int) -> None:
 
 
 class SlotCache(Cache):
-    def __init__(self, shape: KvShape, slots: int, context: int, dtype: torch.dtype):
+    def __init__(self, shape: KvShape, slots: int, context: int, dtype: torch.dtype, int8: bool = False):
         super().__init__(layers=[])
-        self.shape, self.slots, self.context, self.dtype = shape, slots, context, dtype
+        self.shape, self.slots, self.context, self.dtype, self.int8 = shape, slots, context, dtype, int8
         size = (shape.layers, slots, shape.kv_heads, context + 1, shape.head_size)  # and the scratch position
-        self.keys, key_mapping = untouched_zeros(size, dtype)
-        self.values, value_mapping = untouched_zeros(size, dtype)
-        self._mappings = ((self.keys, key_mapping), (self.values, value_mapping))
+        self.keys, key_mapping = untouched_zeros(size, torch.int8 if int8 else dtype)
+        self.values, value_mapping = untouched_zeros(size, torch.int8 if int8 else dtype)
+        mappings = [(self.keys, key_mapping), (self.values, value_mapping)]
+        if int8:  # a scale per head and position, beside them
+            self.key_scales, key_scale_mapping = untouched_zeros((*size[:-1], 1), SCALE_DTYPE)
+            self.value_scales, value_scale_mapping = untouched_zeros((*size[:-1], 1), SCALE_DTYPE)
+            mappings += [(self.key_scales, key_scale_mapping), (self.value_scales, value_scale_mapping)]
+        self._mappings = tuple(mappings)
         # Each layer's index a tensor of its own, read by the compiled kernels when they run: as a
         # constant it is part of their source, and each layer's kernels were compiled again (98 C++
         # compiles for Qwen2.5-0.5B's 24 layers, against 5).
@@ -132,7 +153,7 @@ class SlotCache(Cache):
     def copy(self, source: int, target: int, positions: slice) -> None:
         """Row `source`'s keys and values at `positions` written into row `target` (a prefix found
         in another row)."""
-        for tensor in (self.keys, self.values):
+        for tensor, _ in self._mappings:
             tensor[:, target, :, positions] = tensor[:, source, :, positions]
 
     def release(self, slot: int) -> None:
@@ -156,9 +177,23 @@ class SlotCache(Cache):
         # layer's view instead, the compiled forward copied the whole buffer (Qwen2.5-0.5B's
         # shape: a 1.5 s decode step, not 0.13 s).
         layer = self.layer_index[layer_idx]
-        self.keys[layer, self.row_index, :, self.positions] = key_states.transpose(1, 2).to(self.dtype)
-        self.values[layer, self.row_index, :, self.positions] = value_states.transpose(1, 2).to(self.dtype)
-        return keys[self.rows, :, : self.kv_length], values[self.rows, :, : self.kv_length]
+        if not self.int8:
+            self.keys[layer, self.row_index, :, self.positions] = key_states.transpose(1, 2).to(self.dtype)
+            self.values[layer, self.row_index, :, self.positions] = value_states.transpose(1, 2).to(self.dtype)
+            return keys[self.rows, :, : self.kv_length], values[self.rows, :, : self.kv_length]
+        # int8: written with their scales; read back as the states' dtype (a copy of the attended
+        # positions, where the float cache's are views), this step's own positions too.
+        attended = []
+        for states, ints, scales in (
+            (key_states, self.keys, self.key_scales),
+            (value_states, self.values, self.value_scales),
+        ):
+            ints[layer, self.row_index, :, self.positions], scales[layer, self.row_index, :, self.positions] = (
+                quantized(states.transpose(1, 2))
+            )
+            read = (self.rows, slice(None), slice(0, self.kv_length))
+            attended.append(dequantized(ints[layer_idx][read], scales[layer_idx][read], states.dtype))
+        return attended[0], attended[1]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.kv_length
@@ -170,4 +205,4 @@ class SlotCache(Cache):
     @property
     def bytes(self) -> int:
         """The cache's size (its resident part is what the load has written)."""
-        return 2 * self.keys.numel() * self.keys.element_size()
+        return sum(tensor.numel() * tensor.element_size() for tensor, _ in self._mappings)

@@ -71,6 +71,7 @@ class Engine(Scheduler):
         prefix_caching: bool = True,
         lookup: int = 0,
         kv_positions: int | None = None,
+        kv_int8: bool = False,
     ):
         super().__init__(decode, eos, slots, context, max_waiting, name)
         if kv_positions is not None and kv_positions < context:
@@ -79,7 +80,7 @@ class Engine(Scheduler):
             )
         self.prefill_chunk = prompt_chunk(prefill_chunk)
         self.prefix = PrefixCache(slots, block_size, prefix_caching)
-        self.cache = SlotCache(KvShape.of(model.config), slots, context, dtype)
+        self.cache = SlotCache(KvShape.of(model.config), slots, context, dtype, kv_int8)
         # What the cache may hold resident (the memory plan's); None: every row a whole context.
         self.budget = KvBudget(slots, kv_positions or slots * context)
         self.runner = Runner(model, self.cache, context, name, itt)
@@ -93,7 +94,7 @@ class Engine(Scheduler):
     @property
     def cache_bytes(self) -> int:
         """What the cache may hold resident: the budget's positions (it maps more, untouched)."""
-        return self.budget.positions * self.cache.shape.token_bytes(self.cache.dtype)
+        return self.budget.positions * self.cache.shape.token_bytes(self.cache.dtype, self.cache.int8)
 
     def kv_cache_usage(self) -> float:
         """The budget's share held by the rows of sequences in flight (a finished sequence's

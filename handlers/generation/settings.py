@@ -22,6 +22,7 @@ from handlers.typed_config import SettingsError, parse_settings
 # int8 (`weights`).
 GENERATION_BACKENDS = frozenset(b.value for b, traits in BACKENDS.items() if traits.generation_engine)
 GENERATION_DTYPES = frozenset({"float32", "bfloat16"})
+TORCH_ENGINE = "torch_engine"  # BackendTraits.generation_engine of the kit's own engine
 
 
 class Batching(enum.StrEnum):
@@ -36,6 +37,16 @@ class Batching(enum.StrEnum):
     # model has one worker: the frontend holds a model's queue while one of its workers waits for
     # a request, and another's steps would wait with it (wlm/Model.pollInferJob).
     CONTINUOUS = "continuous"
+
+
+class KvCache(enum.StrEnum):
+    """What the KV cache holds keys and values in (handlers/generation/cache.py)."""
+
+    DTYPE = "dtype"  # the served dtype
+    # A byte an element and a float32 scale per head and position: (head + 4) / (4 x head) of
+    # float32's bytes (28 % at a head of 64), judged against float32 before serving as a reduced
+    # dtype is. The kit's engine only.
+    INT8 = "int8"
 
 
 # The frontend's batch under continuousBatching: every request it has for the model's one worker
@@ -99,6 +110,9 @@ class GenerationSettings(OptimizationSettings):
     # the answer repeats its prompt (summaries, edits, extraction, code). 0: off. The kit's own
     # engine only (OpenVINO GenAI's pipeline: off, said at READY).
     prompt_lookup: int = 0
+    # What the KV cache holds keys and values in (KvCache): `int8` fits ~3.6x the positions of a
+    # float32 cache in the same memory (1.8x bfloat16's), read back at every step.
+    kv_cache: KvCache = KvCache.DTYPE
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -117,6 +131,11 @@ class GenerationSettings(OptimizationSettings):
         for name in ("max_waiting", "prefill_chunk", "prompt_lookup"):
             if (getattr(self, name) or 0) < 0:
                 raise SettingsError(f"{name} must be 0 or more, got {getattr(self, name)}")
+        if self.kv_cache is KvCache.INT8 and BACKENDS[self.backend].generation_engine != TORCH_ENGINE:
+            raise SettingsError(
+                f"kv_cache: int8 is the kit's engine's (backend eager or inductor), not {self.backend.value}'s: "
+                "OpenVINO's pipeline keeps its KV cache in the served dtype"
+            )
         rate = self.accuracy_min_match_rate
         if rate is not None and not 0 <= rate <= 1:
             raise SettingsError(f"accuracy_min_match_rate must be between 0 and 1 or null, got {rate}")
@@ -140,9 +159,10 @@ class GenerationSettings(OptimizationSettings):
     @property
     def precision(self) -> str:
         """What it computes in, and on what weights when they differ: "bfloat16", "bfloat16 on int8 weights"."""
-        if self.weights is Weights.DTYPE:
-            return self.dtype.value
-        return f"{self.dtype.value} on {self.weights.value} weights"
+        precision = (
+            self.dtype.value if self.weights is Weights.DTYPE else f"{self.dtype.value} on {self.weights.value} weights"
+        )
+        return precision + (" with an int8 KV cache" if self.kv_cache is KvCache.INT8 else "")
 
     def torchserve_keys(self) -> dict[str, typing.Any]:
         if self.batching is Batching.ASYNC:

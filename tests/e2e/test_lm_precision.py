@@ -1,5 +1,5 @@
-"""Your language model in reduced precision: bf16 and int8 weights judged against float32 before
-they serve (eager and Inductor) and refused by name when too far; OpenVINO's IRs judged when
+"""Your language model in reduced precision: bf16, int8 weights and an int8 KV cache judged
+against float32 before they serve (eager and Inductor) and refused by name when too far; OpenVINO's IRs judged when
 built and not installed when too far. A tiny random Qwen2 (tests/hf_models.py), made here under a
 name of its own (tests/e2e/language_models.py).
 """
@@ -45,6 +45,7 @@ def sources(tmp_path_factory):
 REDUCED = {
     "bf16": ({"dtype": "bfloat16"}, "bfloat16", cpu_refusal(DType.BFLOAT16)),
     "int8-weights": ({"weights": "int8"}, "float32 on int8 weights", ""),
+    "int8-kv": ({"kv_cache": "int8"}, "float32 with an int8 KV cache", ""),
 }
 
 
@@ -86,6 +87,7 @@ def test_a_reduced_precision_is_judged_against_float32_and_refused_by_name_when_
             ready = f"dtype={settings.get('dtype', 'float32')} .* weights={settings.get('weights', 'dtype')} "
             # The tied head packed (or int8) apart, the embedding's rows read from the file: held once.
             ready += r"\(linear kernels \d+MB\) \(other \d+MB\) \(embedding read from the file \d+MB\) "
+            ready += f"kv_cache={settings.get('kv_cache', 'dtype')} "
             assert re.search(rf"{good} ready: backend=eager {ready}", log)
             answer = generate(server, good, {"prompt": PROMPTS[0], "max_new_tokens": 8})
             assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1

@@ -44,3 +44,15 @@ def test_an_archives_sequences_come_from_its_config_and_settings(tmp_path):
         == expected
         == config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head * 512 * 2
     )
+
+
+def test_an_int8_kv_cache_is_counted_a_byte_an_element_and_a_float32_scale_a_head(tmp_path):
+    handler = {"architecture": "hf-causal-lm", "context_length": 512, "kv_cache": "int8"}
+    directory, archive = archive_of(tmp_path, handler)
+    config = json.loads((directory / "config.json").read_text())
+    head = config["hidden_size"] // config["num_attention_heads"]
+    per_head = head + 4  # int8 elements, a float32 scale
+    assert (
+        archive_sequences(archive).per_sequence
+        == config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * per_head * 512
+    )

@@ -13,10 +13,11 @@ from handlers.accuracy import AccuracyError
 from handlers.backends import DType, cpu_refusal
 from handlers.calibration import SENTENCES
 from handlers.generation import agreement
+from handlers.generation import cache as cache_module
 from handlers.generation.agreement import Agreement, AgreementLimits, Reference, measure, require
 from handlers.generation.packed_linear import can_pack, pack_linears
 from handlers.generation.quantized import int8_weights
-from handlers.generation.settings import GenerationSettings
+from handlers.generation.settings import GenerationSettings, KvCache
 from handlers.settings import Weights
 from tests.hf_models import gpt2_lm, qwen2_lm
 
@@ -50,7 +51,7 @@ def test_the_float_model_agrees_with_itself_entirely(family):
         0,
         0,
     )
-    require(agreed, agreement.LIMITS[DType.BFLOAT16], "float32")
+    require(agreed, agreement.limits_of(DType.BFLOAT16), "float32")
 
 
 @pytest.mark.skipif(bool(cpu_refusal(DType.BFLOAT16)) or not can_pack(), reason="this CPU does not compute bf16")
@@ -59,7 +60,7 @@ def test_bf16_as_served_passes_the_default_limits_and_differs_somewhere(family):
     served = copy.deepcopy(model).to(torch.bfloat16)
     pack_linears(served)
     agreed = measure(served, reference)
-    require(agreed, agreement.LIMITS[DType.BFLOAT16], "bfloat16")
+    require(agreed, agreement.limits_of(DType.BFLOAT16), "bfloat16")
     assert agreed.distance_max > 0  # it was judged, not the float model again
 
 
@@ -70,6 +71,29 @@ def test_int8_weights_as_served_pass_their_default_limits_and_differ_somewhere(f
     agreed = measure(served, reference)
     require(agreed, agreement.limits(GenerationSettings(weights=Weights.INT8)), "float32 on int8 weights")
     assert agreed.distance_max > 0
+
+
+def test_an_int8_kv_cache_is_judged_through_the_cache_and_passes_its_default_limits(family):
+    model, reference = family
+    served = copy.deepcopy(model)
+    agreed = measure(served, reference, KvCache.INT8)
+    settings = GenerationSettings(kv_cache=KvCache.INT8)
+    require(agreed, agreement.limits(settings), settings.precision)
+    assert agreed.distance_max > 0  # the cache's int8 was read: not the float model's numbers
+
+
+def test_an_int8_kv_cache_that_keeps_too_few_levels_is_refused_by_name(family, monkeypatch):
+    """A cache rounding to 1/15 of each vector's largest (a broken one) is too far: refused."""
+    model, reference = family
+
+    def coarse(states):
+        scale = states.abs().amax(-1, keepdim=True).float() / 7
+        return torch.where(scale > 0, states.float() / scale, 0.0).round().to(torch.int8), scale
+
+    monkeypatch.setattr(cache_module, "quantized", coarse)
+    settings = GenerationSettings(kv_cache=KvCache.INT8)
+    with pytest.raises(AccuracyError, match="float32 with an int8 KV cache answers too far from the float model"):
+        require(measure(copy.deepcopy(model), reference, KvCache.INT8), agreement.limits(settings), settings.precision)
 
 
 @pytest.mark.parametrize("reduced", [DType.BFLOAT16, Weights.INT8])
@@ -86,7 +110,7 @@ def test_a_layer_off_by_half_its_spread_is_refused_by_name(family, reduced):
         weight = linears[0].weight
         weight.add_(torch.randn_like(weight) * weight.std() * 0.5)
     with pytest.raises(AccuracyError, match="too far from the float model on held-out prompts") as refused:
-        require(measure(broken, reference), agreement.LIMITS[reduced], reduced.value)
+        require(measure(broken, reference), agreement.limits_of(reduced), reduced.value)
     assert f"{reduced.value} answers" in str(refused.value) and "greedy tokens" in str(refused.value)
 
 
@@ -100,14 +124,15 @@ def test_each_limit_fails_on_its_own_and_nan_fails():
 
 def test_float32_is_not_judged_and_a_model_files_limits_replace_the_dtypes():
     assert agreement.limits(GenerationSettings()) is None
-    assert agreement.limits(GenerationSettings(dtype=DType.BFLOAT16)) == agreement.LIMITS[DType.BFLOAT16]
+    assert agreement.limits(GenerationSettings(dtype=DType.BFLOAT16)) == agreement.limits_of(DType.BFLOAT16)
     settings = GenerationSettings(dtype=DType.BFLOAT16, accuracy_min_match_rate=0.99, accuracy_tolerance=0.01)
     assert agreement.limits(settings) == AgreementLimits(0.99, 0.01)
-    assert agreement.limits(GenerationSettings(weights=Weights.INT8)) == agreement.LIMITS[Weights.INT8]
+    assert agreement.limits(GenerationSettings(weights=Weights.INT8)) == agreement.limits_of(Weights.INT8)
+    assert agreement.limits(GenerationSettings(kv_cache=KvCache.INT8)) == agreement.limits_of(KvCache.INT8)
 
 
 def test_bf16_on_int8_weights_meets_the_looser_of_the_two():
-    bf16, int8 = agreement.LIMITS[DType.BFLOAT16], agreement.LIMITS[Weights.INT8]
+    bf16, int8 = agreement.limits_of(DType.BFLOAT16), agreement.limits_of(Weights.INT8)
     both = agreement.limits(GenerationSettings(dtype=DType.BFLOAT16, weights=Weights.INT8))
     assert both == AgreementLimits(
         min(bf16.min_match_rate, int8.min_match_rate), max(bf16.max_distance_mean, int8.max_distance_mean)

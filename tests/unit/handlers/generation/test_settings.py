@@ -20,6 +20,7 @@ from handlers.typed_config import SettingsError, parse_settings
         ("max_waiting", -1, "max_waiting must be 0 or more, got -1"),
         ("backend", "aoti", "a generative model is served by backend eager or inductor or openvino, not 'aoti'"),
         ("batching", "sync", "batching 'sync' is unknown; choose one of: async, continuous"),
+        ("kv_cache", "fp8", "kv_cache 'fp8' is unknown; choose one of: dtype, int8"),
     ],
 )
 def test_a_generative_models_settings_refuse_what_it_cannot_serve(key, value, message):
@@ -49,3 +50,12 @@ def test_a_language_model_on_int8_weights_names_both_precisions():
     assert parse_settings(GenerationSettings, {}).precision == "float32"
     with pytest.raises(SettingsError, match="weights 'int4' is unknown; choose one of: dtype, int8"):
         parse_settings(GenerationSettings, {"weights": "int4"})
+
+
+def test_an_int8_kv_cache_is_named_in_the_precision_and_refused_on_openvino():
+    settings = parse_settings(GenerationSettings, {"dtype": "bfloat16", "kv_cache": "int8"})
+    assert settings.precision == "bfloat16 with an int8 KV cache"
+    with pytest.raises(
+        SettingsError, match=re.escape("kv_cache: int8 is the kit's engine's (backend eager or inductor)")
+    ):
+        parse_settings(GenerationSettings, {"backend": "openvino", "kv_cache": "int8"})
