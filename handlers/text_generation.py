@@ -138,8 +138,8 @@ class TextGenerationHandler(StreamingHandler):
             metrics_writer(path, self.model_name, self.engine.metrics, self.engine.gauges).start()
         graphs, hits = graphs_compiled() - graphs, fx_graph_cache_counts()[0] - hits
         log.info(
-            "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%d contexts (%.0fMB, resident as used) "
-            "prefill_chunk=%d%s prefix_caching=%s prompt_lookup=%d weights=%s%s kv_cache=%s eos=%s load=%.1fs warmup=%.1fs "
+            "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%d contexts in %s (%.0fMB, resident as used) "
+            "prefill_chunk=%d%s prefix_caching=%s prompt_lookup=%d weights=%s%s eos=%s load=%.1fs warmup=%.1fs "
             "graphs=%d (%d from the compile cache)",
             self.model_name,
             settings.backend.value,
@@ -147,6 +147,7 @@ class TextGenerationHandler(StreamingHandler):
             settings.max_sequences,
             settings.context_length,
             self.kv_contexts,
+            KvCache.INT8.value if settings.kv_cache is KvCache.INT8 else settings.dtype.value,
             self.engine.cache_bytes / 1e6,
             self.engine.prefill_chunk,
             "" if self.step_times is None else f" ({self.step_times})",
@@ -154,7 +155,6 @@ class TextGenerationHandler(StreamingHandler):
             self.engine.lookup,
             settings.weights.value,
             "".join(f" ({part} {size / 1e6:.0f}MB)" for part, size in self.weight_bytes.items()),
-            settings.kv_cache.value,
             sorted(eos),
             load_seconds,
             warm_seconds,

@@ -74,7 +74,7 @@ def test_a_memory_budget_short_of_the_kv_caches_serves_smaller_ones_to_as_many_s
         log = server.logs.model_log.read_text(errors="replace")
         for model in MAKERS:
             ready = f"{model} ready: backend=eager dtype=float32 sequences={most[model]} "
-            assert re.search(rf"{ready}context=\d+ kv_cache={contexts[model]} contexts ", log), ready
+            assert re.search(rf"{ready}context=\d+ kv_cache={contexts[model]} contexts in float32 ", log), ready
         text, count = references[QWEN].prompt(PROMPTS[0])
         assert generate(server, QWEN, {"prompt": PROMPTS[0], "max_new_tokens": 24}).json()["text"] == text
     finally:

@@ -84,10 +84,11 @@ def test_a_reduced_precision_is_judged_against_float32_and_refused_by_name_when_
                 rf".* \(served in {precision}\)",
                 log,
             )
-            ready = f"dtype={settings.get('dtype', 'float32')} .* weights={settings.get('weights', 'dtype')} "
+            dtype = settings.get("dtype", "float32")
+            kv = "int8" if settings.get("kv_cache") == "int8" else dtype
+            ready = f"dtype={dtype} .* kv_cache=\\d+ contexts in {kv} .* weights={settings.get('weights', 'dtype')} "
             # The tied head packed (or int8) apart, the embedding's rows read from the file: held once.
             ready += r"\(linear kernels \d+MB\) \(other \d+MB\) \(embedding read from the file \d+MB\) "
-            ready += f"kv_cache={settings.get('kv_cache', 'dtype')} "
             assert re.search(rf"{good} ready: backend=eager {ready}", log)
             answer = generate(server, good, {"prompt": PROMPTS[0], "max_new_tokens": 8})
             assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] >= 1
