@@ -24,6 +24,11 @@ The buffers are mapped at the start but not touched (an anonymous mapping: the k
 page when it is first written), so the worker's memory grows with the positions the load uses,
 not with the cache's size, whichever allocator the worker preloads; `release` gives a row's
 pages back (kv_budget.py keeps what is resident within the memory plan's budget).
+
+An int8 cache (`int8=True`, the `kv_cache: int8` setting) holds int8 keys and values and a
+float32 scale per head and position beside them, [layers, slots, kv_heads, positions, 1]; a
+layer reads what it attends to back in the states' dtype (a copy, where the float cache's are
+views).
 """
 
 from __future__ import annotations

@@ -230,11 +230,17 @@ class Engine(Scheduler):
         """The free slot prefix.py picks; what another row holds of the sequence's text copied in."""
         free = set(range(self.slots)) - set(self.active)
         place = self.prefix.place(sequence.known, free)
+        found = place.found
         if place.source is not None:
-            self._make_room({place.row: place.found})  # room_for counted the whole sequence: there is
-            self.cache.copy(place.source, place.row, slice(place.held, place.found))
-        self.budget.hold({place.row: place.found})
-        sequence.computed = place.found
+            # Room made before the copy, never by giving back the row copied from (kept as it is).
+            if self._make_room({place.row: place.found, place.source: self.budget.held[place.source]}):
+                self.cache.copy(place.source, place.row, slice(place.held, place.found))
+            else:  # no room beside it: those blocks are computed, not copied
+                self.prefix.forget(place.row, place.held // self.prefix.block_size)
+                self.prefix.stats.hits -= place.found - place.held
+                found = place.held
+        self.budget.hold({place.row: found})
+        sequence.computed = found
         return place.row
 
     # -- what a step computes ---------------------------------------------------------------------

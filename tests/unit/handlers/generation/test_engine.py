@@ -691,3 +691,43 @@ def test_a_budget_below_one_context_is_refused_with_the_numbers(lm):
     model, tokenizer = lm
     with pytest.raises(ValueError, match="100 positions holds less than one context \\(256\\)"):
         budgeted(model, tokenizer, 100)
+
+
+def shared_prefix_after_finished_rows(model, tokenizer, slots: int, filler: bool):
+    """An engine whose rows hold, finished: a short prompt (row 0), a prompt of PROMPTS[2] and
+    " Why?" (row 1) and, with `filler`, another short one (row 2); its last row runs a long answer.
+    Returns it, the runner, the prompt sharing row 1's blocks and the blocks' positions."""
+    system = tokenizer(PROMPTS[2])["input_ids"]
+    first, second = system + tokenizer(" Why?")["input_ids"], system + tokenizer(" And then")["input_ids"]
+    eng = budgeted(model, tokenizer, 256, slots=slots, context=256, block_size=16)
+    short = [tokenizer("fox")["input_ids"], first] + ([tokenizer(PROMPTS[3])["input_ids"]] if filler else [])
+    finished = [eng.submit(Generation(tuple(ids), 1), Recorder()) for ids in short]
+    runner = eng.submit(Generation(tuple(tokenizer(PROMPTS[0])["input_ids"]), 200), Recorder())
+    while not all(s.sink.reason for s in finished):
+        eng.step()
+    assert [s.slot for s in (*finished, runner)] == list(range(slots))
+    return eng, runner, second, len(system) // 16 * 16  # the blocks the two prompts share
+
+
+@pytest.mark.parametrize("filler", [True, False])
+def test_a_prefix_in_a_finished_row_is_copied_when_room_is_made_without_giving_that_row_back(lm, filler):
+    """A new sequence takes the lowest free row and its prefix is in another finished row: room
+    for the copy is made by giving back other finished rows, never the one copied from (the copy
+    would read zeros). With no other to give back, the blocks are computed instead. Either way
+    the answer is transformers' and the budget is kept."""
+    model, tokenizer = lm
+    eng, runner, second, found = shared_prefix_after_finished_rows(model, tokenizer, 4 if filler else 3, filler)
+    # The runner grows until placing the second in row 0 needs finished rows given back.
+    while eng.budget.used + max(0, found - eng.budget.held[0]) <= 256:
+        eng.step()
+    assert eng.budget.held[runner.slot] + len(second) <= 256  # it is admitted at once
+    hits = eng.prefix.stats.hits
+    later = eng.submit(Generation(tuple(second), 8), Recorder())
+    eng.step()
+    assert later.slot == 0
+    assert eng.prefix.stats.hits - hits == (found if filler else 0)  # copied, or computed
+    assert eng.budget.held[2] == 0 if filler else eng.budget.held[1] == 0  # the filler given back, else the source
+    while eng.busy:
+        eng.step()
+        assert eng.budget.used <= 256
+    assert later.tokens == reference(model, second, 8)
