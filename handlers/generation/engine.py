@@ -132,14 +132,16 @@ class Engine(Scheduler):
     def _room_for(self, sequence: Running) -> bool:
         return self.budget.room_for(len(sequence.known), self.active)
 
-    @staticmethod
     def _written(
-        parts: list[tuple[Running, Part]], decoding: list[Running], drafted: tuple[Running, tuple[int, ...]] | None
+        self,
+        parts: list[tuple[Running, Part]],
+        decoding: list[Running],
+        drafted: tuple[Running, tuple[int, ...]] | None,
     ) -> dict[int, int]:
         """Each row's positions once the step has written: a decoding sequence's next, a prompt's
-        part, a draft and the token before it."""
+        part (a last one's padding too: its pages are written), a draft and the token before it."""
         written = {s.slot: s.computed + 1 for s in decoding}
-        written.update({s.slot: part.start + len(part.tokens) for s, part in parts})
+        written.update({s.slot: part.start + part.length(self.context) for s, part in parts})
         if drafted:
             sequence, draft = drafted
             written[sequence.slot] = sequence.computed + 1 + len(draft)

@@ -61,6 +61,12 @@ class Part:
     start: int
     last: bool
 
+    def length(self, context: int) -> int:
+        """The positions its forward writes from `start`: its tokens, a last part's padded to a
+        multiple of PROMPT_STEP within the context (fewer shapes to compile)."""
+        take = len(self.tokens)
+        return span(take, context - self.start, PROMPT_STEP) if self.last else take
+
 
 class Runner:
     def __init__(self, model: nn.Module, cache: SlotCache, context: int, name: str = "", itt: bool = False):
@@ -96,8 +102,7 @@ class Runner:
     def _part(self, part: Part):
         """ids and positions [1, length] (only a last part padded), and the mask [1, 1, length, kv]
         over the slot's cache before them and the part."""
-        take = len(part.tokens)
-        length = span(take, self.context - part.start, PROMPT_STEP) if part.last else take
+        take, length = len(part.tokens), part.length(self.context)
         ids = torch.zeros(1, length, dtype=torch.long)
         ids[0, :take] = torch.tensor(part.tokens, dtype=torch.long)
         positions = torch.arange(part.start, part.start + length)[None]

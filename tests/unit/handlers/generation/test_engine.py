@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from handlers.generation.engine import Engine, prompt_chunk
 from handlers.generation.lookup import PAUSE_MOST
-from handlers.generation.runner import MIN_ROWS
+from handlers.generation.runner import MIN_ROWS, PROMPT_STEP
 from handlers.generation.sampling import Sampling
 from handlers.generation.sequences import Finish, Generation, QueueFull, Usage
 from tests.hf_models import gpt2_lm, qwen2_lm
@@ -685,6 +685,24 @@ def test_a_finished_rows_prefix_stays_until_its_room_is_needed_then_it_is_given_
         eng.step()
         assert eng.budget.used <= context + 16
     assert eng.budget.held[1] == 0 and not eng.prefix.keys[1]  # its pages: test_cache.py
+
+
+def test_a_prompts_padding_is_counted_with_the_positions_it_writes(lm):
+    """A prompt's last part is padded to a multiple of PROMPT_STEP, and the padding is written in
+    the cache as the prompt is: the budget counts those positions too (they are resident)."""
+    model, tokenizer = lm
+    ids = tokenizer(PROMPTS[2])["input_ids"]
+    ids = ids[: len(ids) // PROMPT_STEP * PROMPT_STEP - 3]  # 5 positions of padding
+    eng = budgeted(model, tokenizer, 256)
+    sequence = eng.submit(Generation(tuple(ids), 3), Recorder())
+    eng.step()  # the prompt, whole, and its first token chosen
+    padded = len(ids) + 3
+    written = eng.cache.keys[0, sequence.slot, 0].abs().sum(-1) > 0
+    assert written[:padded].all() and not written[padded : eng.cache.scratch].any()  # idle rows write at scratch
+    assert eng.budget.held[sequence.slot] == padded
+    while eng.busy:
+        eng.step()
+    assert sequence.tokens == reference(model, ids, 3)
 
 
 def test_a_budget_below_one_context_is_refused_with_the_numbers(lm):
