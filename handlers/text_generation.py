@@ -219,6 +219,7 @@ class TextGenerationHandler(StreamingHandler):
             prompt_chunk(openvino_engine.PIPELINE_CHUNK if settings.prefill_chunk is None else settings.prefill_chunk),
             torch.get_num_threads(),  # the launcher's
             self.kv_contexts,
+            settings.kv_cache,
         )
         return OpenVinoEngine(
             pipeline,

@@ -15,7 +15,8 @@ from pathlib import Path
 import yaml
 
 from handlers.archive_files import MODEL_CONFIG, is_archive
-from handlers.generation.settings import GenerationSettings, KvCache
+from handlers.backends import BACKENDS
+from handlers.generation.settings import OPENVINO_ENGINE, TORCH_ENGINE, GenerationSettings, KvCache
 from handlers.typed_config import parse_settings
 from kit.layout import Sequences
 from kit.models import Model, Task, model_file
@@ -39,11 +40,15 @@ def archive_settings(archive: Path) -> GenerationSettings:
 def archive_sequences(archive: Path) -> Sequences:
     from transformers import AutoConfig
 
-    from handlers.generation.cache import TORCH_DTYPES, row_bytes
+    from handlers.generation.cache import SCALE_DTYPE, TORCH_DTYPES, row_bytes
+    from handlers.generation.openvino_engine import KV_INT8_SIDE
 
+    # What an int8 cache keeps beside each head's vector, by the engine that holds it.
+    int8_sides = {TORCH_ENGINE: SCALE_DTYPE.itemsize, OPENVINO_ENGINE: KV_INT8_SIDE}
     settings = archive_settings(archive)
     config = AutoConfig.for_model(**json.loads((archive / HF_CONFIG).read_text()))
     int8 = settings.kv_cache is KvCache.INT8
+    side = int8_sides[BACKENDS[settings.backend].generation_engine]
     return Sequences(
-        row_bytes(config, settings.context_length, TORCH_DTYPES[settings.dtype], int8), settings.max_sequences
+        row_bytes(config, settings.context_length, TORCH_DTYPES[settings.dtype], int8, side), settings.max_sequences
     )

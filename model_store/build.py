@@ -190,7 +190,7 @@ def export_language_model(handler_config: dict, staging: Path, label: str) -> No
         tokenizer = AutoTokenizer.from_pretrained(str(staging), local_files_only=True)
         prompts = agreement.held_out_prompts(staging, settings, lambda text: list(tokenizer(text)["input_ids"]))
         reference = agreement.Reference.of(load_model(settings, staging), prompts, agreement.judged_tokens(settings))
-        agreed = agreement.measure(openvino_engine.Forward.load(ir, settings.dtype), reference)
+        agreed = agreement.measure(openvino_engine.Forward.load(ir, settings.dtype, settings.kv_cache), reference)
         say(
             f"accuracy against float32 ({settings.precision}, judged in {time.perf_counter() - start:.0f}s): {agreed.summary()}"
         )

@@ -67,16 +67,18 @@ class KvShape:
         head_size = getattr(text, "head_dim", None) or text.hidden_size // heads
         return cls(text.num_hidden_layers, kv_heads, head_size)
 
-    def token_bytes(self, dtype: torch.dtype, int8: bool = False) -> int:
-        """Keys and values of every layer, for one position (`int8`: a byte an element and a
-        float32 scale a head)."""
-        element = self.head_size + SCALE_DTYPE.itemsize if int8 else self.head_size * dtype.itemsize
+    def token_bytes(self, dtype: torch.dtype, int8: bool = False, side: int = SCALE_DTYPE.itemsize) -> int:
+        """Keys and values of every layer, for one position (`int8`: a byte an element and `side`
+        bytes a head beside them, this cache's float32 scale by default)."""
+        element = self.head_size + side if int8 else self.head_size * dtype.itemsize
         return self.layers * 2 * self.kv_heads * element
 
 
-def row_bytes(config: PretrainedConfig, context: int, dtype: torch.dtype, int8: bool = False) -> int:
+def row_bytes(
+    config: PretrainedConfig, context: int, dtype: torch.dtype, int8: bool = False, side: int = SCALE_DTYPE.itemsize
+) -> int:
     """What one sequence of `context` positions holds: the plan's count of a sequence's KV."""
-    return KvShape.of(config).token_bytes(dtype, int8) * context
+    return KvShape.of(config).token_bytes(dtype, int8, side) * context
 
 
 def quantized(states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

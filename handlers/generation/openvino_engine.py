@@ -29,12 +29,18 @@ from handlers.generation.grammar import Dialect
 from handlers.generation.sampling import Sampling
 from handlers.generation.scheduler import Running, Scheduler
 from handlers.generation.sequences import Finish
+from handlers.generation.settings import KvCache
 from handlers.itt import inference_range
 
 log = logging.getLogger(__name__)
-# The CPU plugin's inference precision, and the KV cache's: the served dtype. Its default cache
-# precision on CPU is u8, a reduction the accuracy guard would not see in the served dtype's name.
+# The CPU plugin's inference precision, and the KV cache's: the served dtype, or u8 where the
+# settings ask for an int8 cache. Its default cache precision on CPU is u8, a reduction the accuracy
+# guard would not see in the served dtype's name: always set.
 PRECISIONS = {DType.FLOAT32: "f32", DType.BFLOAT16: "bf16"}
+KV_INT8 = "u8"
+# Bytes its u8 cache keeps beside each head's vector at a position: a float32 scale and zero point
+# (read back from the pipeline: 40 bytes a head of 32, against 128 in f32).
+KV_INT8_SIDE = 8
 # Positions per block of the CPU plugin's paged KV cache (measured: 10 blocks hold 320 tokens);
 # the cache is sized in blocks. Were it other, the log's cache size (read back) says so.
 BLOCK = 32
@@ -46,10 +52,14 @@ MODEL = "openvino_model.xml"  # in the IR directory, beside the tokenizer's mode
 DIRECTORY = "openvino"  # the IR's directory in an archive's model directory
 
 
-def precision_properties(dtype: DType) -> dict[str, str]:
-    """The CPU plugin's properties that compute and cache in `dtype`: the pipeline's and the guard's alike."""
+def precision_properties(dtype: DType, kv_cache: KvCache = KvCache.DTYPE) -> dict[str, str]:
+    """The CPU plugin's properties that compute in `dtype` and cache as `kv_cache` says: the
+    pipeline's and the guard's alike."""
     precision = PRECISIONS[dtype]
-    return {"INFERENCE_PRECISION_HINT": precision, "KV_CACHE_PRECISION": precision}
+    return {
+        "INFERENCE_PRECISION_HINT": precision,
+        "KV_CACHE_PRECISION": KV_INT8 if kv_cache is KvCache.INT8 else precision,
+    }
 
 
 @dataclasses.dataclass
@@ -60,11 +70,19 @@ class Pipeline:
 
     @classmethod
     def load(
-        cls, ir_dir: Path, dtype: DType, slots: int, context: int, chunk: int, threads: int, kv_contexts: int
+        cls,
+        ir_dir: Path,
+        dtype: DType,
+        slots: int,
+        context: int,
+        chunk: int,
+        threads: int,
+        kv_contexts: int,
+        kv_cache: KvCache = KvCache.DTYPE,
     ) -> Pipeline:
         """`slots` sequences of `context` tokens at most, sharing a KV cache of `kv_contexts`
-        contexts (the pipeline preempts a sequence when its blocks run out); `chunk` prompt
-        tokens a step at most (0: each prompt whole as it is admitted)."""
+        contexts held as `kv_cache` says (the pipeline preempts a sequence when its blocks run
+        out); `chunk` prompt tokens a step at most (0: each prompt whole as it is admitted)."""
         import openvino_genai
 
         scheduler = openvino_genai.SchedulerConfig()
@@ -77,7 +95,8 @@ class Pipeline:
         scheduler.enable_prefix_caching = False
         # A step's tokens: a chunk, and a decode row per sequence; whole, a prompt the context holds.
         scheduler.max_num_batched_tokens = (chunk + slots) if chunk else context * slots
-        properties = {**precision_properties(dtype), "INFERENCE_NUM_THREADS": threads}  # the launcher's, as torch's
+        threading = {"INFERENCE_NUM_THREADS": threads}  # the launcher's, as torch's
+        properties = {**precision_properties(dtype, kv_cache), **threading}
         return cls(openvino_genai.ContinuousBatchingPipeline(str(ir_dir), scheduler, "CPU", properties))
 
     def add(self, request_id: int, prompt: Sequence[int], max_new_tokens: int, sampling: Sampling, grammar: str = ""):
@@ -121,10 +140,10 @@ class Forward:
     request: object  # an openvino InferRequest
 
     @classmethod
-    def load(cls, ir_dir: Path, dtype: DType) -> Forward:
+    def load(cls, ir_dir: Path, dtype: DType, kv_cache: KvCache = KvCache.DTYPE) -> Forward:
         import openvino as ov
 
-        compiled = ov.Core().compile_model(str(ir_dir / MODEL), "CPU", precision_properties(dtype))
+        compiled = ov.Core().compile_model(str(ir_dir / MODEL), "CPU", precision_properties(dtype, kv_cache))
         return cls(compiled.create_infer_request())
 
     def __call__(self, input_ids, attention_mask=None, **_):

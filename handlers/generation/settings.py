@@ -23,6 +23,7 @@ from handlers.typed_config import SettingsError, parse_settings
 GENERATION_BACKENDS = frozenset(b.value for b, traits in BACKENDS.items() if traits.generation_engine)
 GENERATION_DTYPES = frozenset({"float32", "bfloat16"})
 TORCH_ENGINE = "torch_engine"  # BackendTraits.generation_engine of the kit's own engine
+OPENVINO_ENGINE = "openvino_engine"  # ... of OpenVINO GenAI's pipeline
 
 
 class Batching(enum.StrEnum):
@@ -45,7 +46,7 @@ class KvCache(enum.StrEnum):
     DTYPE = "dtype"  # the served dtype
     # A byte an element and a float32 scale per head and position: (head + 4) / (4 x head) of
     # float32's bytes (27 % at a head of 64), judged against float32 before serving as a reduced
-    # dtype is. The kit's engine only.
+    # dtype is. On OpenVINO's pipeline, its CPU plugin's u8 cache (a scale and a zero point).
     INT8 = "int8"
 
 
@@ -131,11 +132,6 @@ class GenerationSettings(OptimizationSettings):
         for name in ("max_waiting", "prefill_chunk", "prompt_lookup"):
             if (getattr(self, name) or 0) < 0:
                 raise SettingsError(f"{name} must be 0 or more, got {getattr(self, name)}")
-        if self.kv_cache is KvCache.INT8 and BACKENDS[self.backend].generation_engine != TORCH_ENGINE:
-            raise SettingsError(
-                f"kv_cache: int8 is the kit's engine's (backend eager or inductor), not {self.backend.value}'s: "
-                "OpenVINO's pipeline keeps its KV cache in the served dtype"
-            )
         rate = self.accuracy_min_match_rate
         if rate is not None and not 0 <= rate <= 1:
             raise SettingsError(f"accuracy_min_match_rate must be between 0 and 1 or null, got {rate}")

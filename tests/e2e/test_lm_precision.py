@@ -107,14 +107,20 @@ def test_a_reduced_precision_is_judged_against_float32_and_refused_by_name_when_
 
 def test_an_openvino_variant_is_judged_when_built_and_not_installed_when_too_far(sources, tmp_path):
     """An openvino variant's IR is exported by `make archive` (model_store/openvino_lm.py) and, on
-    int8 weights (compressed at export; computed in float32 here so that every CPU runs it),
-    judged there against the float model on held-out prompts: within the limits it is installed
-    without the source's weights (the IR holds them) and serves; with a model file's stricter
-    limit the build names what failed and installs nothing."""
+    int8 weights (compressed at export; computed in float32 here so that every CPU runs it) with
+    an int8 KV cache (the CPU plugin's u8), judged there against the float model on held-out
+    prompts: within the limits it is installed without the source's weights (the IR holds them)
+    and serves; with a model file's stricter limit the build names what failed and installs
+    nothing."""
     document = yaml.safe_load(model_file(QWEN).read_text())
     made = {
-        "test-yours-lm-ov-int8": {"weights": "int8"},
-        "test-yours-lm-ov-int8-strict": {"weights": "int8", "accuracy_tolerance": 1e-4, "accuracy_prompts": 4},
+        "test-yours-lm-ov-int8": {"weights": "int8", "kv_cache": "int8"},
+        "test-yours-lm-ov-int8-strict": {
+            "weights": "int8",
+            "kv_cache": "int8",
+            "accuracy_tolerance": 1e-4,
+            "accuracy_prompts": 4,
+        },
     }
     for name, settings in made.items():
         model_file(name).write_text(
@@ -126,7 +132,7 @@ def test_an_openvino_variant_is_judged_when_built_and_not_installed_when_too_far
         done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert re.search(
-            rf"openvino/{good}: accuracy against float32 \(float32 on int8 weights, judged in \d+s\): "
+            rf"openvino/{good}: accuracy against float32 \(float32 on int8 weights with an int8 KV cache, judged in \d+s\): "
             r"greedy tokens [\d.]+% equal \(\d+ of \d+ positions, 8 prompts\)",
             done.stdout,
         ), done.stdout[-3000:]
@@ -137,7 +143,8 @@ def test_an_openvino_variant_is_judged_when_built_and_not_installed_when_too_far
         try:
             log = server.logs.model_log.read_text(errors="replace")
             assert re.search(
-                rf"{good} ready: backend=openvino dtype=float32 .* prefix_caching=off prompt_lookup=0 weights=int8 ",
+                rf"{good} ready: backend=openvino dtype=float32 .* kv_cache=\d+ contexts in int8 .* "
+                "prefix_caching=off prompt_lookup=0 weights=int8 ",
                 log,
             )
             answer = generate(server, good, {"prompt": PROMPTS[0], "max_new_tokens": 8, "ignore_eos": True})
@@ -150,7 +157,8 @@ def test_an_openvino_variant_is_judged_when_built_and_not_installed_when_too_far
         said = done.stdout + done.stderr
         # The stricter limit fails, named (the share of greedy tokens may fail before it, listed first).
         assert (
-            f"openvino/{strict} is not installed: float32 on int8 weights answers too far from the float model "
+            f"openvino/{strict} is not installed: float32 on int8 weights with an int8 KV cache answers too far "
+            "from the float model "
             "on held-out prompts: "
         ) in said
         assert re.search(r"next-token distance mean [\d.]+ > 0\.0001", said), said[-2000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 import torch
 import yaml
 from transformers import AutoConfig
@@ -46,13 +47,16 @@ def test_an_archives_sequences_come_from_its_config_and_settings(tmp_path):
     )
 
 
-def test_an_int8_kv_cache_is_counted_a_byte_an_element_and_a_float32_scale_a_head(tmp_path):
-    handler = {"architecture": "hf-causal-lm", "context_length": 512, "kv_cache": "int8"}
+@pytest.mark.parametrize(
+    ("backend", "side"),
+    [("inductor", 4), ("openvino", 8)],  # the kit's float32 scale; OpenVINO's u8: a scale and a zero point
+)
+def test_an_int8_kv_cache_is_counted_a_byte_an_element_and_what_its_engine_keeps_a_head(tmp_path, backend, side):
+    handler = {"architecture": "hf-causal-lm", "backend": backend, "context_length": 512, "kv_cache": "int8"}
     directory, archive = archive_of(tmp_path, handler)
     config = json.loads((directory / "config.json").read_text())
     head = config["hidden_size"] // config["num_attention_heads"]
-    per_head = head + 4  # int8 elements, a float32 scale
     assert (
         archive_sequences(archive).per_sequence
-        == config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * per_head * 512
+        == config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * (head + side) * 512
     )

@@ -9,10 +9,12 @@ from __future__ import annotations
 import openvino_genai
 import pytest
 
+from handlers.backends import DType
 from handlers.generation.grammar import Dialect, Grammars
-from handlers.generation.openvino_engine import SEED_BITS, OpenVinoEngine, Pipeline
+from handlers.generation.openvino_engine import SEED_BITS, OpenVinoEngine, Pipeline, precision_properties
 from handlers.generation.sampling import Sampling
 from handlers.generation.sequences import Finish, Generation, QueueFull, Usage
+from handlers.generation.settings import KvCache
 from tests.unit.handlers.generation.test_engine import Recorder
 
 RUNNING, FINISHED, IGNORED = (
@@ -254,3 +256,17 @@ def test_a_constrained_request_reaches_the_pipeline_with_its_grammar_and_no_matc
     assert running.matcher is None  # the pipeline follows the grammar, not the kit's masks
     finish(e)
     assert pipeline.asked[0][4].startswith("root ::= json_boolean\n")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "kv_cache", "expected"),
+    [
+        (DType.FLOAT32, KvCache.DTYPE, {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}),
+        (DType.BFLOAT16, KvCache.DTYPE, {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "bf16"}),
+        (DType.FLOAT32, KvCache.INT8, {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "u8"}),
+        (DType.BFLOAT16, KvCache.INT8, {"INFERENCE_PRECISION_HINT": "bf16", "KV_CACHE_PRECISION": "u8"}),
+    ],
+)
+def test_the_cpu_plugin_computes_in_the_served_dtype_and_caches_as_the_settings_say(dtype, kv_cache, expected):
+    # Always both: the plugin's own default cache on CPU is u8, whatever the served dtype.
+    assert precision_properties(dtype, kv_cache) == expected

@@ -52,10 +52,7 @@ def test_a_language_model_on_int8_weights_names_both_precisions():
         parse_settings(GenerationSettings, {"weights": "int4"})
 
 
-def test_an_int8_kv_cache_is_named_in_the_precision_and_refused_on_openvino():
-    settings = parse_settings(GenerationSettings, {"dtype": "bfloat16", "kv_cache": "int8"})
+@pytest.mark.parametrize("backend", ["inductor", "openvino"])
+def test_an_int8_kv_cache_is_named_in_the_precision_on_either_engine(backend):
+    settings = parse_settings(GenerationSettings, {"backend": backend, "dtype": "bfloat16", "kv_cache": "int8"})
     assert settings.precision == "bfloat16 with an int8 KV cache"
-    with pytest.raises(
-        SettingsError, match=re.escape("kv_cache: int8 is the kit's engine's (backend eager or inductor)")
-    ):
-        parse_settings(GenerationSettings, {"backend": "openvino", "kv_cache": "int8"})
