@@ -15,8 +15,8 @@ from pathlib import Path
 import yaml
 
 from handlers.archive_files import MODEL_CONFIG, is_archive
-from handlers.backends import BACKENDS
-from handlers.generation.settings import OPENVINO_ENGINE, TORCH_ENGINE, GenerationSettings, KvCache
+from handlers.backends import BACKENDS, OPENVINO_ENGINE, TORCH_ENGINE
+from handlers.generation.settings import GenerationSettings, KvCache
 from handlers.typed_config import parse_settings
 from kit.layout import Sequences
 from kit.models import Model, Task, model_file

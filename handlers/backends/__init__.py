@@ -67,9 +67,12 @@ class BackendTraits:
     generation_engine: str = ""
 
 
+# BackendTraits.generation_engine's values: the kit's own engine, OpenVINO GenAI's pipeline.
+TORCH_ENGINE, OPENVINO_ENGINE = "torch_engine", "openvino_engine"
+
 BACKENDS: dict[Backend, BackendTraits] = {
-    Backend.EAGER: BackendTraits("eager", FLOATS, generation_engine="torch_engine"),
-    Backend.INDUCTOR: BackendTraits("inductor", FLOATS, generation_engine="torch_engine"),
+    Backend.EAGER: BackendTraits("eager", FLOATS, generation_engine=TORCH_ENGINE),
+    Backend.INDUCTOR: BackendTraits("inductor", FLOATS, generation_engine=TORCH_ENGINE),
     # IPEX 2.8 imports only with torch 2.8, hence its own environment. Its traced path serves bf16
     # (ipex.optimize's bf16 weights, traced under autocast); its compiled one, measured slower
     # than plain Inductor, stays float32 for comparison.
@@ -85,7 +88,7 @@ BACKENDS: dict[Backend, BackendTraits] = {
         FLOATS | {DType.INT8},
         precompiled=True,
         preloaded_allocator=False,
-        generation_engine="openvino_engine",
+        generation_engine=OPENVINO_ENGINE,
     ),
 }
 

@@ -22,8 +22,6 @@ from handlers.typed_config import SettingsError, parse_settings
 # int8 (`weights`).
 GENERATION_BACKENDS = frozenset(b.value for b, traits in BACKENDS.items() if traits.generation_engine)
 GENERATION_DTYPES = frozenset({"float32", "bfloat16"})
-TORCH_ENGINE = "torch_engine"  # BackendTraits.generation_engine of the kit's own engine
-OPENVINO_ENGINE = "openvino_engine"  # ... of OpenVINO GenAI's pipeline
 
 
 class Batching(enum.StrEnum):
