@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 
+from handlers.archive_files import MANIFEST
 from kit.pin_worker import is_worker
 from kit.server import LAUNCHER_MODULE
 
@@ -40,9 +41,7 @@ def group_of(process: psutil.Process, model: str) -> str:
 
 def model_of(process: psutil.Process) -> str:
     with contextlib.suppress(OSError, ValueError, KeyError, psutil.Error):
-        manifest = os.path.join(process.cwd(), "MAR-INF", "MANIFEST.json")
-        with open(manifest) as file:
-            return json.load(file)["model"]["modelName"]
+        return json.loads((Path(process.cwd()) / MANIFEST).read_text())["model"]["modelName"]
     return ""
 
 

@@ -96,6 +96,8 @@ def main(args: list[str]) -> None:
     python = os.environ[PYTHON_VAR]
     args = worker_args(args, Path.cwd())
     layout_file = Path(os.environ[LAYOUT_VAR])
+    # handlers/archive_files.py's MANIFEST, spelled here: this script runs before the kit's root is
+    # on the path (sys.path[0] is kit/), and it stays standard library only.
     model = json.loads(Path("MAR-INF/MANIFEST.json").read_text())["model"]["modelName"]
     plan = json.loads(layout_file.read_text())["models"].get(model)
     if plan is None:  # a model the plan does not know (registered later): unpinned, as TorchServe would
