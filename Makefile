@@ -26,7 +26,7 @@ help:
 	@echo "make serve [CONFIG=optimized|baseline|tuned|path.yaml] [VARIANT=name] [MODELS=resnet50,bert] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1] [ITT_TRACE=1] [MEMORY=6Gi]"
 	@echo "make itt-trace   (after make serve ITT_TRACE=1: the workers' ITT ranges as logs/itt/trace.json)"
 	@echo "make stop | status | archive | lint | format | clean | install-ipex"
-	@echo "make test [LEAN=1] = test-unit, test-container, test-ipex, test-e2e in turn (LEAN=1 removes each part's own environment, archives and image after it)"
+	@echo "make test [LEAN=1] = test-unit, test-ipex, test-container, test-e2e in turn (LEAN=1 removes each part's own environment, archives and image after it)"
 	@echo "make image [IMAGE=tag] [IMAGE_VARIANTS=inductor,aoti-int8] [MODELS=minilm] [BASE=image] | image-context (for docker build)"
 	@echo "make image-start [MODELS=...] [ROUNDS=N]   (container start to ready, per cold-start option)"
 	@echo "make bench [PLAN=quick|default|full|versus] | tune [MODELS=lm STREAMS=16 ITL_MS=150] | soak [SOAK_SECONDS=300] | bench-preprocess"
@@ -136,7 +136,7 @@ test-archives: install
 # it peaked at). LEAN=1 (CI) removes what only one part reads once that part has passed: .venv-ipex
 # and the ipex archives (4.9 GB), the tests' image and its build (2.8 GB), so that the disk holds
 # one part's things at a time. Markers (pyproject.toml) say which part an e2e test belongs to.
-test: test-unit test-container test-ipex test-e2e
+test: test-unit test-ipex test-container test-e2e
 
 # A test process per CPU this process may use (its CPU set, capped by a cgroup quota: kit/topology.py).
 TEST_WORKERS ?= $(shell $(PY) -c 'from kit.topology import read_topology; t = read_topology(); \
