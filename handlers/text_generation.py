@@ -95,6 +95,7 @@ class TextGenerationHandler(StreamingHandler):
     replies: Transport | None = None  # the worker's, once it has loaded the model
     weight_bytes: dict[str, int] = {}  # the model's weights by part, where the kit holds them (torch_engine)
     step_times: StepTimes | None = None  # what chose the chunk, where the settings left it open (warm_up)
+    whole_graphs_loaded = 0  # the compiled forward's, from the archive (torch_engine)
 
     def initialize(self, context) -> None:
         from transformers import AutoConfig, AutoTokenizer
@@ -140,7 +141,7 @@ class TextGenerationHandler(StreamingHandler):
         log.info(
             "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%d contexts in %s (%.0fMB, resident as used) "
             "prefill_chunk=%d%s prefix_caching=%s prompt_lookup=%d weights=%s%s eos=%s load=%.1fs warmup=%.1fs "
-            "graphs=%d (%d from the compile cache)",
+            "graphs=%d (%d loaded whole, %d from the compile cache)",
             self.model_name,
             settings.backend.value,
             settings.dtype.value,
@@ -158,7 +159,8 @@ class TextGenerationHandler(StreamingHandler):
             sorted(eos),
             load_seconds,
             warm_seconds,
-            graphs,
+            graphs + self.whole_graphs_loaded,
+            self.whole_graphs_loaded,
             hits,
         )
         self.initialized = True
@@ -190,7 +192,9 @@ class TextGenerationHandler(StreamingHandler):
             agreement.require(agreed, guard, settings.precision)
         if settings.backend is Backend.INDUCTOR:
             log.info("%s: %s", self.model_name, compiled.unpack(model_dir, compiled.cache_dir()))
-            model.forward = compiled.compile_forward(model)
+            model.forward, said = compiled.compile_forward(model, model_dir)
+            self.whole_graphs_loaded = model.forward.loaded  # traced by no one: not among Dynamo's graphs
+            log.info("%s: %s", self.model_name, said)
         return Engine(
             model,
             self.decode,

@@ -130,7 +130,7 @@ HF_WEIGHTS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")
 
 
 # What a language model worker's READY line says it compiled (handlers/text_generation.py).
-GRAPHS = re.compile(r"graphs=\d+ \(\d+ from the compile cache\)")
+GRAPHS = re.compile(r"graphs=\d+ \(\d+ loaded whole, \d+ from the compile cache\)")
 
 
 def compile_language_model(handler_config: dict, staging: Path, label: str) -> None:

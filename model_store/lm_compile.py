@@ -1,7 +1,8 @@
 """`python -m model_store.lm_compile STAGING NAME SETTINGS`: a language model worker's start (load,
 compile, warm-up: handlers/text_generation.py) in a process of its own, on the archive's staged
 files and `handler:` SETTINGS (JSON); then the Inductor cache it filled (TORCHINDUCTOR_CACHE_DIR,
-one of the build's own) shipped into STAGING (handlers/generation/compiled.py).
+one of the build's own) and the whole graphs it compiled shipped into STAGING
+(handlers/generation/compiled.py).
 
 Exit REFUSED (3): the accuracy guard refused the model at its precision, its reason on stderr.
 """
@@ -24,14 +25,15 @@ def main(argv: list[str]) -> int:
     from handlers.outside_context import worker_context
     from handlers.text_generation import TextGenerationHandler
 
+    handler = TextGenerationHandler()
     try:
-        TextGenerationHandler().initialize(worker_context(staging, name, settings))
+        handler.initialize(worker_context(staging, name, settings))
     except AccuracyError as error:
         print(error, file=sys.stderr)
         return REFUSED
-    shipped = compiled.ship(compiled.cache_dir(), staging)
-    size = sum(path.stat().st_size for path in shipped.rglob("*") if path.is_file())
-    print(f"shipped {shipped.name} ({size / 1e6:.1f} MB)")
+    shipped, whole = compiled.ship(compiled.cache_dir(), staging, handler.engine.model.forward)
+    size = sum(path.stat().st_size for path in shipped.parent.rglob("*") if path.is_file())
+    print(f"shipped {shipped.name} ({size / 1e6:.1f} MB; whole graphs: {', '.join(whole) or 'none'})")
     return 0
 
 

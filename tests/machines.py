@@ -28,3 +28,15 @@ MACHINES = {
     "this-vm": machine("this-vm-2c"),
     "this-vm-taskset-1": machine("this-vm-2c", allowed="1"),
 }
+
+
+def bfloat16_param():
+    """torch.bfloat16 as a test parameter, skipped on a CPU the kit refuses to serve bf16 on: its
+    oneDNN kernels need AVX-512 (or AVX-NE-CONVERT), which an AVX2-only CPU lacks."""
+    import pytest
+    import torch
+
+    from handlers.backends import DType, cpu_refusal
+
+    refusal = cpu_refusal(DType.BFLOAT16)
+    return pytest.param(torch.bfloat16, marks=pytest.mark.skipif(bool(refusal), reason=refusal))

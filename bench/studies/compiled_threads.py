@@ -62,7 +62,7 @@ def measure(source: str, rounds: int) -> list[Timing]:
     with torch.inference_mode():
         for mode, options in MODES.items():
             copied = copy.deepcopy(model)
-            copied.forward = compiled.compile_forward(copied, options)
+            copied.forward = compiled.compile_traced(copied, options)
             cache = SlotCache(KvShape.of(model.config), slots=max(ROWS), context=2048, dtype=torch.float32)
             runners[mode] = Runner(copied, cache, 2048)
             started = time.monotonic()

@@ -141,6 +141,11 @@ class SlotCache(Cache):
         self.positions = torch.zeros(slots, 1, dtype=torch.long)
         self.kv_length = context
 
+    def __getstate__(self) -> dict:
+        """Without the mappings, which are this process's: torch pickles the objects a whole graph
+        was traced with (precompiled.py), for their structure."""
+        return {name: value for name, value in self.__dict__.items() if name != "_mappings"}
+
     @property
     def scratch(self) -> int:
         """The position a row writes at when it has nothing to compute (never read)."""

@@ -1,22 +1,25 @@
 """A language model's forward compiled, and its graphs shipped in its archive: the Inductor cache a
-build filled.
+build filled, and each kind of step's whole graph (precompiled.py).
 
-    ship(cache, model_dir)           # the build (model_store/lm_compile.py), after a worker's start
-    said = unpack(model_dir, cache)  # a worker, before it compiles: what it found, in a phrase
-    model.forward = compile_forward(model)
+    ship(cache, model_dir, model.forward)   # the build (model_store/lm_compile.py), after a worker's start
+    said = unpack(model_dir, cache)         # a worker, before it compiles: what it found, in a phrase
+    model.forward, said = compile_forward(model, model_dir)
 
 A worker's first start on a machine compiles its graphs (Qwen2.5-0.5B's shape: 98 s of warm-up on
-2 cores); later starts find them in the Inductor cache. The build runs a worker's own start (load,
-compile, warm-up) with a cache of its own and ships that cache's files: the FX graphs,
-AOTAutograd's entries and the kernels' compiled libraries. torch's cache artifacts
-(`torch.compiler.save_cache_artifacts`) carry the graphs but not the libraries, which each start
-then compiles again: a tiny Qwen2's warm-up took 48 s with neither, 26 s with the artifacts, 8 s
-with the cache's files (2-core AMD EPYC, one start each).
+2 cores). The build runs a worker's own start (load, compile, warm-up) with a cache of its own and
+ships that cache's files (the FX graphs, AOTAutograd's entries and the kernels' compiled
+libraries) and the whole graphs the start compiled (precompiled.py: Dynamo's part, which the
+cache does not hold). torch's cache artifacts (`torch.compiler.save_cache_artifacts`) carry the
+graphs but not the libraries, which each start then compiles again: a tiny Qwen2's warm-up took
+48 s with neither, 26 s with the artifacts, 8 s with the cache's files (2-core AMD EPYC, one start
+each); a whole graph still compiles its kernels' libraries when they are not in the cache (34 s
+against 3 s for a tiny Qwen2's two).
 
 Inductor compiles its kernels with -march=native and no key of its cache names the CPU: a library
 built on one CPU may use instructions another lacks (SIGILL). The shipped directory is named by a
-digest of torch's version and the CPU's /proc/cpuinfo flags, and a worker takes only the one made
-for a CPU like its own; otherwise it compiles, as without the files, and says why. The thread
+digest of torch's version and the CPU's /proc/cpuinfo flags (the whole graphs' also of Python's
+and transformers' versions), and a worker takes only the one made for a CPU like its own;
+otherwise it compiles, as without the files, and says why. The thread
 count is not part of it: a language model's kernels read theirs when they run (DYNAMIC_THREADS),
 so graphs the build compiled with its threads serve a worker planned with any other number. The
 files sit in the archive's directory as they sat in the cache: copied file by file, nothing to
@@ -29,6 +32,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -36,6 +40,8 @@ import torch
 from torch import nn
 
 from handlers.backends import cpu_flags, cpu_isas, cpuinfo
+from handlers.generation import precompiled
+from handlers.generation.precompiled import Forward
 
 DIRECTORY = "compiled"  # in the model's directory (the archive's root)
 LOCKS = "locks"  # Inductor's lock files: of the process that held them, never shipped
@@ -49,16 +55,30 @@ LOCKS = "locks"  # Inductor's lock files: of the process that held them, never s
 DYNAMIC_THREADS = {"cpp.dynamic_threads": True}
 
 
-def compile_forward(model: nn.Module, options: dict = DYNAMIC_THREADS) -> Callable:
-    """The model's forward compiled for any number of rows and tokens (dynamic shapes)."""
+def trace_settings() -> None:
+    """Dynamo's settings for a language model's forward, process-wide (a worker compiles one model)."""
     # Sizes that happen to be equal when first traced share a symbol ("duck" shapes), and a later
     # call where they differ compiles again: a prompt padded to 64 positions would be tied to a
-    # head size of 64. A worker compiles one model: set process-wide.
+    # head size of 64.
     torch.fx.experimental._config.use_duck_shape = False
     # A float the model holds (an embedding's norm_type) would be traced as a symbol, then
     # specialised by a second trace of the whole graph: a third of the compile's time.
     torch._dynamo.config.specialize_float = True
+
+
+def compile_traced(model: nn.Module, options: dict = DYNAMIC_THREADS) -> Callable:
+    """The model's forward compiled graph by graph for any number of rows and tokens (dynamic
+    shapes), traced again at every start."""
+    trace_settings()
     return torch.compile(model.forward, dynamic=True, options=options)
+
+
+def compile_forward(model: nn.Module, model_dir: Path, options: dict = DYNAMIC_THREADS) -> tuple[Forward, str]:
+    """The model's forward as whole graphs: the archive's for this CPU, the others compiled at
+    their first step; what was loaded, in a phrase."""
+    trace_settings()
+    graphs, said = precompiled.load(forward_dir(model_dir, cpu_flags()), model)
+    return Forward(model, options, graphs), said
 
 
 def cpu_key(flags: Iterable[str], version: str = torch.__version__) -> str:
@@ -69,19 +89,36 @@ def shipped_dir(model_dir: Path, flags: Iterable[str]) -> Path:
     return Path(model_dir) / DIRECTORY / f"inductor-{cpu_key(flags)}"
 
 
+def forward_dir(model_dir: Path, flags: Iterable[str]) -> Path:
+    """Where the whole graphs for this CPU are: their saved code is also Python's bytecode, and
+    calls transformers' functions."""
+    versions = (
+        f"{torch.__version__} python {sys.version_info[0]}.{sys.version_info[1]} transformers {transformers_version()}"
+    )
+    return Path(model_dir) / DIRECTORY / f"forward-{cpu_key(flags, versions)}"
+
+
+def transformers_version() -> str:
+    from importlib.metadata import version
+
+    return version("transformers")
+
+
 def describe(flags: Iterable[str]) -> str:
     """A CPU and torch in words: where a shipped cache was built, and where it is read."""
     isas = " ".join(cpu_isas(flags))
     return f"{cpuinfo().get('model name', 'unknown')} ({isas}), torch {torch.__version__}"
 
 
-def ship(cache: Path, model_dir: Path) -> Path:
-    """The cache's files into the model's directory, under a name for this CPU and torch."""
+def ship(cache: Path, model_dir: Path, forward: Forward | None) -> tuple[Path, list[str]]:
+    """The cache's files and the forward's whole graphs into the model's directory, under names for
+    this CPU and torch; the cache's copy and the kinds of step saved whole."""
     flags = cpu_flags()
     target = shipped_dir(model_dir, flags)
     shutil.copytree(cache, target, ignore=lambda directory, names: [LOCKS] if Path(directory) == cache else [])
     target.with_suffix(".json").write_text(json.dumps({"built": describe(flags)}))
-    return target
+    saved = [] if forward is None else forward.save(forward_dir(model_dir, flags))
+    return target, saved
 
 
 def unpack(model_dir: Path, cache: Path) -> str:

@@ -135,7 +135,7 @@ def generate(server: Server, model: str, body, path: str = "", stream: bool = Fa
 
 def assert_archive_graphs(server: Server, model: str, log: str) -> None:
     """The build compiled the graphs and shipped them (handlers/generation/compiled.py): a worker
-    finds every graph in the cache, whatever the cache held before and whatever its threads (its
-    prompt lookup, number of sequences and threads are not the build's)."""
+    loads every graph whole, traces none, whatever the cache held before and whatever its threads
+    (its prompt lookup, number of sequences and threads are not the build's)."""
     assert re.search(rf"{model}: compiled graphs from the archive \(inductor-\w+, ", log), model
-    assert re.search(rf"{model} ready: .* graphs=(\d+) \(\1 from the compile cache\)", log), model
+    assert re.search(rf"{model} ready: .* graphs=(\d+) \(\1 loaded whole, 0 from the compile cache\)", log), model

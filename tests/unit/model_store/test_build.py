@@ -77,14 +77,15 @@ def test_a_language_models_inductor_graphs_are_compiled_at_build_and_a_refusal_i
     staging = tmp_path / "files"
     staging.mkdir()
     ready = (
-        "lm ready: backend=inductor ... warmup=9.0s graphs=2 (0 from the compile cache)\nshipped inductor-0f (3.0 MB)\n"
+        "lm ready: backend=inductor ... warmup=9.0s graphs=2 (0 loaded whole, 0 from the compile cache)\n"
+        "shipped inductor-0f (3.0 MB; whole graphs: decode, mixed)\n"
     )
     monkeypatch.setattr(long_step.subprocess, "run", finished(0, ready))
     build.compile_language_model({"backend": "inductor"}, staging, "inductor/lm")
     said = capsys.readouterr().out
     assert "inductor/lm: compiling its graphs as a worker's start does: done in " in said
-    assert "inductor/lm: shipped inductor-0f (3.0 MB) " in said
-    assert "(graphs=2 (0 from the compile cache))" in said
+    assert "inductor/lm: shipped inductor-0f (3.0 MB; whole graphs: decode, mixed) " in said
+    assert "(graphs=2 (0 loaded whole, 0 from the compile cache))" in said
     refused = "bfloat16 answers too far from the float model on held-out prompts: greedy tokens 50.0% equal\n"
     monkeypatch.setattr(long_step.subprocess, "run", finished(3, refused))
     with pytest.raises(build.VariantRefused, match="inductor/lm is not installed: bfloat16 answers too far"):

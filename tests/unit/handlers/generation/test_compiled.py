@@ -47,10 +47,17 @@ def test_the_key_names_torch_and_the_cpus_flags_in_any_order():
     assert compiled.cpu_key(HERE) != compiled.cpu_key(OTHER)
 
 
+def test_whole_graphs_are_named_by_the_cpu_and_by_pythons_and_transformers_versions(tmp_path, monkeypatch):
+    here = compiled.forward_dir(tmp_path, HERE)
+    assert here.parent == tmp_path / compiled.DIRECTORY and here != compiled.forward_dir(tmp_path, OTHER)
+    monkeypatch.setattr(compiled, "transformers_version", lambda: "0.0.1")
+    assert compiled.forward_dir(tmp_path, HERE) != here
+
+
 def test_a_worker_on_the_same_cpu_gets_every_file_the_build_compiled_but_its_locks(tmp_path, cpu):
     model_dir = tmp_path / "model"
-    shipped = compiled.ship(build_cache(tmp_path), model_dir)
-    assert shipped.parent == model_dir / compiled.DIRECTORY
+    shipped, whole = compiled.ship(build_cache(tmp_path), model_dir, None)
+    assert whole == [] and shipped.parent == model_dir / compiled.DIRECTORY
     worker_cache = tmp_path / "worker-cache"
     said = compiled.unpack(model_dir, worker_cache)
     assert said.startswith(f"compiled graphs from the archive ({shipped.name}, 0.0 MB, 2 files new here)")
@@ -63,7 +70,7 @@ def test_a_worker_on_the_same_cpu_gets_every_file_the_build_compiled_but_its_loc
 
 def test_a_file_the_workers_cache_has_is_kept(tmp_path, cpu):
     model_dir = tmp_path / "model"
-    compiled.ship(build_cache(tmp_path), model_dir)
+    compiled.ship(build_cache(tmp_path), model_dir, None)
     worker_cache = tmp_path / "worker-cache"
     (worker_cache / "x7").mkdir(parents=True)
     (worker_cache / "x7" / "kernel.so").write_bytes(b"its own")
@@ -74,7 +81,7 @@ def test_a_file_the_workers_cache_has_is_kept(tmp_path, cpu):
 def test_another_cpu_compiles_and_is_told_which_cpu_the_archive_was_built_for(tmp_path, cpu, monkeypatch):
     monkeypatch.setattr(compiled, "cpuinfo", lambda: {"model name": "Builder CPU"})
     model_dir = tmp_path / "model"
-    compiled.ship(build_cache(tmp_path), model_dir)
+    compiled.ship(build_cache(tmp_path), model_dir, None)
     cpu(OTHER)
     monkeypatch.setattr(compiled, "cpuinfo", lambda: {"model name": "Older CPU"})
     said = compiled.unpack(model_dir, tmp_path / "worker-cache")

@@ -17,6 +17,7 @@ from handlers.generation.file_embedding import FileEmbedding, read_embedding_fro
 from handlers.generation.packed_linear import can_pack, pack_linears
 from handlers.generation.weights import own_memory, weight_parts
 from tests.hf_models import gpt2_lm, qwen2_lm
+from tests.machines import bfloat16_param
 
 # Packed, the tied head no longer reads the table: only then is it the embedding's alone.
 pytestmark = pytest.mark.skipif(not can_pack(), reason="this torch has no oneDNN")
@@ -37,7 +38,7 @@ def mapped(path: Path) -> bool:
     return str(path.resolve()) in Path("/proc/self/maps").read_text()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, bfloat16_param()])
 def test_the_table_read_from_the_file_answers_as_the_loaded_one(tmp_path, dtype):
     directory = qwen2_lm(tmp_path / "lm")
     model = load(directory, dtype)
