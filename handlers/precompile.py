@@ -103,13 +103,16 @@ class Evidence:
 
 
 def evidence(handler: OptimizedHandler) -> list[Evidence]:
-    """Every held-out input, then every sample the user gave that calibrated, then the kit's
-    synthetic inputs: decisive when they stand in for samples the user did not give; beside a
-    user's samples, reported only (random rows may be far from what a model is fed)."""
+    """Every held-out input, then every input that calibrated, then the kit's synthetic inputs:
+    decisive when they stand in for samples the user did not give; beside a user's samples,
+    reported only (random rows may be far from what a model is fed). The calibration inputs are
+    judged on the artifact too: an int8 repair chose what stays in float by them, and a package
+    that answers one of them wrong is as wrong as one that fails a held-out input."""
     samples = handler.samples
     synthetic = [samples.synthetic(CALIBRATION_COUNT + index) for index in range(HELD_OUT_SYNTHETIC)]
     if not samples.user:
-        return [Evidence("held-out synthetic inputs", synthetic)]
+        calibration = [samples.synthetic(index) for index in range(CALIBRATION_COUNT)]
+        return [Evidence("held-out synthetic inputs", synthetic), Evidence("synthetic calibration inputs", calibration)]
     return [
         Evidence("your held-out samples", [samples.given(body) for body in samples.user.held_out]),
         Evidence("your calibration samples", [samples.given(body) for body in samples.user.calibration]),

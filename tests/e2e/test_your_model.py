@@ -86,7 +86,8 @@ def your_models(tmp_path_factory):
             assert re.search(
                 r"aoti-int8/test-yours-ranker: against float32 eager by \|\|out - ref\|\| / \|\|ref\|\| per "
                 r"answer, tolerance 0.2: held-out synthetic inputs: 32, worst \S+, median \S+, 0 over the "
-                r"tolerance 0.2; worker guard \S+; held-out cosine mean (0\.9\d{3}|1\.0000) min",
+                r"tolerance 0.2; synthetic calibration inputs: 16, worst \S+, median \S+, 0 over the tolerance "
+                r"0.2; worker guard \S+; held-out cosine mean (0\.9\d{3}|1\.0000) min",
                 done.stdout,
             ), done.stdout[-3000:]
         yield sources

@@ -15,6 +15,7 @@ from handlers.archive import bare_handler
 from handlers.backends import DType, aoti, cpu_refusal
 from handlers.backends.aoti import package_name
 from handlers.backends.common import BuildSpec
+from handlers.calibration import CALIBRATION_COUNT
 from handlers.optimize import graphs_compiled
 from handlers.precompile import HELD_OUT_SYNTHETIC, judged_in_worker, precompile, ship_evidence
 from handlers.settings import ImageSettings
@@ -151,7 +152,7 @@ def test_a_bf16_worker_judges_its_compiled_model_on_every_input_the_build_shippe
     settings = {"architecture": "exported-program", "backend": "inductor", "dtype": "bfloat16"}
     handler = bare_handler("image_classification.py", settings, exported_cnn)
     count = ship_evidence(handler, load_model(handler.settings, exported_cnn), exported_cnn)
-    assert count == HELD_OUT_SYNTHETIC  # every held-out input there is, not the few check batches
+    assert count == HELD_OUT_SYNTHETIC + CALIBRATION_COUNT  # every input the build judges, not a few check batches
     served, context = image_handler(exported_cnn, backend="inductor", dtype="bfloat16")
     serve(served, context, [{"body": encode_image("RGB", (64, 64))}])
     assert statuses(context) == [200] and 0 < served.optimized.accuracy_error < 0.05
@@ -334,3 +335,22 @@ def test_aoti_int8_groups_modules_by_role_and_keeps_the_ones_named_in_float():
     assert quantize_ops(aoti.quantize_int8(program, calibration, groups[0])) < quantize_ops(
         aoti.quantize_int8(program, calibration)
     )
+
+
+def test_an_aoti_int8_repair_judges_the_answers_its_package_will_give(tiny_cnn, tmp_path):
+    # The graph run as it is computes int8 otherwise than the oneDNN kernels the package fuses it
+    # into (on a CPU without VNNI by up to a flipped top class): the repair judges the latter.
+    from handlers.backends.common import prepare, to_layout
+
+    settings = parse_settings(ImageSettings, {"backend": "aoti", "dtype": "int8"})
+    model = prepare(tiny_cnn, settings)
+    generator = torch.Generator().manual_seed(1)
+    images = [to_layout((torch.rand(1, 3, 224, 224, generator=generator) * 4 - 2,), True) for _ in range(6)]
+    program = aoti.export_for_int8(model, settings, to_layout((torch.randn(2, 3, 224, 224),), True))
+    quantized = aoti.quantize_int8(program, images[:4])
+    package = aoti.compile_package(quantized, settings, images[0], False, tmp_path / aoti.package_name(1))
+    packaged = torch._inductor.aoti_load_package(str(package))
+    judged = aoti.as_packaged(quantized, settings)
+    with torch.inference_mode():
+        for image in images:
+            torch.testing.assert_close(judged(*image), packaged(*image), rtol=1e-4, atol=1e-5)
