@@ -164,8 +164,7 @@ def as_packaged(quantized: nn.Module, settings: OptimizationSettings) -> Callabl
 
     def run(*inputs: torch.Tensor) -> torch.Tensor:
         # Freezing is read when the first call compiles (handlers/backends/inductor.py).
-        with torch._inductor.config.patch(freezing=True), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning)
+        with torch._inductor.config.patch(freezing=True), quiet_int8_lowering():
             return compiled(*mark_varying(inputs, dims))
 
     return run
@@ -178,11 +177,18 @@ def served_validation(validation: Validation, settings: OptimizationSettings) ->
     )
 
 
+@contextlib.contextmanager
+def quiet_int8_lowering() -> Iterator[None]:
+    """Without the warning torch's own int8 lowering gives once per layer (it copies a tensor the
+    deprecated way): nothing a user can act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning)
+        yield
+
+
 def compile_package(model: nn.Module, settings: OptimizationSettings, example: Inputs, batch: bool, path: Path) -> Path:
     """One AOTInductor package of `model` at `example`'s shapes (`batch`: its batch dimension dynamic)."""
-    with torch.no_grad(), warnings.catch_warnings():  # freezing only applies without autograd
-        # torch's own int8 lowering copies a tensor the deprecated way, once per layer.
-        warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning)
+    with torch.no_grad(), quiet_int8_lowering():  # freezing only applies without autograd
         program = torch.export.export(model, example, dynamic_shapes=export_shapes(settings, example, batch=batch))
         options = {**inductor_options(settings), "freezing": True, **WEIGHTS_BESIDE_LIBRARY}
         return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=options))

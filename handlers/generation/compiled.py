@@ -13,7 +13,7 @@ cache does not hold). torch's cache artifacts (`torch.compiler.save_cache_artifa
 graphs but not the libraries, which each start then compiles again: a tiny Qwen2's warm-up took
 48 s with neither, 26 s with the artifacts, 8 s with the cache's files (2-core AMD EPYC, one start
 each); a whole graph still compiles its kernels' libraries when they are not in the cache (34 s
-against 3 s for a tiny Qwen2's two).
+against 3 s for a tiny Qwen2's two, one start each).
 
 Inductor compiles its kernels with -march=native and no key of its cache names the CPU: a library
 built on one CPU may use instructions another lacks (SIGILL). The shipped directory is named by a

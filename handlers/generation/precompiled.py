@@ -7,10 +7,11 @@ model again (the build saves them into the archive: compiled.py).
     saved = model.forward.save(directory)                # the build, after a worker's start
 
 With the Inductor cache's files from the archive, a start still traced the model's Python code at
-every start, for each graph: Qwen2.5-0.5B's shape spent 37 s of a 48 s warm-up in Dynamo (2 graphs,
-24 layers, 2-core Intel Xeon). torch's ahead-of-time compile of a whole graph (`aot_compile`, an
-experimental API of torch 2.13) keeps Dynamo's result with the compiled graph, and loads both in
-seconds: a tiny Qwen2's start took 3.7 s against 15 s (`make test`'s models, 2-core AMD EPYC).
+every start, for each graph: Qwen2.5-0.5B's shape spent 37 s of a 48 s warm-up in Dynamo (one
+start, 2 graphs, 24 layers, 2-core Intel Xeon). torch's ahead-of-time compile of a whole graph
+(`aot_compile`, an experimental API of torch 2.13) keeps Dynamo's result with the compiled graph,
+and loads both in seconds: a tiny Qwen2's start took 3.7 s against 15 s (`make test`'s models, one
+start each, 2-core AMD EPYC: a gap far wider than the 15-25 % that starts vary by).
 
 A kind of step is one graph: a decode step (rows of one token), a prompt's part (one row of
 tokens), or both at once (`mixed`, attention.py); the kit sends each kind few shapes (runner.py).
