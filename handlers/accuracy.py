@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from handlers.backends import DType
+from handlers.backends import DType, cpu_flags, cpu_isas, int8_refusal
 from handlers.backends.common import CompileError, Inputs, to_layout
 from handlers.settings import OptimizationSettings
 
@@ -203,6 +204,19 @@ class Reference:
             raise FileNotFoundError(f"{path} is missing from the archive; rebuild it with `make archive`")
         saved = torch.load(path, map_location="cpu", weights_only=True)
         return cls([tuple(batch) for batch in saved["inputs"]], saved["outputs"])
+
+
+def judged_on(model_dir: Path) -> tuple[str, ...]:
+    """The ISAS of the CPU a build judged its artifact on (ACCURACY_FILE's `judged_on`); () when the
+    archive does not say (the build itself, before it writes the file)."""
+    path = model_dir / ACCURACY_FILE
+    return tuple(json.loads(path.read_text()).get("judged_on", ())) if path.is_file() else ()
+
+
+def require_judged_arithmetic(model_dir: Path, backend: str) -> None:
+    """AccuracyError when this CPU's int8 arithmetic is one the build's judgement does not cover."""
+    if refusal := int8_refusal(judged_on(model_dir), cpu_isas(cpu_flags())):
+        raise AccuracyError(f"backend {backend!r}: {refusal}")
 
 
 def require_accuracy(

@@ -23,8 +23,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from handlers.accuracy import AccuracyError, Answer, Reference, require_accuracy, tolerance
-from handlers.backends import Backend, builder
+from handlers.accuracy import (
+    AccuracyError,
+    Answer,
+    Reference,
+    require_accuracy,
+    require_judged_arithmetic,
+    tolerance,
+)
+from handlers.backends import Backend, DType, builder
 from handlers.backends.common import (
     BackendUnavailable,
     BuildSpec,
@@ -153,6 +160,8 @@ def optimize(
         to_layout(examples[0], settings.channels_last), tuple(inputs[0].shape[0] for inputs in examples), model_dir
     )
     try:
+        if settings.dtype is DType.INT8:  # int8 is precompiled: judged by the build, on the build's CPU
+            require_judged_arithmetic(spec.archive(), settings.backend.value)
         run = builder(settings.backend)(prepared, settings, spec)
         optimized = warm_up(
             OptimizedModel(run, settings.backend, settings.channels_last), examples, settings.warmup_iterations

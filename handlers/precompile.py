@@ -32,7 +32,7 @@ from handlers.accuracy import (
     judge,
     tolerance,
 )
-from handlers.backends import Backend, DType, precompiler
+from handlers.backends import Backend, DType, cpu_flags, cpu_isas, cpuinfo, precompiler
 from handlers.backends.common import Inputs
 from handlers.base import OptimizedHandler
 from handlers.calibration import CALIBRATION_COUNT
@@ -133,6 +133,10 @@ class ArtifactCheck:
     judgements: list[Judgement]  # every set of inputs, against the float eager model
     decisive: list[bool]  # which judgements decide
     agreement: Agreement  # on held-out samples, against the float eager model
+    # The CPU it was judged on: its model name, and its ISAS, which decide int8's arithmetic
+    # (handlers.backends.int8_refusal: a worker refuses int8 answers its CPU would compute otherwise).
+    cpu: str
+    judged_on: list[str]
 
     @property
     def passed(self) -> bool:
@@ -177,6 +181,8 @@ def check_artifact(handler: OptimizedHandler, model: nn.Module, out_dir: Path) -
         judgements,
         [found.decisive for found in sets],
         agreement(optimized, model, handler.samples.held_out(HELD_OUT)),
+        cpuinfo().get("model name", "unknown"),
+        list(cpu_isas(cpu_flags())),
     )
     if not check.passed:
         raise AccuracyError(f"its answers are too far from the float model's: {check.summary(handler.classifier)}")

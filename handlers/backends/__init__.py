@@ -101,6 +101,7 @@ ISAS: dict[str, frozenset[str]] = {
     "AVX2": frozenset({"avx2", "fma"}),
     "AVX512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
     "AVX512_VNNI": frozenset({"avx512_vnni"}),
+    "AVX_VNNI": frozenset({"avx_vnni"}),
     "AVX512_BF16": frozenset({"avx512_bf16"}),
     "AMX_TILE": frozenset({"amx_tile"}),
     "AMX_BF16": frozenset({"amx_bf16"}),
@@ -110,6 +111,11 @@ ISAS: dict[str, frozenset[str]] = {
 # (AMD Zen 4+, Intel Cooper Lake). Elsewhere oneDNN converts to float32 around every op, slower
 # than float32 (pytorch issue 86270): refused there.
 BF16_ISAS = ("AMX_BF16", "AVX512_BF16")
+# oneDNN's int8 kernels (AOTInductor's and OpenVINO's) sum u8 x s8 products into 32 bits in one
+# instruction on a CPU with one of these. Without, vpmaddubsw first sums pairs of products into
+# 16 bits, which saturates: the same int8 program answers differently there (ResNet-50's
+# calibration photo 4 flipped on an AMD EPYC Zen 3 and not in the graph's own arithmetic, stop 80).
+EXACT_INT8_ISAS = ("AMX_INT8", "AVX512_VNNI", "AVX_VNNI")
 
 
 def cpuinfo(path: Path = CPUINFO) -> dict[str, str]:
@@ -131,6 +137,21 @@ def bf16_isa(flags: Iterable[str]) -> str | None:
     """The ISA that computes bfloat16 on a CPU with these flags, or None."""
     isas = cpu_isas(flags)  # once: `flags` may be an iterator
     return next((name for name in BF16_ISAS if name in isas), None)
+
+
+def int8_refusal(judged_on: Iterable[str], here: Iterable[str]) -> str:
+    """Why a CPU with the ISAS `here` must not serve int8 answers judged on one with `judged_on`'s
+    ("" when it may). Judged with 32-bit sums, served with 16-bit pairs: answers the build never
+    saw, and worse ones. The other way round the products are exact where the build's saturated:
+    closer to the float arithmetic the quantization was calibrated in, so it may serve."""
+    judged = [name for name in EXACT_INT8_ISAS if name in set(judged_on)]
+    if not judged or any(name in set(here) for name in EXACT_INT8_ISAS):
+        return ""
+    return (
+        f"its int8 answers were judged on a CPU that sums int8 products in 32 bits ({judged[0]}); this one has "
+        f"no {' or '.join(EXACT_INT8_ISAS)} and sums them in 16-bit pairs, which saturate, so it would give "
+        "answers the build never judged: rebuild the archive on this machine with `make archive`"
+    )
 
 
 def dtype_refusal(dtype: DType, flags: Iterable[str]) -> str:

@@ -17,6 +17,7 @@ from handlers.backends import (
     builder,
     cpu_flags,
     cpu_isas,
+    int8_refusal,
     precompiler,
 )
 from kit.paths import ROOT
@@ -84,6 +85,24 @@ def test_an_isa_needs_all_its_flags():
     assert bf16_isa({"amx_tile", "amx_bf16", "avx512_bf16"}) == "AMX_BF16"
     # Flags read once, as from a generator over /proc/cpuinfo's line: the second ISA is still seen.
     assert bf16_isa(iter(["avx512f", "avx512_bf16"])) == "AVX512_BF16"
+
+
+@pytest.mark.parametrize(
+    ("judged_on", "here", "refused"),
+    [
+        (("AVX2", "AVX512", "AVX512_VNNI"), ("AVX2", "AVX512"), True),  # Cascade Lake's build on a Skylake
+        (("AVX2", "AVX_VNNI"), ("AVX2",), True),  # 32-bit sums without AVX-512 too
+        (("AVX2",), ("AVX2", "AVX512", "AVX512_VNNI"), False),  # saturating build, exact server
+        (("AMX_INT8", "AVX512_VNNI"), ("AVX512_VNNI",), False),  # both sum in 32 bits
+        (("AVX2",), ("AVX2",), False),
+        ((), ("AVX2",), False),  # an archive that does not say
+    ],
+)
+def test_int8_is_refused_where_its_products_would_saturate_and_did_not_when_judged(judged_on, here, refused):
+    said = int8_refusal(judged_on, here)
+    assert bool(said) is refused
+    if refused:
+        assert "judged on a CPU that sums int8 products in 32 bits" in said and "make archive" in said
 
 
 @pytest.mark.parametrize(("max_batch", "buckets"), [(1, [1]), (3, [1, 2, 3]), (8, [1, 2, 4, 8]), (6, [1, 2, 4, 6])])

@@ -191,7 +191,7 @@ def test_a_recompile_while_serving_is_logged(exported_cnn, caplog):
     assert "recompiled while serving (1 new graph(s), batch of 2" in caplog.text
 
 
-def test_the_build_checks_the_artifact_on_your_samples_and_records_the_agreement(exported_cnn):
+def test_the_build_checks_the_artifact_on_your_samples_and_records_the_agreement(exported_cnn, monkeypatch):
     import dataclasses
     import json
 
@@ -227,6 +227,17 @@ def test_the_build_checks_the_artifact_on_your_samples_and_records_the_agreement
     summary = check.summary(classifier=True)
     assert "your held-out samples: 2, worst" in summary and "top-1 agreement" in summary
     assert "top-1 agreement" not in check.summary(classifier=False)
+
+    from handlers.backends import cpu_flags, cpu_isas
+
+    assert check.judged_on == list(cpu_isas(cpu_flags()))  # the CPU whose arithmetic was judged
+    # A worker on a CPU whose int8 products saturate refuses answers judged where they did not.
+    record = json.loads((exported_cnn / ACCURACY_FILE).read_text())
+    (exported_cnn / ACCURACY_FILE).write_text(json.dumps({**record, "judged_on": ["AVX2", "AVX512_VNNI"]}))
+    monkeypatch.setattr("handlers.accuracy.cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    with pytest.raises(AccuracyError, match="backend 'openvino': its int8 answers were judged on a CPU that sums"):
+        check_artifact(handler, model, exported_cnn)
+    (exported_cnn / ACCURACY_FILE).write_text(json.dumps(record))
 
     reference = Reference.load(exported_cnn)  # a reference the artifact cannot match: refused
     Reference(reference.inputs, [-100 * output for output in reference.outputs]).save(exported_cnn)
