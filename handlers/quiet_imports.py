@@ -1,7 +1,9 @@
-"""Imports of third-party modules that log harmless warnings at import time, made quiet.
+"""Third-party loggers that say what does not apply to the kit's use of them, made quiet.
 
     with torchao_import():                     # around an import that brings torchao in
         from transformers import BertModel
+    with loggers_at(logging.WARNING, "nncf"):  # around a call whose INFO lines say nothing to a user
+        nncf.quantize(...)
 
 torchao 0.18 under the CPU build of torch logs two warnings that mean nothing here, which
 every `make archive` and every text worker printed:
@@ -23,13 +25,18 @@ NOISY_AT_IMPORT = ("torchao", "torch.utils._pytree")
 
 
 @contextlib.contextmanager
-def torchao_import() -> Iterator[None]:
-    loggers = [logging.getLogger(name) for name in NOISY_AT_IMPORT]
+def loggers_at(level: int, *names: str) -> Iterator[None]:
+    """The named loggers log only at `level` and above inside the block, as before after it."""
+    loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
-        logger.setLevel(logging.ERROR)
+        logger.setLevel(level)
     try:
         yield
     finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
+        for logger, before in zip(loggers, levels, strict=True):
+            logger.setLevel(before)
+
+
+def torchao_import() -> contextlib.AbstractContextManager[None]:
+    return loggers_at(logging.ERROR, *NOISY_AT_IMPORT)

@@ -23,6 +23,7 @@ from torch import nn
 
 from handlers.backends import DType
 from handlers.backends.common import BuildSpec, Inputs, export_shapes
+from handlers.quiet_imports import loggers_at
 from handlers.repair import Quantizer, repaired_if_needed
 from handlers.settings import OptimizationSettings
 
@@ -55,7 +56,12 @@ def quantize_int8(converted, calibration: Sequence[Inputs], transformer: bool, i
     # those too made MiniLM embeddings useless (cosine ~0.5 to float32).
     model_type = nncf.ModelType.TRANSFORMER if transformer else None
     ignored = nncf.IgnoredScope(names=list(in_float)) if in_float else None
-    return nncf.quantize(converted, dataset, subset_size=len(calibration), model_type=model_type, ignored_scope=ignored)
+    # At INFO, NNCF lists every operation a repair keeps in float, one paragraph each, after the
+    # kit's own line that names them.
+    with loggers_at(logging.WARNING, "nncf"):
+        return nncf.quantize(
+            converted, dataset, subset_size=len(calibration), model_type=model_type, ignored_scope=ignored
+        )
 
 
 # Operations that run in int8 when NNCF feeds them quantized inputs.

@@ -277,7 +277,7 @@ class TabularMLP(torch.nn.Module):
         return self.net(x)
 
 
-def test_an_int8_build_off_by_a_fifth_is_repaired_or_refused_never_installed_as_it_is(tmp_path):
+def test_an_int8_build_off_by_a_fifth_is_repaired_or_refused_never_installed_as_it_is(tmp_path, capfd):
     import json
 
     from handlers.accuracy import TOLERANCES, Answer, relative_errors
@@ -315,7 +315,10 @@ def test_an_int8_build_off_by_a_fifth_is_repaired_or_refused_never_installed_as_
     answers = ov_backend.CompiledIR(ov.Core().compile_model(plain, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}))(rows)
     assert relative_errors(answers, expected).max() > limit
 
+    capfd.readouterr()
     precompile(handler, load_model(handler.settings, tmp_path), tmp_path, progress=print)
+    said = capfd.readouterr().out
+    assert "int8 repair:" in said and "INFO:nncf" not in said  # the kit's line, not NNCF's paragraphs
     try:
         check = check_artifact(handler, model, tmp_path)
     except AccuracyError as error:  # refused, with its numbers
