@@ -17,6 +17,7 @@ temp directory at every start (half a minute for a 2 GB language model on 2 core
 from __future__ import annotations
 
 import argparse
+import filecmp
 import hashlib
 import json
 import math
@@ -248,8 +249,42 @@ def archive(model: Model, variant: Variant) -> Path:
         pack(name, ROOT / "handlers" / model.task.handler, staging, config_file, out_dir)
     stamp.write_text(digest)
     size = sum(path.stat().st_size for path in target.rglob("*") if path.is_file())
-    log(f"{label} built in {time.perf_counter() - start:.0f}s ({size / 1e6:.0f} MB)")
+    shared = share_identical(target, [store / name for store in out_dir.parent.iterdir() if store.is_dir()])
+    also = f", of which {shared / 1e6:.0f} MB shared with its other variants' archives" if shared else ""
+    log(f"{label} built in {time.perf_counter() - start:.0f}s ({size / 1e6:.0f} MB{also})")
     return target
+
+
+# Files at least this large are looked for in a model's other archives (its weights, its
+# float checkpoint kept for fallback): a 2 GB language model's eager and inductor archives held
+# the same model.safetensors twice, BERT's checkpoint was on disk once per variant.
+SHARED_MIN_BYTES = 1 << 20
+
+
+def share_identical(archive: Path, others: list[Path]) -> int:
+    """Each large file of `archive` that another archive holds at the same path with the same
+    bytes becomes a hard link to that one; returns the bytes now shared. Safe because no archive
+    file is ever written in place: a rebuild writes a new directory and renames it over the old."""
+    shared = 0
+    for path in archive.rglob("*"):
+        if not path.is_file() or path.is_symlink() or path.stat().st_size < SHARED_MIN_BYTES:
+            continue
+        relative = path.relative_to(archive)
+        for other in others:
+            twin = other / relative
+            if other == archive or not twin.is_file() or twin.stat().st_size != path.stat().st_size:
+                continue
+            if twin.stat().st_ino == path.stat().st_ino or not filecmp.cmp(twin, path, shallow=False):
+                continue
+            link = path.with_name(f".{path.name}.link")
+            try:
+                os.link(twin, link)
+            except OSError:  # another file system, or links refused: the copy stays
+                continue
+            link.replace(path)
+            shared += path.stat().st_size
+            break
+    return shared
 
 
 def pack(name: str, handler: Path, files: Path, config_file: Path, store: Path) -> Path:

@@ -134,3 +134,31 @@ def test_an_archive_is_a_directory_torchserve_serves_in_place(tmp_path):
     build("second")
     assert (archive / "weights.bin").read_text() == "second"
     assert sorted(path.name for path in store.iterdir()) == ["tiny"]
+
+
+def test_a_models_archives_share_their_identical_large_files_as_links(tmp_path):
+    """Each archive is built whole; what another variant's archive of the model already holds at
+    the same path with the same bytes is then linked, not kept twice. Small files, and large
+    ones that differ, stay the archive's own."""
+    from model_store.build import SHARED_MIN_BYTES, share_identical
+
+    weights, other = b"w" * SHARED_MIN_BYTES, b"x" * SHARED_MIN_BYTES
+    archives = {}
+    for variant, (checkpoint, compiled) in {"eager": (weights, None), "openvino": (weights, other)}.items():
+        archive = archives[variant] = tmp_path / variant / "mine"
+        archive.mkdir(parents=True)
+        (archive / "model.pt").write_bytes(checkpoint)
+        (archive / "small.json").write_text("{}")
+        (archive / "model.bin").write_bytes(compiled or weights)  # same size, other bytes in one
+    eager, openvino = archives["eager"], archives["openvino"]
+
+    assert share_identical(openvino, [eager, openvino]) == SHARED_MIN_BYTES
+    assert (openvino / "model.pt").stat().st_ino == (eager / "model.pt").stat().st_ino
+    assert (openvino / "model.pt").read_bytes() == weights
+    assert (openvino / "model.bin").stat().st_ino != (eager / "model.bin").stat().st_ino  # differing bytes
+    assert (openvino / "small.json").stat().st_ino != (eager / "small.json").stat().st_ino
+    assert sorted(path.name for path in openvino.iterdir()) == ["model.bin", "model.pt", "small.json"]
+    assert share_identical(openvino, [eager]) == 0  # already one file
+    # A rebuild replaces the directory, never writes in place: the other archive keeps its bytes.
+    shutil.rmtree(eager)
+    assert (openvino / "model.pt").read_bytes() == weights
