@@ -37,7 +37,7 @@ from handlers.typed_config import SettingsError
 from handlers.backends import DEFAULT_ENVIRONMENT
 from kit import long_step
 from kit.models import Model, SourceKind, check_models, model_names
-from kit.paths import ROOT, process_environment
+from kit.paths import INDUCTOR_CACHE, ROOT, process_environment
 from kit.variant import Variant, variant_names
 from model_store.sources import write_source
 
@@ -140,6 +140,7 @@ def compile_language_model(handler_config: dict, staging: Path, label: str) -> N
     the first start on a machine like this one finds its graphs compiled
     (handlers/generation/compiled.py). Judged as the worker judges it: a refusal installs nothing."""
     from handlers.backends import Backend
+    from handlers.backends.inductor import HEADERS, HEADERS_VAR
     from handlers.generation.settings import GenerationSettings
     from handlers.typed_config import parse_settings
     from model_store.lm_compile import REFUSED
@@ -150,7 +151,11 @@ def compile_language_model(handler_config: dict, staging: Path, label: str) -> N
     command = [sys.executable, "-m", "model_store.lm_compile", str(staging), name, json.dumps(handler_config)]
     log_file = staging.parent / "compile.log"  # beside the staged files: not in the archive
     with tempfile.TemporaryDirectory(prefix="kit-compile-") as cache:
-        environment = {**process_environment(os.environ), "TORCHINDUCTOR_CACHE_DIR": cache}
+        environment = {
+            **process_environment(os.environ),
+            "TORCHINDUCTOR_CACHE_DIR": cache,
+            HEADERS_VAR: str(INDUCTOR_CACHE / HEADERS),
+        }
         try:
             lines = long_step.run(
                 command, f"{label}: compiling its graphs as a worker's start does", log_file, log, cwd=ROOT, env=environment

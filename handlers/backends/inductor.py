@@ -6,6 +6,7 @@ run = build(prepared, settings, spec)   # compiles lazily: the first call per sh
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import torch
@@ -58,6 +59,30 @@ def select_linear_kernel(kernel: LinearKernel) -> None:
     _patch_linear_packing().onednn_linear = kernel is LinearKernel.ONEDNN
 
 
+# Inductor's precompiled C++ header, in its compile cache (what a start finds again), or where
+# HEADERS_VAR says: a build, which compiles into a cache of its own, leaves its header in the
+# kit's, where the workers of the machine that ran `make model` find it at their first start.
+HEADERS = "precompiled_headers"
+HEADERS_VAR = "KIT_INDUCTOR_HEADERS"
+
+
+def headers_in_cache() -> None:
+    """Inductor's precompiled C++ header kept in the compile cache (TORCHINDUCTOR_CACHE_DIR), for
+    every later start, process-wide.
+
+    torch 2.13 keeps it under the temporary directory (`codecache._HEADER_DIR`, fixed at import)
+    and compiles it before it looks for a kernel's library, even when the cache has that library.
+    A worker's temporary directory is its server's, deleted when the server stops: every start
+    compiled the header again (147 MB, 8.9 s of g++) although the archive brought every library,
+    a third of a 29 s start of Qwen2.5-0.5B's shape (2-core AMD EPYC Zen 3). g++ ignores a
+    header compiled for other flags than its compile's, so one cache may serve several CPUs."""
+    from torch._inductor import codecache
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    headers = Path(os.environ.get(HEADERS_VAR) or Path(cache_dir()) / HEADERS)
+    codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR = str(headers), str(headers / "locks")
+
+
 def inductor_options(settings: OptimizationSettings) -> dict:
     """Inductor's options for the settings' mode (torch.compile takes `mode` or `options`, not both)."""
     options = torch._inductor.list_mode_options(settings.mode.value)
@@ -72,6 +97,7 @@ def build(model: nn.Module, settings: OptimizationSettings, spec: BuildSpec) -> 
     # so it is set process-wide: recompiles get it too, serving calls pay nothing for it, and the
     # minifier's repro scripts (which record the global config) reproduce it.
     torch._inductor.config.freezing = True
+    headers_in_cache()
     select_linear_kernel(linear_kernel(settings.linear_kernel, cpu_vendor()))  # process-wide too
     # dynamic=False: no shape becomes dynamic by surprise; the sizes that vary are marked below.
     compiled = torch.compile(model, backend="inductor", options=inductor_options(settings), dynamic=False)

@@ -34,6 +34,8 @@ def build_cache(root: Path) -> Path:
     (cache / "x7" / "kernel.so").write_bytes(b"\x7fELF kernel")
     (cache / "locks").mkdir()
     (cache / "locks" / "x7.lock").write_text("")
+    (cache / "precompiled_headers").mkdir()  # headers_in_cache: the machine's own, ~150 MB
+    (cache / "precompiled_headers" / "c1.h.gch").write_bytes(b"gch")
     return cache
 
 
@@ -54,7 +56,7 @@ def test_whole_graphs_are_named_by_the_cpu_and_by_pythons_and_transformers_versi
     assert compiled.forward_dir(tmp_path, HERE) != here
 
 
-def test_a_worker_on_the_same_cpu_gets_every_file_the_build_compiled_but_its_locks(tmp_path, cpu):
+def test_a_worker_on_the_same_cpu_gets_every_file_the_build_compiled_but_its_locks_and_header(tmp_path, cpu):
     model_dir = tmp_path / "model"
     shipped, whole = compiled.ship(build_cache(tmp_path), model_dir, None)
     assert whole == [] and shipped.parent == model_dir / compiled.DIRECTORY
