@@ -20,7 +20,6 @@ before the first request.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import time
@@ -34,6 +33,7 @@ from handlers.backends import BACKENDS, Backend
 from handlers.generation import agreement, answers, api, compiled, openvino_engine
 from handlers.generation.cache import TORCH_DTYPES
 from handlers.generation.chunking import StepTimes
+from handlers.generation.defaults import model_defaults
 from handlers.generation.engine import Engine, prompt_chunk
 from handlers.generation.file_embedding import read_embedding_from_file
 from handlers.generation.grammar import Grammars
@@ -45,7 +45,6 @@ from handlers.generation.openvino_engine import OpenVinoEngine, Pipeline
 from handlers.generation.packed_linear import can_pack, pack_linears
 from handlers.generation.quantized import int8_weights
 from handlers.generation.respond import Responder, answer_whole, refuse
-from handlers.generation.sampling import Sampling
 from handlers.generation.sequences import QueueFull
 from handlers.generation.settings import GenerationSettings, KvCache
 from handlers.generation.tools import detect
@@ -63,25 +62,6 @@ from handlers.switches import WorkerDirs, planned_kv_contexts, planned_sequences
 log = logging.getLogger(__name__)
 SERVICE_UNAVAILABLE = 503
 OVERLOAD = "overload"  # a refusal's reason: the engine's queue is full
-GENERATION_CONFIG = "generation_config.json"
-
-
-def model_defaults(model_dir: Path, config) -> tuple[set[int], Sampling]:
-    """End-of-sequence ids and sampling defaults: generation_config.json, else config.json."""
-    path = model_dir / GENERATION_CONFIG
-    generation = json.loads(path.read_text()) if path.is_file() else {}
-    eos = generation.get("eos_token_id", getattr(config, "eos_token_id", None))
-    eos_ids = {eos} if isinstance(eos, int) else set(eos or ())
-    # transformers applies a repetition penalty whether it samples or not.
-    repetition = float(generation.get("repetition_penalty", 1.0) or 1.0)
-    if not generation.get("do_sample", False):
-        return eos_ids, Sampling(repetition_penalty=repetition)
-    return eos_ids, Sampling(
-        temperature=float(generation.get("temperature", 1.0)),
-        top_p=float(generation.get("top_p", 1.0)),
-        top_k=int(generation.get("top_k", 0) or 0),
-        repetition_penalty=repetition,
-    )
 
 
 def decode_body(request: dict[str, Any], api_kind: api.Api) -> Any:

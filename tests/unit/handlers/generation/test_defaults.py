@@ -1,4 +1,4 @@
-"""handlers/text_generation.py: what a model directory's generation_config.json makes the defaults."""
+"""handlers/generation/defaults.py: what a model directory's generation_config.json makes the defaults."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import types
 
 import pytest
 
+from handlers.generation.defaults import model_defaults
 from handlers.generation.sampling import Sampling
-from handlers.text_generation import model_defaults
 
 
 @pytest.mark.parametrize(
