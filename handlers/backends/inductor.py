@@ -74,8 +74,10 @@ def headers_in_cache() -> None:
     and compiles it before it looks for a kernel's library, even when the cache has that library.
     A worker's temporary directory is its server's, deleted when the server stops: every start
     compiled the header again (147 MB, 8.9 s of g++) although the archive brought every library,
-    a third of a 29 s start of Qwen2.5-0.5B's shape (2-core AMD EPYC Zen 3). g++ ignores a
-    header compiled for other flags than its compile's, so one cache may serve several CPUs."""
+    a third of a 29 s start of Qwen2.5-0.5B's shape (2-core AMD EPYC Zen 3). A cache moved to
+    another CPU finds the header under the same name (torch hashes the command line, whose
+    `-march=native` reads alike everywhere); gcc documents that it then ignores a header built
+    for other target options and compiles without it (not tried here: one CPU)."""
     from torch._inductor import codecache
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
