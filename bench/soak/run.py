@@ -138,6 +138,14 @@ def wait_for_replacement(
     raise ServerError(f"{model}: worker {killed_pid} not replaced within {deadline_s}s; see {server.logs.frontend_log}")
 
 
+def steady_rate(samples: list[Sample], start: float, end: float) -> float:
+    """Requests answered a second from WINDOW_S after `start` to `end`: the first seconds are a
+    ramp (the load's first requests, or a new worker's), left out before the kill and after the
+    replacement alike, so that the two rates compare like with like."""
+    begin = start + WINDOW_S
+    return sum(1 for s in samples if begin <= s.end < end) / (end - begin)
+
+
 def full_rate_after(samples: list[Sample], killed_at: float, end: float, rate_before: float) -> float | None:
     """Seconds from the kill to the first WINDOW_S window back at RECOVERED_FRACTION of the rate."""
     t = killed_at + WINDOW_S  # the first window is the one right after the kill
@@ -164,9 +172,8 @@ def kill_phase(server: Server, settings: SoakSettings, progress: Callable[[str],
         time.sleep(settings.after_recovery_s)
         end = time.monotonic()
     samples = load.samples
-    measured_before = settings.before_kill_s - WINDOW_S  # skip the ramp-up at the start
-    rate_before = sum(1 for s in samples if killed_at - measured_before <= s.end < killed_at) / measured_before
-    rate_after = sum(1 for s in samples if replaced_at <= s.end < end) / (end - replaced_at)
+    rate_before = steady_rate(samples, killed_at - settings.before_kill_s, killed_at)
+    rate_after = steady_rate(samples, replaced_at, end)
     sibling_pids = {w.process.pid for w in siblings}
     replacement = next(w for w in replaced if w.process.pid not in sibling_pids)
     failed = [s for s in samples if not s.ok]

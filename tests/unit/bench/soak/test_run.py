@@ -8,7 +8,7 @@ import pytest
 
 from bench.soak.load import NO_RESPONSE, Sample
 from bench.soak.report import KillPhase, RestartPhase, SoakPhase, SoakSettings, WorkerMemory, evaluate
-from bench.soak.run import full_rate_after, served_backends
+from bench.soak.run import WINDOW_S, full_rate_after, served_backends, steady_rate
 
 
 def steady(start: float, end: float, rate: float) -> list[Sample]:
@@ -21,6 +21,13 @@ def test_full_rate_returns_when_the_rate_does():
     samples = steady(0, 10, 20) + steady(10, 18, 10) + steady(18, 30, 20)
     assert full_rate_after(samples, killed_at=10, end=30, rate_before=20) == pytest.approx(8.0, abs=0.6)
     assert full_rate_after(steady(0, 10, 20) + steady(10, 30, 10), 10, 30, 20) is None
+
+
+def test_a_steady_rate_leaves_out_the_first_window_after_its_start():
+    # A replacement's first window at half the rate, then 20 req/s: its steady rate is 20.
+    samples = steady(0, WINDOW_S, 10) + steady(WINDOW_S, 10, 20)
+    assert steady_rate(samples, start=0, end=10) == pytest.approx(20, rel=0.05)
+    assert steady_rate(steady(0, 10, 20), start=0, end=10) == pytest.approx(20, rel=0.05)
 
 
 def test_served_backends_read_the_ready_lines(tmp_path):
