@@ -38,6 +38,7 @@ from torch import nn
 from handlers.generation.cache import KvShape, SlotCache
 from handlers.generation.kv_budget import KvBudget
 from handlers.generation.lookup import PAUSE_MOST, guess
+from handlers.generation.precompiled import Forward
 from handlers.generation.prefix import PrefixCache
 from handlers.generation.runner import PROMPT_STEP, Part, Runner
 from handlers.generation.scheduler import Running, Scheduler
@@ -90,6 +91,13 @@ class Engine(Scheduler):
     @property
     def prefix_caching(self) -> bool:
         return self.prefix.enabled
+
+    @property
+    def compiles_at_first_steps(self) -> bool:
+        """A compiled forward's kinds of step not loaded whole trace at their first calls; an
+        eager forward compiles nothing."""
+        forward = self.model.forward
+        return isinstance(forward, Forward) and not forward.loaded_whole(self.runner.kinds)
 
     @property
     def cache_bytes(self) -> int:

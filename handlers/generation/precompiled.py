@@ -29,7 +29,7 @@ import dataclasses
 import logging
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -77,9 +77,14 @@ class Forward:
         self.original = model.forward
         self.graphs = dict(loaded or {})  # kind: a whole graph (torch's AOTCompiledFunction)
         self.loaded = len(self.graphs)
+        self.loaded_kinds = frozenset(self.graphs)
         self.traced: Callable | None = None
         self.fallbacks: dict[str, str] = {}  # kind: why it is computed by the traced forward
         self.unguarded: set[str] = set()  # kinds a step's shapes took past their whole graph (said once)
+
+    def loaded_whole(self, kinds: Iterable[str]) -> bool:
+        """Whether each of these kinds of step has a graph loaded whole: no first call traces."""
+        return self.loaded_kinds.issuperset(kinds)
 
     def __call__(self, **kwargs):
         kind = step_kind(kwargs)
@@ -117,10 +122,17 @@ class Forward:
         return graph
 
     def save(self, directory: Path) -> list[str]:
-        """Each whole graph compiled here into directory (<kind>.graph); the kinds saved."""
+        """Each whole graph compiled here into directory (<kind>.graph); the kinds saved. Not one
+        whose guards some step's shapes failed: a worker that loads a graph computes a single
+        prompt before READY (warm_up.py), trusting the sizes of this process's warm-up to pass."""
         directory.mkdir(parents=True, exist_ok=True)
         saved = []
         for kind, graph in self.graphs.items():
+            if kind in self.unguarded:
+                log.info(
+                    "the %s step's whole graph failed its guards at some sizes: not saved, workers compile it", kind
+                )
+                continue
             try:
                 portable(graph).save_compiled_function(str(directory / f"{kind}{SUFFIX}"), wrapped(self.model))
             except Exception as error:  # noqa: BLE001 - a graph that cannot be saved is compiled at a start

@@ -73,6 +73,9 @@ class Runner:
         self.model, self.cache, self.context = model, cache, context
         self.name, self.itt = name, itt  # one ITT range per forward, for VTune
         self.mixes = attention.use(model)  # decode rows and a prompt's part in one forward
+        # The kinds of step its forwards are (precompiled.step_kind): where the model mixes, a
+        # part alone is a mixed step of idle rows.
+        self.kinds = ("decode", "mixed") if self.mixes else ("decode", "part")
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, **mixed):
         """Logits [rows, len(keep), vocab] at the positions `keep` of each row: the vocabulary

@@ -93,6 +93,9 @@ class Scheduler:
     unserved: frozenset[str] = frozenset()  # request fields its steps cannot follow (fields.check)
     lookup = 0  # draft tokens a step checks (prompt lookup: engine.py); 0 where its steps cannot
     dialect = Dialect.LLGUIDANCE  # how a request's grammar reaches its steps (grammar.py)
+    # Whether its first steps at sizes not met before compile (a compiler tracing the model, a
+    # runtime compiling kernels per shape): the warm-up then meets every size twice (warm_up.py).
+    compiles_at_first_steps = True
 
     def __init__(
         self,

@@ -1,9 +1,16 @@
-"""Every kind of step a request takes, computed once before the first request (compiled, where the
+"""Every kind of step a request takes, computed before the first request (compiled, where the
 model is).
 
     step_times = WarmUp(engine, tokenizer, settings).run()   # StepTimes where the prefill chunk is left open
 
-The compiler traces each graph (decode rows; a prompt's part, alone or mixed with decode rows) at
+Where nothing compiles at a first step (an eager model; a compiled one whose every kind of step
+was loaded whole from its archive, precompiled.py), one prompt alone computes each kind once:
+the first call of each is slow (kernels' libraries loaded, threads started), a later size is not.
+The build that saved the whole graphs ran the full warm-up below, so the shapes it meets passed
+their guards there. Qwen2.5-0.5B's shape spent 8 s of a 17 s restart in the full one (2-core
+AMD EPYC, docs/generation.md "Start").
+
+Elsewhere the compiler traces each graph (decode rows; a prompt's part, alone or mixed with decode rows) at
 its first call and again at the first call whose sizes differ from it, after which it is
 general. So each size is met twice, each time with values no other size has (a size equal to
 another would be tied to it): a prompt alone (one decode row with idle ones) whose decode
@@ -20,7 +27,7 @@ import itertools
 
 from handlers.generation.chunking import StepTimes
 from handlers.generation.engine import Engine
-from handlers.generation.runner import SPAN_STEP
+from handlers.generation.runner import PROMPT_STEP, SPAN_STEP
 from handlers.generation.scheduler import Scheduler
 from handlers.generation.sequences import Discard, Generation
 from handlers.generation.settings import GenerationSettings
@@ -48,6 +55,16 @@ class WarmUp:
 
     def run(self) -> StepTimes | None:
         """Every kind of step computed; the step times, where the settings leave the chunk open."""
+        if self.engine.compiles_at_first_steps:
+            self.every_size()
+        else:
+            self.warm(self.prompt(PROMPT_STEP + 1))  # a part (with idle rows where it mixes), then decode rows
+        if self.settings.prefill_chunk is None and isinstance(self.engine, Engine):
+            return StepTimes.measure(self.engine, self.prompt)
+        return None
+
+    def every_size(self) -> None:
+        """Each size of each kind of step met twice (above)."""
         engine, prompt = self.engine, self.prompt
         self.warm(prompt(SPAN_STEP - 1))  # decodes at SPAN_STEP - 1 and SPAN_STEP: spans of 1 and 2 steps
         self.warm(*(prompt(2) for _ in range(self.settings.max_sequences)))
@@ -58,9 +75,6 @@ class WarmUp:
         self.warm(self.longer(cached))  # its first blocks found: a part from a block's end
         if engine.mixes:
             self.warm(prompt(3, new=5), self.longer(self.longer(cached)), arriving=1)
-        if self.settings.prefill_chunk is None and isinstance(engine, Engine):
-            return StepTimes.measure(engine, prompt)
-        return None
 
     def warm(self, *generations: Generation, arriving: int = 0) -> None:
         """Step the engine until `generations` are answered; the last `arriving` of them are

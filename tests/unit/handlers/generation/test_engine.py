@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from handlers.generation.engine import Engine, prompt_chunk
 from handlers.generation.lookup import PAUSE_MOST
+from handlers.generation.precompiled import Forward
 from handlers.generation.runner import MIN_ROWS, PROMPT_STEP
 from handlers.generation.sampling import Sampling
 from handlers.generation.sequences import Finish, Generation, QueueFull, Usage
@@ -280,6 +281,18 @@ def test_a_chunk_is_shared_by_the_prompts_waiting_in_the_order_they_came(lm):
 @pytest.mark.parametrize(("asked", "served"), [(0, 0), (3, 8), (20, 16), (256, 256)])
 def test_a_chunk_is_whole_padding_steps_so_only_a_prompts_end_is_padded(asked, served):
     assert prompt_chunk(asked) == served
+
+
+def test_only_a_forward_with_a_kind_of_step_not_loaded_whole_compiles_at_its_first_steps(lm, monkeypatch):
+    model, tokenizer = lm
+    eng = engine(model, tokenizer)
+    assert not eng.compiles_at_first_steps  # eager
+    kinds = eng.runner.kinds
+    assert kinds == ("decode", "mixed")  # both families mix (attention.py)
+    monkeypatch.setattr(model, "forward", Forward(model, {}, {"decode": object()}))
+    assert eng.compiles_at_first_steps  # a mixed step would be traced at its first call
+    monkeypatch.setattr(model, "forward", Forward(model, {}, dict.fromkeys(kinds, object())))
+    assert not eng.compiles_at_first_steps
 
 
 def test_a_model_loaded_with_eager_attention_is_served_with_the_kits_and_answers_as_transformers(lm):

@@ -1,6 +1,7 @@
-"""handlers/generation/warm_up.py on a real engine: every kind of step a request takes is computed
-(decode rows alone, a prompt mixed with decode rows, a part that starts past its prompt's first
-block), the engine is idle after it, and the step times are measured only where the chunk is open."""
+"""handlers/generation/warm_up.py on a real engine: where a first step compiles, every kind of step
+a request takes is computed at every size (decode rows alone, a prompt mixed with decode rows, a
+part that starts past its prompt's first block); where none does, one prompt computes each kind
+once; the engine is idle after it, and the step times are measured only where the chunk is open."""
 
 from __future__ import annotations
 
@@ -38,10 +39,12 @@ def counted(engine: Engine) -> dict[str, list]:
 
 
 @pytest.mark.parametrize("chunk", [256, None])
-def test_every_kind_of_step_is_computed_and_the_chunk_timed_only_when_left_open(lm, chunk):
+def test_every_kind_of_step_is_computed_and_the_chunk_timed_only_when_left_open(lm, chunk, monkeypatch):
     model, tokenizer = lm
     settings = GenerationSettings(max_sequences=3, context_length=256, prefill_chunk=chunk)
     engine = Engine(model, tokenizer.decode, set(), 3, 256, torch.float32, prefill_chunk=chunk or 0)
+    # As a compiled forward that traces at its first calls (compiling here would take minutes).
+    monkeypatch.setattr(Engine, "compiles_at_first_steps", True)
     calls = counted(engine)
     times = WarmUp(engine, tokenizer, settings).run()
     assert not engine.busy
@@ -50,3 +53,18 @@ def test_every_kind_of_step_is_computed_and_the_chunk_timed_only_when_left_open(
     assert any(start for start in calls["mixed"] if start), "a part from past a block found in the prefix cache"
     assert (times is None) == (chunk is not None)
     assert times is None or isinstance(times, StepTimes)
+
+
+@pytest.mark.parametrize("chunk", [256, None])
+def test_where_nothing_compiles_one_prompt_computes_each_kind_of_step_once(lm, chunk):
+    model, tokenizer = lm  # eager: its forward compiles nothing
+    settings = GenerationSettings(max_sequences=3, context_length=256, prefill_chunk=chunk)
+    engine = Engine(model, tokenizer.decode, set(), 3, 256, torch.float32, prefill_chunk=chunk or 0)
+    assert not engine.compiles_at_first_steps
+    calls = counted(engine)
+    times = WarmUp(engine, tokenizer, settings).run()
+    assert not engine.busy
+    if chunk:  # (an open chunk is timed by steps of its own)
+        # The prompt from position 0 (a part: a mixed step of idle rows), then two decode steps.
+        assert calls == {"decode": [None, None], "part": [0], "mixed": [0]}
+    assert (times is None) == (chunk is not None)
