@@ -94,10 +94,10 @@ class Engine(Scheduler):
 
     @property
     def compiles_at_first_steps(self) -> bool:
-        """A compiled forward's kinds of step not loaded whole trace at their first calls; an
-        eager forward compiles nothing."""
+        """A compiled forward traces where a kind of step was not loaded whole, or a step's shapes
+        failed a loaded graph's guards; an eager forward compiles nothing."""
         forward = self.model.forward
-        return isinstance(forward, Forward) and not forward.loaded_whole(self.runner.kinds)
+        return isinstance(forward, Forward) and forward.traces(self.runner.kinds)
 
     @property
     def cache_bytes(self) -> int:

@@ -82,9 +82,10 @@ class Forward:
         self.fallbacks: dict[str, str] = {}  # kind: why it is computed by the traced forward
         self.unguarded: set[str] = set()  # kinds a step's shapes took past their whole graph (said once)
 
-    def loaded_whole(self, kinds: Iterable[str]) -> bool:
-        """Whether each of these kinds of step has a graph loaded whole: no first call traces."""
-        return self.loaded_kinds.issuperset(kinds)
+    def traces(self, kinds: Iterable[str]) -> bool:
+        """Whether a step of these kinds may trace the model: one not loaded whole, or one whose
+        shapes failed a loaded graph's guards (computed by the traced forward since)."""
+        return self.traced is not None or not self.loaded_kinds.issuperset(kinds)
 
     def __call__(self, **kwargs):
         kind = step_kind(kwargs)

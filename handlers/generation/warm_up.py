@@ -7,18 +7,19 @@ Where nothing compiles at a first step (an eager model; a compiled one whose eve
 was loaded whole from its archive, precompiled.py), one prompt alone computes each kind once:
 the first call of each is slow (kernels' libraries loaded, threads started), a later size is not.
 The build that saved the whole graphs ran the full warm-up below, so the shapes it meets passed
-their guards there. Qwen2.5-0.5B's shape spent 8 s of a 17 s restart in the full one (2-core
-AMD EPYC, docs/generation.md "Start").
+their guards there; where that prompt's shapes fail them (a worker's settings the build did not
+have), the full warm-up follows. Qwen2.5-0.5B's shape spent 8 s of a 17 s restart in the full
+one (2-core AMD EPYC, docs/generation.md "Start").
 
-Elsewhere the compiler traces each graph (decode rows; a prompt's part, alone or mixed with decode rows) at
-its first call and again at the first call whose sizes differ from it, after which it is
-general. So each size is met twice, each time with values no other size has (a size equal to
-another would be tied to it): a prompt alone (one decode row with idle ones) whose decode
-crosses a span boundary (two spans); every slot at once; prompts arriving while others decode;
-prompts whose first blocks are in the prefix cache, alone and arriving (a part that starts past
-position 0). Each prompt is of a token of its own, so that none finds another's blocks but where
-meant to, and generates a few tokens: each compiled call is slow the first time, and a longer
-warm-up only computes more of what is already compiled.
+Elsewhere the compiler traces each graph (decode rows; a prompt's part, alone or mixed with
+decode rows) at its first call and again at the first call whose sizes differ from it, after
+which it is general. So each size is met twice, each time with values no other size has (a
+size equal to another would be tied to it): a prompt alone (one decode row with idle ones)
+whose decode crosses a span boundary (two spans); every slot at once; prompts arriving while
+others decode; prompts whose first blocks are in the prefix cache, alone and arriving (a part
+that starts past position 0). Each prompt is of a token of its own, so that none finds
+another's blocks but where meant to, and generates a few tokens: each compiled call is slow the
+first time, and a longer warm-up only computes more of what is already compiled.
 """
 
 from __future__ import annotations
@@ -55,10 +56,10 @@ class WarmUp:
 
     def run(self) -> StepTimes | None:
         """Every kind of step computed; the step times, where the settings leave the chunk open."""
-        if self.engine.compiles_at_first_steps:
-            self.every_size()
-        else:
+        if not self.engine.compiles_at_first_steps:
             self.warm(self.prompt(PROMPT_STEP + 1))  # a part (with idle rows where it mixes), then decode rows
+        if self.engine.compiles_at_first_steps:  # also where that prompt's shapes failed a loaded graph's guards
+            self.every_size()
         if self.settings.prefill_chunk is None and isinstance(self.engine, Engine):
             return StepTimes.measure(self.engine, self.prompt)
         return None

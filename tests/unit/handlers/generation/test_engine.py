@@ -293,6 +293,8 @@ def test_only_a_forward_with_a_kind_of_step_not_loaded_whole_compiles_at_its_fir
     assert eng.compiles_at_first_steps  # a mixed step would be traced at its first call
     monkeypatch.setattr(model, "forward", Forward(model, {}, dict.fromkeys(kinds, object())))
     assert not eng.compiles_at_first_steps
+    model.forward.traced = object()  # a step's shapes failed a loaded graph's guards
+    assert eng.compiles_at_first_steps
 
 
 def test_a_model_loaded_with_eager_attention_is_served_with_the_kits_and_answers_as_transformers(lm):

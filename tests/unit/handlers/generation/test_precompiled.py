@@ -60,8 +60,8 @@ def test_whole_graphs_saved_by_one_model_answer_as_the_eager_model_in_another(tm
     assert said == "2 whole graphs loaded (decode, mixed)"
     served.forward = Forward(served, {}, graphs)
     assert served.forward.loaded == 2
-    assert served.forward.loaded_whole(["decode", "mixed"]) and not served.forward.loaded_whole(["decode", "part"])
-    assert not forward.loaded_whole(["decode"])  # compiled at its first call here, not loaded
+    assert not served.forward.traces(["decode", "mixed"]) and served.forward.traces(["decode", "part"])
+    assert forward.traces(["decode"])  # compiled at its first call here, not loaded
     with torch.inference_mode(), caplog.at_level(logging.INFO, logger=precompiled.__name__):
         for rows in (2, 5, 16):
             torch.testing.assert_close(served(input_ids=ids(rows, 1)), served.forward.original(input_ids=ids(rows, 1)))
@@ -69,6 +69,9 @@ def test_whole_graphs_saved_by_one_model_answer_as_the_eager_model_in_another(tm
             asked = {"input_ids": ids(1, tokens), "mixed": torch.tensor(2.0)}
             torch.testing.assert_close(served(**asked), served.forward.original(**asked))
     assert served.forward.traced is None and "compiled whole" not in caplog.text  # nothing compiled here
+    with torch.inference_mode():
+        served(input_ids=ids(1, 1))  # a size of 1 fails the decode graph's guards (rows >= 2)
+    assert served.forward.traces(["decode", "mixed"])  # its shapes are traced from now on
 
 
 def test_shapes_that_fail_a_whole_graphs_guards_are_computed_by_a_traced_graph(tmp_path, caplog):

@@ -68,3 +68,17 @@ def test_where_nothing_compiles_one_prompt_computes_each_kind_of_step_once(lm, c
         # The prompt from position 0 (a part: a mixed step of idle rows), then two decode steps.
         assert calls == {"decode": [None, None], "part": [0], "mixed": [0]}
     assert (times is None) == (chunk is not None)
+
+
+def test_a_prompt_whose_shapes_fail_a_loaded_graphs_guards_is_followed_by_the_full_warm_up(lm, monkeypatch):
+    model, tokenizer = lm
+    settings = GenerationSettings(max_sequences=3, context_length=256, prefill_chunk=256)
+    engine = Engine(model, tokenizer.decode, set(), 3, 256, torch.float32, prefill_chunk=256)
+    calls = counted(engine)
+    # As a forward whose graphs all loaded whole, until its first step's shapes fail their guards
+    # and the traced forward computes it (compiling here would take minutes).
+    traced = property(lambda self: bool(calls["decode"] or calls["mixed"]))
+    monkeypatch.setattr(Engine, "compiles_at_first_steps", traced)
+    WarmUp(engine, tokenizer, settings).run()
+    assert calls["mixed"][0] == 0 and any(start for start in calls["mixed"] if start), calls  # then every size
+    assert not engine.busy
