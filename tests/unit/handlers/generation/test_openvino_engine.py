@@ -15,7 +15,7 @@ from handlers.generation.openvino_engine import SEED_BITS, OpenVinoEngine, Pipel
 from handlers.generation.sampling import Sampling
 from handlers.generation.sequences import Finish, Generation, QueueFull, Usage
 from handlers.generation.settings import KvCache
-from tests.unit.handlers.generation.test_engine import Recorder
+from tests.unit.handlers.generation.engines import Recorder
 
 RUNNING, FINISHED, IGNORED = (
     openvino_genai.GenerationStatus.RUNNING,
