@@ -173,7 +173,7 @@ class TextGenerationHandler(StreamingHandler):
         if settings.backend is Backend.INDUCTOR:
             log.info("%s: %s", self.model_name, compiled.unpack(model_dir, compiled.cache_dir()))
             model.forward, said = compiled.compile_forward(model, model_dir)
-            self.whole_graphs_loaded = model.forward.loaded  # traced by no one: not among Dynamo's graphs
+            self.whole_graphs_loaded = len(model.forward.loaded_kinds)  # traced by no one: not among Dynamo's graphs
             log.info("%s: %s", self.model_name, said)
         return Engine(
             model,

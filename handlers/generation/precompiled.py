@@ -76,7 +76,6 @@ class Forward:
         self.model, self.options = model, options  # Inductor's (compiled.py)
         self.original = model.forward
         self.graphs = dict(loaded or {})  # kind: a whole graph (torch's AOTCompiledFunction)
-        self.loaded = len(self.graphs)
         self.loaded_kinds = frozenset(self.graphs)
         self.traced: Callable | None = None
         self.fallbacks: dict[str, str] = {}  # kind: why it is computed by the traced forward

@@ -59,7 +59,7 @@ def test_whole_graphs_saved_by_one_model_answer_as_the_eager_model_in_another(tm
     graphs, said = precompiled.load(tmp_path, served)
     assert said == "2 whole graphs loaded (decode, mixed)"
     served.forward = Forward(served, {}, graphs)
-    assert served.forward.loaded == 2
+    assert len(served.forward.loaded_kinds) == 2
     assert not served.forward.traces(["decode", "mixed"]) and served.forward.traces(["decode", "part"])
     assert forward.traces(["decode"])  # compiled at its first call here, not loaded
     with torch.inference_mode(), caplog.at_level(logging.INFO, logger=precompiled.__name__):
