@@ -30,6 +30,7 @@ import torch
 from ts.utils.util import PredictionException
 
 from handlers.backends import BACKENDS, Backend
+from handlers.free_memory import give_back
 from handlers.generation import agreement, answers, api, compiled, openvino_engine
 from handlers.generation.cache import TORCH_DTYPES
 from handlers.generation.chunking import StepTimes
@@ -49,7 +50,7 @@ from handlers.generation.sequences import QueueFull
 from handlers.generation.settings import GenerationSettings, KvCache
 from handlers.generation.tools import detect
 from handlers.generation.warm_up import WarmUp
-from handlers.generation.weights import own_memory, weight_parts
+from handlers.generation.weights import converted, own_memory, weight_parts
 from handlers.loaders import load_model
 from handlers.optimize import RecompileWatch, fx_graph_cache_counts, graphs_compiled
 from handlers.payload import URL_PATH, InvalidInput, NotFound, over_grpc, request_decoded, request_json
@@ -97,6 +98,7 @@ class TextGenerationHandler(StreamingHandler):
         config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
         eos, sampling = model_defaults(model_dir, config)
         self.engine = getattr(self, BACKENDS[settings.backend].generation_engine)(model_dir, eos)
+        log.info("%s: what the load freed: %s", self.model_name, give_back())
         vocabulary = getattr(config, "vocab_size", None) or len(self.tokenizer)
         self.grammars = Grammars(self.tokenizer, vocabulary, eos, self.engine.dialect)
         self.limits = api.Limits(
@@ -112,6 +114,7 @@ class TextGenerationHandler(StreamingHandler):
         load_seconds = time.perf_counter() - start
         graphs, (hits, _, _) = graphs_compiled(), fx_graph_cache_counts()
         warm_seconds = self.warm_up()
+        log.info("%s: what the warm-up freed: %s", self.model_name, give_back())
         self.engine.metrics = EngineMetrics()  # the warm-up's sequences were no one's requests
         self.acceptance = AcceptanceLog()  # what prompt lookup kept, logged now and then
         if (stages := WorkerDirs.from_environment().stages) is not None:  # in a server: for its /metrics
@@ -152,7 +155,7 @@ class TextGenerationHandler(StreamingHandler):
         model = load_model(settings, model_dir)  # float32, whatever the checkpoint's dtype
         guard = agreement.limits(settings)
         reference = None if guard is None else self.reference(model, model_dir)
-        model = model.to(TORCH_DTYPES[settings.dtype])
+        model = converted(model, TORCH_DTYPES[settings.dtype])
         if settings.weights is Weights.INT8:
             log.info("%s: %d linear layers on int8 weights", self.model_name, int8_weights(model))
         elif can_pack():

@@ -95,10 +95,11 @@ def int8_weights(model: nn.Module) -> int:
     """Every nn.Linear's weight in int8; how many there were."""
     from torchao.quantization import Int8WeightOnlyConfig, quantize_  # torchao's import costs seconds
 
-    quantize_(model, Int8WeightOnlyConfig(), filter_fn=lambda module, _: type(module) is nn.Linear)
     measured: dict[tuple[int, ...], int] = {}
 
     def kernel(linear: nn.Linear) -> Int8:
+        # A layer at a time: its float weight's pages are let go before the next is quantized.
+        quantize_(linear, Int8WeightOnlyConfig())
         int8 = Int8.of(linear)
         shape = tuple(int8.weight.shape)
         if shape not in measured:
@@ -106,7 +107,10 @@ def int8_weights(model: nn.Module) -> int:
                 measured[shape] = few_rows(int8.seconds)
         return dataclasses.replace(int8, few_rows=measured[shape])
 
-    count = replace_linears(model, kernel)
+    # Largest last: quantizing Qwen2.5-0.5B's 151,936 x 896 head took 1 GB of temporaries, which
+    # first came on top of every other layer's checkpoint pages (the load's peak 3.7 GB, then 2.7 GB;
+    # docs/generation.md). Packing in float32 peaks lower in the model's own order.
+    count = replace_linears(model, kernel, largest_last=True)
     log.info(
         "int8 weights: `_weight_int8pack_mm` up to this many rows, the weight converted past them (measured): %s",
         ", ".join(f"{out}x{inp} {few}" for (out, inp), few in measured.items()),

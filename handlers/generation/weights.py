@@ -1,5 +1,6 @@
 """A served language model's weights held once, and counted by part for the READY line.
 
+    converted(model, dtype)    # the served dtype, a tensor at a time, the checkpoint let go as it goes
     own_memory(model)          # after packing: nothing left that maps the checkpoint's file
     weight_parts(model)        # {"linear kernels": 1.9e9, "other": 1.8e5, "embedding read from the file": 5.4e8}
 
@@ -21,7 +22,24 @@ import torch
 from torch import nn
 
 from handlers.generation.file_embedding import FileEmbedding
+from handlers.generation.file_pages import FilePages
 from handlers.generation.linears import OpaqueLinear
+
+
+def converted(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """`model.to(dtype)`, each tensor's checkpoint pages let go once its copy exists
+    (file_pages.py): converted whole, a float32 checkpoint's pages and the whole bf16 copy were
+    resident at once, the load's peak."""
+    pages = FilePages()
+
+    def convert(tensor: torch.Tensor) -> torch.Tensor:
+        if not tensor.is_floating_point() or tensor.dtype == dtype:
+            return tensor
+        copy = tensor.to(dtype)
+        pages.release(tensor)
+        return copy
+
+    return model._apply(convert)  # what nn.Module.to applies to each parameter and buffer
 
 
 def own_memory(model: nn.Module) -> None:

@@ -4,28 +4,13 @@ in place and the process's own memory are never released; packing a checkpoint's
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from handlers.generation.file_pages import FilePages
 from handlers.generation.packed_linear import can_pack, pack_linears
-from tests.hf_models import qwen2_lm
-
-
-def resident_kb(path: Path) -> int:
-    """The Rss of every mapping of the file, from /proc/self/smaps."""
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        fields = line.split()
-        if "-" in fields[0] and len(fields) >= 5:
-            inside = len(fields) >= 6 and fields[5] == str(path.resolve())
-        elif inside and fields[0] == "Rss:":
-            total += int(fields[1])
-    return total
+from tests.unit.handlers.generation.checkpoints import read_whole, resident_kb
 
 
 def test_a_files_pages_are_released_and_read_the_same_again(tmp_path):
@@ -89,13 +74,7 @@ def test_only_mappings_of_a_file_count():
 
 @pytest.mark.skipif(not can_pack(), reason="this torch has no oneDNN")
 def test_packing_a_checkpoints_model_lets_its_pages_go(tmp_path):
-    directory = qwen2_lm(tmp_path / "lm")
-    checkpoint = directory / "model.safetensors"
-    model = AutoModelForCausalLM.from_pretrained(directory).eval()
-    with torch.inference_mode():
-        model(input_ids=torch.tensor([[1, 2, 3]]))  # every weight read: the file's pages resident
-    before = resident_kb(checkpoint)
-    assert before * 1024 >= 0.9 * checkpoint.stat().st_size
+    model, checkpoint, before = read_whole(tmp_path / "lm")
     pack_linears(model)
     # The linear weights (the tied head, so the embedding's pages too) let go; norms and the
     # pages at the weights' ends stay.

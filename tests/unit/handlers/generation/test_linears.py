@@ -4,6 +4,7 @@ look into, each calling its kernel with the rows of that call."""
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import torch
 from torch import nn
@@ -42,3 +43,48 @@ def test_a_compiled_model_calls_each_kernel_with_each_calls_rows():
             assert torch.equal(compiled(x), plain[1](torch.relu(plain[0](x))))
     # Compiled once for every row count, each call reaching the kernel with its own rows.
     assert [c.rows[-3:] for c in counters] == [[3, 1, 6], [3, 1, 6]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A kernel that holds nothing of its layer (the layer's weight is freed once replaced)."""
+
+    out_features: int
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros((*x.shape[:-1], self.out_features))
+
+
+def test_each_replaced_layers_weight_is_freed_before_the_next_is_replaced():
+    """Weights of the process's own (a float32 copy of a bf16 checkpoint, a bf16 copy of a float32
+    one) are no checkpoint's pages to let go: a replaced layer must not be held to the end, or
+    every plain weight and every kernel are resident at once."""
+    model = nn.Sequential(*(nn.Linear(64, 64) for _ in range(4)))
+    weights: list = []
+    alive: list[int] = []
+
+    def kernel(linear: nn.Linear) -> Shape:
+        alive.append(sum(ref() is not None for ref in weights))
+        weights.append(weakref.ref(linear.weight))
+        return Shape(linear.out_features)
+
+    assert replace_linears(model, kernel) == 4
+    assert alive == [0, 0, 0, 0]
+
+
+def order_replaced(sizes: list[tuple[int, int]], largest_last: bool) -> list[int]:
+    """The weights' sizes in the order replace_linears made their kernels."""
+    seen: list[int] = []
+
+    def kernel(linear: nn.Linear) -> Shape:
+        seen.append(linear.weight.numel())
+        return Shape(linear.out_features)
+
+    replace_linears(nn.Sequential(*(nn.Linear(i, o) for i, o in sizes)), kernel, largest_last=largest_last)
+    return seen
+
+
+def test_largest_last_replaces_the_layers_by_their_weights_size_and_otherwise_in_the_models_order():
+    sizes = [(8, 64), (64, 4), (2, 8)]  # (in, out): weights of 512, 256 and 16 numbers
+    assert order_replaced(sizes, largest_last=False) == [512, 256, 16]
+    assert order_replaced(sizes, largest_last=True) == [16, 256, 512]

@@ -14,6 +14,7 @@ from handlers.generation import quantized
 from handlers.generation.linears import OpaqueLinear
 from handlers.generation.quantized import Int8, int8_weights
 from tests.hf_models import qwen2_lm
+from tests.unit.handlers.generation.checkpoints import read_whole, resident_kb
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -107,3 +108,14 @@ def test_quantizing_measures_each_layer_shape_once_and_logs_it(monkeypatch, capl
     assert len(measured) == 2  # two shapes
     assert [m.kernel.few_rows for m in model] == [7, 7, 7]
     assert "48x32 7, 32x48 7" in caplog.text
+
+
+def test_quantizing_a_checkpoints_model_lets_its_pages_go(tmp_path):
+    """A layer at a time: each float weight's pages leave once its int8 copy exists, so the load
+    never holds the file's pages and every int8 weight at once."""
+    model, checkpoint, before = read_whole(tmp_path / "lm")
+    view = model.model.norm.weight.detach()  # the mapping held, as during the load (test_weights.py)
+    int8_weights(model)
+    # The linear weights (the tied head, so the embedding's pages too) let go; norms stay.
+    assert resident_kb(checkpoint) < before / 10
+    del view
