@@ -7,7 +7,8 @@ packed, quantization's temporaries, the accuracy guard's activations. The alloca
 preloads keep what is freed for reuse: tcmalloc in its page heap, jemalloc in arenas that torch's
 launcher tells never to decay. A worker's RSS, and the footprint the memory plan reads from it
 (kit/footprint.py), kept that garbage for the worker's life: Qwen2.5-0.5B's shape on int8 weights
-held 2.2 GB after its load on tcmalloc, 1.0 GB once given back (docs/generation.md, "Memory").
+held 2.2 GB after its load on tcmalloc, 1.0 GB once given back (docs/generation.md, "Memory of a
+load that converts").
 Each allocator has its own call; glibc's malloc_trim is the fallback.
 """
 
