@@ -223,15 +223,23 @@ class TextGenerationHandler(StreamingHandler):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def reference(self, model, model_dir: Path) -> agreement.Reference:
-        """The float model's answers on the held-out prompts (agreement.held_out_prompts)."""
+        """The float model's answers on the held-out prompts (agreement.held_out_prompts): the
+        archive's, made by `make archive`, else the float model's now."""
         start = time.perf_counter()
         prompts = agreement.held_out_prompts(model_dir, self.settings, self.tokenize)
-        reference = agreement.Reference.of(model, prompts, agreement.judged_tokens(self.settings))
+        tokens = agreement.judged_tokens(self.settings)
+        if (reference := agreement.Reference.shipped(model_dir, prompts, tokens)) is not None:
+            how = "read from the archive"
+        else:
+            reference = agreement.Reference.of(model, prompts, tokens)
+            shipped = (model_dir / agreement.REFERENCE_FILE).is_file()
+            how = "answered by the float model" + (" (the archive's were made for other prompts)" if shipped else "")
         log.info(
-            "%s: the float model answered %d held-out prompts (%d tokens each) in %.1fs",
+            "%s: the float model's answers on %d held-out prompts (%d tokens each) %s in %.1fs",
             self.model_name,
             len(prompts),
-            agreement.judged_tokens(self.settings),
+            tokens,
+            how,
             time.perf_counter() - start,
         )
         return reference

@@ -90,8 +90,13 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
     from handlers.streaming import StreamingHandler
 
     if issubclass(handler_class(handler_file), StreamingHandler):
-        # A language model: its workers judge it at their start; an inductor variant's compiled
-        # graphs ship in the archive, an openvino variant's IR too.
+        # A language model: its workers judge it at their start, on the float answers shipped
+        # here; an inductor variant's compiled graphs ship in the archive, an openvino variant's IR too.
+        from handlers.generation.settings import GenerationSettings
+        from handlers.typed_config import parse_settings
+        from model_store.lm_reference import ship_reference
+
+        ship_reference(parse_settings(GenerationSettings, handler_config), staging, lambda said: log(f"{label}: {said}"))
         compile_language_model(handler_config, staging, label)
         export_language_model(handler_config, staging, label)
         return
@@ -175,11 +180,11 @@ def export_language_model(handler_config: dict, staging: Path, label: str) -> No
     from handlers.accuracy import AccuracyError
     from handlers.backends import Backend, cpu_refusal
     from handlers.generation import agreement, openvino_engine
-    from handlers.loaders import load_model
     from handlers.generation.settings import GenerationSettings
     from handlers.settings import Weights
     from handlers.typed_config import parse_settings
     from model_store import openvino_lm
+    from model_store.lm_reference import float_reference
 
     settings = parse_settings(GenerationSettings, handler_config)
     if settings.backend is not Backend.OPENVINO:
@@ -190,12 +195,8 @@ def export_language_model(handler_config: dict, staging: Path, label: str) -> No
     weights = openvino_lm.ir_weights(settings.dtype, settings.weights is Weights.INT8)
     ir = openvino_lm.export(staging, staging / openvino_engine.DIRECTORY, weights, say, label.replace("/", "-"))
     if (guard := agreement.limits(settings)) is not None:
-        from transformers import AutoTokenizer
-
         start = time.perf_counter()
-        tokenizer = AutoTokenizer.from_pretrained(str(staging), local_files_only=True)
-        prompts = agreement.held_out_prompts(staging, settings, lambda text: list(tokenizer(text)["input_ids"]))
-        reference = agreement.Reference.of(load_model(settings, staging), prompts, agreement.judged_tokens(settings))
+        reference = float_reference(staging, settings)
         agreed = agreement.measure(openvino_engine.Forward.load(ir, settings.dtype, settings.kv_cache), reference)
         say(
             f"accuracy against float32 ({settings.precision}, judged in {time.perf_counter() - start:.0f}s): {agreed.summary()}"

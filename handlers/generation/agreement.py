@@ -3,6 +3,8 @@ the float model's, on held-out prompts, before the first request.
 
     guard = limits(settings)                                # None: the precision is not judged
     reference = Reference.of(model, prompts, tokens=32)    # the float32 model, before conversion
+    reference.save(staging)                                 # make archive ships it ...
+    reference = Reference.shipped(model_dir, prompts, 32)  # ... and a worker reads it (None: not for these prompts)
     agreement = measure(model, reference, settings.kv_cache)  # the converted one, as it serves
     agreement.summary()    # "greedy tokens 96.9% equal (248 of 256 positions, 8 prompts), next-token distance ..."
     require(agreement, guard, settings.precision)           # AccuracyError naming the numbers
@@ -14,6 +16,10 @@ the served model's greedy token is compared with the float model's, and their ne
 distributions by total variation distance (half the L1 distance: 0 when equal, 1 when they
 share nothing). Teacher forcing keeps one early difference from making every later position
 differ: each position is judged on the same context.
+
+`make archive` runs the float model on the held-out prompts and ships its answers
+(model_store/lm_reference.py): a worker that reads them converts its weights without running the
+float model, so it never reads every float32 weight at its start, and starts sooner.
 """
 
 from __future__ import annotations
@@ -51,6 +57,16 @@ def held_out_prompts(
     return [ids[-room:] for ids in map(tokenize, texts[: settings.accuracy_prompts]) if ids]
 
 
+# The float model's answers in an archive (written by make archive, read by its workers).
+REFERENCE_FILE = "generation_reference.pt"
+# Stored in float16, times 2**14: a 151,936-token vocabulary's flat distribution (6.6e-6 a
+# token) stays in float16's normal range (below 6.1e-5 it would keep fewer digits) and 1.0 stays
+# below its largest (65504), so each probability is kept within 2**-11 of itself (total
+# variation moves by 2.4e-4 at most) in half of float32's bytes: 78 MB for 8 prompts x 32 tokens
+# x that vocabulary. The greedy tokens are stored exactly.
+STORED_SCALE = 2.0**14
+
+
 @dataclasses.dataclass(frozen=True)
 class Judged:
     """One prompt continued by the float model, and the float model's answers along it."""
@@ -58,6 +74,12 @@ class Judged:
     ids: torch.Tensor  # (1, prompt + continuation) token ids
     start: int  # the position whose logits predict the continuation's first token
     probabilities: torch.Tensor  # (continuation, vocabulary) float32: the float model's next-token distributions
+    greedy: torch.Tensor  # (continuation,) the float model's most likely next tokens, from those distributions
+
+    @property
+    def made_for(self) -> tuple[list[int], int]:
+        """The prompt and how many tokens continued it."""
+        return self.ids[0, : self.start + 1].tolist(), self.ids.shape[1] - self.start - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +95,36 @@ class Reference:
             ids = torch.tensor([list(prompt)])
             continued = greedy(model, ids, tokens)
             start = ids.shape[1] - 1
-            judged.append(Judged(continued, start, next_token_probabilities(model, continued, start)))
+            probabilities = next_token_probabilities(model, continued, start)
+            judged.append(Judged(continued, start, probabilities, probabilities.argmax(-1)))
         return cls(tuple(judged))
 
     @property
     def positions(self) -> int:
         return sum(p.probabilities.shape[0] for p in self.prompts)
+
+    def save(self, model_dir: Path) -> Path:
+        path = model_dir / REFERENCE_FILE
+        stored = [
+            {"ids": j.ids, "start": j.start, "greedy": j.greedy, "scaled": (j.probabilities * STORED_SCALE).half()}
+            for j in self.prompts
+        ]
+        torch.save(stored, path)
+        return path
+
+    @classmethod
+    def shipped(cls, model_dir: Path, prompts: Sequence[Sequence[int]], tokens: int) -> Reference | None:
+        """The archive's answers (save), when they were made for these prompts and tokens: None
+        when there are none, or when the held-out prompts changed since (the samples, the
+        settings' accuracy_prompts or accuracy_tokens)."""
+        path = model_dir / REFERENCE_FILE
+        if not path.is_file():
+            return None
+        stored = torch.load(path, map_location="cpu", weights_only=True)
+        judged = tuple(Judged(s["ids"], s["start"], s["scaled"].float() / STORED_SCALE, s["greedy"]) for s in stored)
+        if [j.made_for for j in judged] != [(list(prompt), tokens) for prompt in prompts]:
+            return None
+        return cls(judged)
 
 
 def greedy(model: nn.Module, ids: torch.Tensor, tokens: int) -> torch.Tensor:
@@ -133,7 +179,7 @@ def measure(model: nn.Module, reference: Reference, kv_cache: KvCache = KvCache.
     equal, distances = 0, []
     for judged in reference.prompts:
         ours = probabilities(model, judged.ids, judged.start)
-        equal += int((ours.argmax(-1) == judged.probabilities.argmax(-1)).sum())
+        equal += int((ours.argmax(-1) == judged.greedy).sum())
         distances.append(0.5 * (ours - judged.probabilities).abs().sum(-1))
     every = torch.cat(distances) if distances else torch.zeros(0)
     return Agreement(

@@ -75,10 +75,17 @@ def test_a_reduced_precision_is_judged_against_float32_and_refused_by_name_when_
         done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         good, strict = made
+        # The float model answers the held-out prompts once, in the build; the workers read its answers.
+        shipped = rf"eager/{good}: the float model's answers on 5 held-out prompts shipped \([\d.]+ MB, made in \d+s\)"
+        assert re.search(shipped, done.stdout), done.stdout[-3000:]
         config = ServeConfig.from_preset("optimized", variant="eager", models=[good], cpus=one_cpu())
         server = start_server(tmp_path / "good", config)
         try:
             log = server.logs.model_log.read_text(errors="replace")
+            assert re.search(
+                rf"{good}: the float model's answers on 5 held-out prompts \(\d+ tokens each\) read from the archive",
+                log,
+            )
             assert re.search(
                 rf"{good} accuracy against float32: greedy tokens [\d.]+% equal \(\d+ of \d+ positions, 5 prompts\)"
                 rf".* \(served in {precision}\)",
@@ -234,6 +241,7 @@ def test_int8_weights_compiled_serve_many_streams_without_recompiling(sources, t
             log = server.logs.model_log.read_text(errors="replace")
             assert re.search(rf"{name}: \d+ linear layers on int8 weights", log)
             assert re.search(rf"{name} accuracy against float32: .* \(served in float32 on int8 weights\)", log)
+            assert re.search(rf"{name}: the float model's answers on 8 held-out prompts .* read from the archive", log)
             assert f"{name} ready: backend=inductor dtype=float32 " in log
             assert "recompiled while serving" not in log, "a request waited for the compiler"
             assert_archive_graphs(server, name, log)

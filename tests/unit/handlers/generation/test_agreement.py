@@ -96,6 +96,50 @@ def test_an_int8_kv_cache_that_keeps_too_few_levels_is_refused_by_name(family, m
         require(measure(copy.deepcopy(model), reference, KvCache.INT8), agreement.limits(settings), settings.precision)
 
 
+def test_the_archives_answers_judge_as_the_float_models_own(family, tmp_path):
+    """make archive ships the float model's answers (model_store/lm_reference.py); a worker reads
+    them instead of running the float model: the same greedy tokens, the distances within the
+    storage's 2.4e-4."""
+    model, reference = family
+    reference.save(tmp_path)
+    prompts = [j.made_for[0] for j in reference.prompts]
+    shipped = Reference.shipped(tmp_path, prompts, TOKENS)
+    assert shipped is not None
+    served = copy.deepcopy(model)
+    int8_weights(served)
+    ours, theirs = measure(served, reference), measure(served, shipped)
+    assert (theirs.prompts, theirs.positions, theirs.equal) == (ours.prompts, ours.positions, ours.equal)
+    assert theirs.distance_mean == pytest.approx(ours.distance_mean, abs=2.4e-4)
+    assert theirs.distance_max == pytest.approx(ours.distance_max, abs=2.4e-4)
+
+
+def test_answers_made_for_other_prompts_or_tokens_or_none_are_not_used(family, tmp_path):
+    _, reference = family
+    prompts = [j.made_for[0] for j in reference.prompts]
+    assert Reference.shipped(tmp_path, prompts, TOKENS) is None  # none shipped
+    reference.save(tmp_path)
+    assert Reference.shipped(tmp_path, prompts[:-1], TOKENS) is None  # the settings' accuracy_prompts changed
+    assert Reference.shipped(tmp_path, prompts, TOKENS + 1) is None  # accuracy_tokens changed
+    assert Reference.shipped(tmp_path, [prompts[1], prompts[0], *prompts[2:]], TOKENS) is None  # the samples
+    assert Reference.shipped(tmp_path, prompts, TOKENS) is not None
+
+
+def test_a_large_vocabularys_flat_and_peaked_distributions_keep_their_distances_when_stored(tmp_path):
+    """Qwen's 151,936 tokens: a random model's near-flat distribution (each probability below
+    float16's normal range unless scaled) and a trained model's peaked one are stored within 2.4e-4
+    of total variation, and the greedy tokens exactly, whatever the ties float16 would make."""
+    torch.manual_seed(0)
+    vocabulary = 151_936
+    logits = torch.cat([torch.randn(4, vocabulary) * 0.05, torch.randn(4, vocabulary) * 4.0])
+    probabilities = logits.softmax(-1)
+    ids = torch.arange(12).unsqueeze(0)  # a 4-token prompt continued by 8
+    Reference((agreement.Judged(ids, 3, probabilities, probabilities.argmax(-1)),)).save(tmp_path)
+    (stored,) = Reference.shipped(tmp_path, [list(range(4))], 8).prompts
+    distance = 0.5 * (stored.probabilities - probabilities).abs().sum(-1)
+    assert float(distance.max()) <= 2.4e-4
+    assert torch.equal(stored.greedy, probabilities.argmax(-1))
+
+
 @pytest.mark.parametrize("reduced", [DType.BFLOAT16, Weights.INT8])
 def test_a_layer_off_by_half_its_spread_is_refused_by_name(family, reduced):
     model, reference = family
