@@ -66,11 +66,10 @@ class OpaqueLinear(nn.Module):
         return opaque_linear(x, self.key)
 
 
-def replace_linears(model: nn.Module, kernel_of: Callable[[nn.Linear], Kernel], largest_last: bool = False) -> int:
-    """Every nn.Linear of the model replaced by its kernel, its plain weight dropped (a head tied
-    to the embedding keeps the embedding) and its checkpoint's pages let go as it goes
-    (file_pages.py); how many there were. `largest_last` for a kernel whose making needs
-    temporaries of its weight's size: they then come once the other layers' pages have gone."""
+def replace_linears(model: nn.Module, kernel_of: Callable[[nn.Linear], Kernel]) -> int:
+    """Every nn.Linear of the model replaced by its kernel, in the model's order, its plain weight
+    dropped (a head tied to the embedding keeps the embedding) and its checkpoint's pages let go
+    as it goes (file_pages.py); how many there were."""
     # Where each one is, not the layers themselves: a replaced layer's weight is freed at the next
     # (a weight of the process's own, such as a float32 copy of a bf16 checkpoint, is not a
     # checkpoint's page: holding every replaced layer to the end held a second copy of the weights).
@@ -80,8 +79,6 @@ def replace_linears(model: nn.Module, kernel_of: Callable[[nn.Linear], Kernel], 
         for name, child in parent.named_children()
         if type(child) is nn.Linear
     ]
-    if largest_last:
-        places.sort(key=lambda place: getattr(*place).weight.numel())
     pages = FilePages()
     for parent, name in places:
         linear = getattr(parent, name)

@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 
 # The crossover is searched up to this many rows; past it a layer converts (a prompt's chunk).
 MOST_ROWS = 256
+# A weight is quantized this many elements at a time (whole rows): torchao's temporaries are a few
+# float copies of what it is given, about 1 GiB for Qwen2.5-0.5B's 151,936 x 896 head at once. In
+# blocks, in the model's order, that model's int8 load peaked at 2.01 GiB; whole, with the head
+# quantized last, at 2.55 GiB (in-process, tcmalloc, the guard's answers read from the archive).
+ROWS_ELEMENTS = 1 << 22
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +50,23 @@ class Int8:
 
     @classmethod
     def of(cls, linear: nn.Linear) -> Int8:
-        quantized = linear.weight  # torchao's Int8Tensor
-        scale = quantized.scale.reshape(-1).to(quantized.dtype)
+        """The layer's weight quantized by torchao (`Int8WeightOnlyConfig`), ROWS_ELEMENTS at a
+        time: each output channel is quantized on its own, so the blocks give the whole's numbers,
+        and the temporaries are a block's."""
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_  # torchao's import costs seconds
+
+        weight = linear.weight.detach()
+        qdata = torch.empty(weight.shape, dtype=torch.int8)
+        scale = torch.empty(weight.shape[0], dtype=weight.dtype)
+        step = max(1, ROWS_ELEMENTS // weight.shape[1])
+        for start in range(0, weight.shape[0], step):
+            rows = nn.Linear(weight.shape[1], min(step, weight.shape[0] - start), bias=False, device="meta")
+            rows.weight = nn.Parameter(weight[start : start + step], requires_grad=False)
+            quantize_(rows, Int8WeightOnlyConfig())
+            qdata[start : start + step] = rows.weight.qdata
+            scale[start : start + step] = rows.weight.scale.reshape(-1)
         bias = None if linear.bias is None else linear.bias.detach().clone()  # not a view of the checkpoint
-        return cls(quantized.qdata.contiguous(), scale, bias, linear.out_features)
+        return cls(qdata, scale, bias, linear.out_features)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).contiguous()
@@ -93,13 +111,10 @@ def few_rows(seconds: Callable[[int], tuple[float, float]], most: int = MOST_ROW
 
 def int8_weights(model: nn.Module) -> int:
     """Every nn.Linear's weight in int8; how many there were."""
-    from torchao.quantization import Int8WeightOnlyConfig, quantize_  # torchao's import costs seconds
-
     measured: dict[tuple[int, ...], int] = {}
 
     def kernel(linear: nn.Linear) -> Int8:
         # A layer at a time: its float weight's pages are let go before the next is quantized.
-        quantize_(linear, Int8WeightOnlyConfig())
         int8 = Int8.of(linear)
         shape = tuple(int8.weight.shape)
         if shape not in measured:
@@ -107,11 +122,7 @@ def int8_weights(model: nn.Module) -> int:
                 measured[shape] = few_rows(int8.seconds)
         return dataclasses.replace(int8, few_rows=measured[shape])
 
-    # Largest last: quantizing Qwen2.5-0.5B's 151,936 x 896 head took about 1 GiB of temporaries,
-    # which in the model's order (the head first) came on top of every other layer's checkpoint
-    # pages: the load's peak 3.55 GiB, 2.57 GiB in this order (tcmalloc, one load each). Packing in
-    # float32 peaked lower in the model's order (2.33 against 2.81 GiB), so it keeps that one.
-    count = replace_linears(model, kernel, largest_last=True)
+    count = replace_linears(model, kernel)
     log.info(
         "int8 weights: `_weight_int8pack_mm` up to this many rows, the weight converted past them (measured): %s",
         ", ".join(f"{out}x{inp} {few}" for (out, inp), few in measured.items()),

@@ -70,21 +70,3 @@ def test_each_replaced_layers_weight_is_freed_before_the_next_is_replaced():
 
     assert replace_linears(model, kernel) == 4
     assert alive == [0, 0, 0, 0]
-
-
-def order_replaced(sizes: list[tuple[int, int]], largest_last: bool) -> list[int]:
-    """The weights' sizes in the order replace_linears made their kernels."""
-    seen: list[int] = []
-
-    def kernel(linear: nn.Linear) -> Shape:
-        seen.append(linear.weight.numel())
-        return Shape(linear.out_features)
-
-    replace_linears(nn.Sequential(*(nn.Linear(i, o) for i, o in sizes)), kernel, largest_last=largest_last)
-    return seen
-
-
-def test_largest_last_replaces_the_layers_by_their_weights_size_and_otherwise_in_the_models_order():
-    sizes = [(8, 64), (64, 4), (2, 8)]  # (in, out): weights of 512, 256 and 16 numbers
-    assert order_replaced(sizes, largest_last=False) == [512, 256, 16]
-    assert order_replaced(sizes, largest_last=True) == [16, 256, 512]

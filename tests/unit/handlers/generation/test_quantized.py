@@ -36,6 +36,28 @@ def test_every_linear_weight_is_int8_with_a_scale_per_output_channel(tmp_path, d
     assert logits.dtype == dtype and torch.isfinite(logits).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_weight_quantized_in_blocks_of_rows_is_torchaos_whole(monkeypatch, dtype):
+    """A large weight is quantized a block of rows at a time (its temporaries a block's): each
+    output channel on its own, the same int8 weights and scales as torchao's on the whole."""
+    import torchao.quantization
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 50).to(dtype)
+    whole = nn.Linear(96, 50).to(dtype)
+    whole.load_state_dict(linear.state_dict())
+    quantize_(whole, Int8WeightOnlyConfig())
+    given: list[int] = []
+    spy = lambda module, config: given.append(module.weight.shape[0]) or quantize_(module, config)  # noqa: E731
+    monkeypatch.setattr(torchao.quantization, "quantize_", spy)
+    monkeypatch.setattr(quantized, "ROWS_ELEMENTS", 96 * 7)  # 7 rows at a time
+    blocks = Int8.of(linear)
+    assert given == [7] * 7 + [1]
+    assert torch.equal(blocks.weight, whole.weight.qdata)
+    assert torch.equal(blocks.scale, whole.weight.scale.reshape(-1).to(dtype))
+
+
 def layer(dtype: torch.dtype) -> tuple[Int8, nn.Linear]:
     """An int8 layer, and its float twin carrying exactly the int8 weights times their scales."""
     torch.manual_seed(0)
