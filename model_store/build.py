@@ -33,8 +33,8 @@ from pathlib import Path
 import yaml
 
 from handlers.archive_files import MODEL_CONFIG, is_archive
-from handlers.typed_config import SettingsError
 from handlers.backends import DEFAULT_ENVIRONMENT
+from handlers.typed_config import SettingsError
 from kit import long_step
 from kit.models import Model, SourceKind, check_models, model_names
 from kit.paths import INDUCTOR_CACHE, ROOT, process_environment
@@ -81,12 +81,12 @@ def inputs_digest(*parts: object) -> str:
 def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label: str) -> None:
     """Precompiled backends (aoti, openvino): compile and calibrate now, ship the artifact. A backend
     the worker compiles at bf16: ship the evidence its workers judge it on."""
-    from handlers.loaders import load_model
     from handlers.accuracy import AccuracyError
-    from handlers.backends import DType, cpu_refusal
-    from handlers.samples import HELD_OUT_SHARE
-    from handlers.precompile import HELD_OUT_WANTED, check_artifact, judged_in_worker, precompile, ship_evidence
     from handlers.archive import bare_handler, handler_class
+    from handlers.backends import DType, cpu_refusal
+    from handlers.loaders import load_model
+    from handlers.precompile import HELD_OUT_WANTED, check_artifact, judged_in_worker, precompile, ship_evidence
+    from handlers.samples import HELD_OUT_SHARE
     from handlers.streaming import StreamingHandler
 
     if issubclass(handler_class(handler_file), StreamingHandler):
@@ -96,7 +96,8 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
         from handlers.typed_config import parse_settings
         from model_store.lm_reference import ship_reference
 
-        ship_reference(parse_settings(GenerationSettings, handler_config), staging, lambda said: log(f"{label}: {said}"))
+        settings = parse_settings(GenerationSettings, handler_config)
+        ship_reference(settings, staging, label.split("/")[-1], lambda said: log(f"{label}: {said}"))
         compile_language_model(handler_config, staging, label)
         export_language_model(handler_config, staging, label)
         return
@@ -125,9 +126,11 @@ def compile_ahead(handler_file: str, handler_config: dict, staging: Path, label:
         raise VariantRefused(f"{label} is not installed: {error}") from None
     log(f"{label}: {check.summary(handler.classifier)}")
     if check.held_out < HELD_OUT_WANTED:
-        log(f"{label}: WARNING only {check.held_out} held-out input(s) judged this build (a quarter of your samples is "
+        log(
+            f"{label}: WARNING only {check.held_out} held-out input(s) judged this build (a quarter of your samples is "
             f"held out): give at least {math.ceil(HELD_OUT_WANTED / HELD_OUT_SHARE)} samples with make model ... SAMPLES= for "
-            f"{HELD_OUT_WANTED} or more")
+            f"{HELD_OUT_WANTED} or more"
+        )
 
 
 # A Hugging Face directory's weights, which an openvino variant's archive does not need: the IR
@@ -163,7 +166,12 @@ def compile_language_model(handler_config: dict, staging: Path, label: str) -> N
         }
         try:
             lines = long_step.run(
-                command, f"{label}: compiling its graphs as a worker's start does", log_file, log, cwd=ROOT, env=environment
+                command,
+                f"{label}: compiling its graphs as a worker's start does",
+                log_file,
+                log,
+                cwd=ROOT,
+                env=environment,
             )
         except long_step.StepFailed as failed:
             if failed.returncode == REFUSED:  # the worker's accuracy guard: its reason is its last line
@@ -196,7 +204,7 @@ def export_language_model(handler_config: dict, staging: Path, label: str) -> No
     ir = openvino_lm.export(staging, staging / openvino_engine.DIRECTORY, weights, say, label.replace("/", "-"))
     if (guard := agreement.limits(settings)) is not None:
         start = time.perf_counter()
-        reference = float_reference(staging, settings)
+        reference = float_reference(staging, settings, label.split("/")[-1])
         agreed = agreement.measure(openvino_engine.Forward.load(ir, settings.dtype, settings.kv_cache), reference)
         say(
             f"accuracy against float32 ({settings.precision}, judged in {time.perf_counter() - start:.0f}s): {agreed.summary()}"
@@ -305,16 +313,16 @@ def pack(name: str, handler: Path, files: Path, config_file: Path, store: Path) 
         # after: with the system's TMPDIR, a source at /tmp/<name> (`make model NAME=lm SRC=/tmp/lm`)
         # would be deleted. It stages in a directory of its own instead.
         with tempfile.TemporaryDirectory(prefix=f"kit-{name}-archiver-", dir=files.parent) as archiver_tmp:
-            command = [
-                str(Path(sys.executable).parent / "torch-model-archiver"),
-                "--model-name", name,
-                "--version", "1.0",
-                "--handler", str(handler),
-                "--extra-files", str(files),
-                "--config-file", str(config_file),
-                "--export-path", str(export),
-                "--archive-format", "no-archive",
-            ]
+            options = {
+                "--model-name": name,
+                "--version": "1.0",
+                "--handler": str(handler),
+                "--extra-files": str(files),
+                "--config-file": str(config_file),
+                "--export-path": str(export),
+                "--archive-format": "no-archive",
+            }
+            command = [str(Path(sys.executable).parent / "torch-model-archiver"), *sum(options.items(), ())]
             subprocess.run(command, check=True, env={**os.environ, "TMPDIR": archiver_tmp})
         readable_by_all(export / name)
         target = store / name
@@ -340,7 +348,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--variants", default=",".join(variant_names()), help="comma list of " + ", ".join(variant_names())
     )
     parser.add_argument(
-        "--where-supported", action="store_true",
+        "--where-supported",
+        action="store_true",
         help="skip, saying why, the variants this CPU cannot serve (bf16 without AMX or AVX512_BF16) instead of failing",
     )
     return parser.parse_args(argv)

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from handlers.settings import TensorType
-from handlers.typed_config import SettingsError
 from handlers.text import ENCODING_FIELDS
+from handlers.typed_config import SettingsError
 
 EXPORT_HINT = "export with dynamic_shapes={'x': {0: torch.export.Dim('batch')}} for each input"
 
@@ -43,14 +43,20 @@ def tensor_inputs(path: Path) -> dict[str, Any]:
     for name in signature.user_inputs:
         value = nodes[name].meta.get("val")
         if not isinstance(value, torch.Tensor):
-            raise SettingsError(f"{path}: input {name!r} is not a tensor ({type(value).__name__}); the kit sends tensors only")
+            raise SettingsError(
+                f"{path}: input {name!r} is not a tensor ({type(value).__name__}); the kit sends tensors only"
+            )
         dtype = str(value.dtype).removeprefix("torch.")
         if dtype not in {t.value for t in TensorType}:
             raise SettingsError(f"{path}: input {name!r} is {dtype}; the kit serves {', '.join(TensorType)} inputs")
         if value.dim() == 0 or isinstance(value.shape[0], int):
-            raise SettingsError(f"{path}: input {name!r} has no dynamic batch dimension (shape {list(value.shape)}); {EXPORT_HINT}")
+            raise SettingsError(
+                f"{path}: input {name!r} has no dynamic batch dimension (shape {list(value.shape)}); {EXPORT_HINT}"
+            )
         if not all(isinstance(size, int) for size in value.shape[1:]):
-            raise SettingsError(f"{path}: input {name!r} is dynamic beyond the batch (shape {list(value.shape)}); export the others static")
+            raise SettingsError(
+                f"{path}: input {name!r} is dynamic beyond the batch (shape {list(value.shape)}); export the others static"
+            )
         shapes.append(list(value.shape[1:]))
         dtypes.append(dtype)
     return {"input_shapes": shapes, "input_dtypes": dtypes}

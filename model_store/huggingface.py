@@ -20,8 +20,8 @@ from typing import Any
 
 from handlers.generation.settings import GenerationSettings
 from handlers.settings import Architecture, Fit, Pooling, Resample, TextSettings
-from handlers.typed_config import SettingsError
 from handlers.text import ENCODING_FIELDS, TOKENIZER_FILE
+from handlers.typed_config import SettingsError
 from kit.models import TASKS, Task
 
 CONFIG_FILE = "config.json"
@@ -76,7 +76,9 @@ def text_settings(directory: Path, config: dict[str, Any]) -> tuple[dict[str, An
     tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     for side in ("padding_side", "truncation_side"):
         if getattr(tokenizer, side) != "right":
-            raise SourceError(f"tokenizer {side} {getattr(tokenizer, side)!r} is not reproduced: the kit pads and cuts on the right")
+            raise SourceError(
+                f"tokenizer {side} {getattr(tokenizer, side)!r} is not reproduced: the kit pads and cuts on the right"
+            )
     names = set(tokenizer.model_input_names)
     if not {"input_ids", "attention_mask"} <= names <= set(ENCODING_FIELDS):
         raise SourceError(
@@ -84,7 +86,9 @@ def text_settings(directory: Path, config: dict[str, Any]) -> tuple[dict[str, An
             f"attention_mask, and token_type_ids to a model that takes them"
         )
     if tokenizer.pad_token is None:
-        raise SourceError("the tokenizer has no pad_token; set one (e.g. tokenizer.pad_token = tokenizer.eos_token) and save it")
+        raise SourceError(
+            "the tokenizer has no pad_token; set one (e.g. tokenizer.pad_token = tokenizer.eos_token) and save it"
+        )
     # The directory's limit, but served at most at the kit's default: every request is padded to it.
     limit = min(tokenizer.model_max_length, config.get("max_position_embeddings") or tokenizer.model_max_length)
     return {
@@ -103,8 +107,17 @@ def square(size: dict[str, int], key: str) -> int:
 def image_settings(directory: Path) -> dict[str, Any]:
     processor = read_json(directory, PREPROCESSOR_FILE)
     known = INERT_KEYS | {
-        "do_resize", "size", "resample", "do_center_crop", "crop_size", "crop_pct",
-        "do_rescale", "rescale_factor", "do_normalize", "image_mean", "image_std",
+        "do_resize",
+        "size",
+        "resample",
+        "do_center_crop",
+        "crop_size",
+        "crop_pct",
+        "do_rescale",
+        "rescale_factor",
+        "do_normalize",
+        "image_mean",
+        "image_std",
     }
     refused = sorted(k for k, v in processor.items() if k not in known and v not in (None, False))
     if refused:
@@ -121,14 +134,18 @@ def image_settings(directory: Path) -> dict[str, Any]:
         if crop is None and processor.get("crop_pct") is not None:  # ConvNeXt: resize edge/crop_pct, crop edge
             resize, crop, fit = int(edge / processor["crop_pct"]), edge, Fit.CROP
         elif crop is None:
-            raise SourceError(f"{PREPROCESSOR_FILE} size {size} without a centre crop keeps the aspect ratio; the kit serves square inputs")
+            raise SourceError(
+                f"{PREPROCESSOR_FILE} size {size} without a centre crop keeps the aspect ratio; the kit serves square inputs"
+            )
         else:
             resize, fit = edge, Fit.CROP
     elif {"height", "width"} <= set(size):
         resize, fit = square(size, "size"), Fit.STRETCH
         crop = crop or resize
     else:
-        raise SourceError(f"{PREPROCESSOR_FILE} size {size} is not reproduced: give {{shortest_edge}} or {{height, width}}")
+        raise SourceError(
+            f"{PREPROCESSOR_FILE} size {size} is not reproduced: give {{shortest_edge}} or {{height, width}}"
+        )
     normalize = processor.get("do_normalize", True)
     return {
         "resize": resize,
@@ -227,6 +244,5 @@ def guess_task(directory: Path) -> Task:
             if architecture.endswith(traits.architecture_suffixes):
                 return task
     raise SourceError(
-        f"config.json architectures {architectures} name no task the kit knows; give one: "
-        f"TASK={' | '.join(Task)}"
+        f"config.json architectures {architectures} name no task the kit knows; give one: TASK={' | '.join(Task)}"
     )

@@ -73,7 +73,9 @@ def write_model_file(
     path = model_file(name)
     if path.exists() and not force:
         existing = Model.load(name)
-        raise SettingsError(f"{path} already exists ({existing.source.kind.value} {existing.source.location}); pass FORCE=1 to replace it")
+        raise SettingsError(
+            f"{path} already exists ({existing.source.kind.value} {existing.source.location}); pass FORCE=1 to replace it"
+        )
     document = model_document(name, source, task, samples, tolerance)
     header = (
         f"# {name}: written by `make model`. Add TorchServe keys (responseTimeout, ...) or a `handler:`\n"

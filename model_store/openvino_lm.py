@@ -90,9 +90,7 @@ def python(say: Callable[[str], None] = log) -> Path:
     return PYTHON
 
 
-def export(
-    model_dir: Path, out: Path, weights: IrWeights, say: Callable[[str], None] = log, name: str = ""
-) -> Path:
+def export(model_dir: Path, out: Path, weights: IrWeights, say: Callable[[str], None] = log, name: str = "") -> Path:
     """`model_dir` exported into `out` with its weights stored as `weights`; `out`. Its log is
     named after `name` (the model directory's, by default)."""
     command = [str(python(say)), "-m", "model_store.openvino_lm_export", str(model_dir), str(out), "--weights", weights]

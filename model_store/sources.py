@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from handlers.samples import SAMPLES_DIR
 from handlers.loaders import EXPORTED_FILE
+from handlers.samples import SAMPLES_DIR
 from handlers.settings import Architecture
-from handlers.typed_config import SettingsError
 from handlers.text import TOKENIZER_FILE
+from handlers.typed_config import SettingsError
 from kit.models import Medium, Model, SourceKind, Task
 from kit.samples import Body, read_samples
 from model_store import exported, huggingface

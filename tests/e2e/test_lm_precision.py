@@ -76,7 +76,7 @@ def test_a_reduced_precision_is_judged_against_float32_and_refused_by_name_when_
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         good, strict = made
         # The float model answers the held-out prompts once, in the build; the workers read its answers.
-        shipped = rf"eager/{good}: the float model's answers on 5 held-out prompts shipped \([\d.]+ MB, made in \d+s\)"
+        shipped = rf"eager/{good}: the float model's answers on 5 held-out prompts shipped \([\d.]+ MB, in \d+s\)"
         assert re.search(shipped, done.stdout), done.stdout[-3000:]
         config = ServeConfig.from_preset("optimized", variant="eager", models=[good], cpus=one_cpu())
         server = start_server(tmp_path / "good", config)
