@@ -90,7 +90,7 @@ class Pipeline:
         scheduler.num_kv_blocks = kv_contexts * math.ceil(context / BLOCK)
         scheduler.dynamic_split_fuse = bool(chunk)
         # Off whatever the settings say: with it on, OpenVINO GenAI 2026.4 answered a prompt that
-        # arrived beside an identical one with wrong tokens (tests/e2e/test_generation.py's requests
+        # arrived beside an identical one with wrong tokens (tests/e2e/generation/'s requests
         # generated together failed in 3 of 6 runs and once in CI, in none of 9 with it off).
         scheduler.enable_prefix_caching = False
         # A step's tokens: a chunk, and a decode row per sequence; whole, a prompt the context holds.

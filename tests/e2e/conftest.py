@@ -29,17 +29,21 @@ def start_server(run_dir: Path, config: ServeConfig) -> Server:
 # make test runs the e2e tests in two processes, a group of tests each at a time: a module's tests
 # are a group, so that its servers and archives are made once; these modules, which ask for the
 # session's optimized server, are one group, so that one process starts it (a start compiles three
-# models' graphs: 244 s on 2 cores, two starting at once; Inductor's frozen graphs are not cached).
-# The groups are drawn here, whatever --dist says, not by xdist's --dist loadgroup: xdist 3.8
-# marks a test's group in its `_nodeid`, which pytest 9 no longer reads.
+# models' graphs: 244 s on 2 cores, two starting at once; Inductor's frozen graphs are not cached);
+# so is each package of modules sharing package-scoped servers (generation/: its language models'
+# servers of three variants). The groups are drawn here, whatever --dist says, not by xdist's
+# --dist loadgroup: xdist 3.8 marks a test's group in its `_nodeid`, which pytest 9 no longer reads.
 SHARED = "optimized_server"
 ON_OPTIMIZED_SERVER = ("test_bad_input.py", "test_fuzz.py", "test_grpc.py", "test_memory_limit.py", "test_serving.py")
+PACKAGES = ("tests/e2e/generation/",)
 
 
 class ModuleGroups(LoadScopeScheduling):
     def _split_scope(self, nodeid: str) -> str:
         module = nodeid.split("::", 1)[0]
-        return SHARED if module.rsplit("/", 1)[-1] in ON_OPTIMIZED_SERVER else module
+        if module.rsplit("/", 1)[-1] in ON_OPTIMIZED_SERVER:
+            return SHARED
+        return next((package for package in PACKAGES if module.startswith(package)), module)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> ModuleGroups:

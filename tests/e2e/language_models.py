@@ -1,4 +1,4 @@
-"""Language models the e2e tests make, serve and ask (test_generation.py, test_lm_precision.py,
+"""Language models the e2e tests make, serve and ask (generation/, test_lm_precision.py,
 test_lm_plan.py): tiny random Qwen2 and GPT-2 directories through `make model`, transformers'
 greedy answers as the reference, and the requests. Each module makes its models under names of
 its own: the modules run in two processes at once (Makefile: test-e2e), and a model's file and

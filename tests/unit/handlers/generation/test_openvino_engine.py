@@ -1,7 +1,7 @@
 """handlers/generation/openvino_engine.py with the pipeline's place taken by a script: what the
 kit decides for each token the pipeline gives (end of sequence, stop strings, lengths, cancel),
 what it asks the pipeline for, and a request's sampling as the pipeline's GenerationConfig. The
-pipeline itself serves in tests/e2e/test_generation.py (the openvino variant, token for token
+pipeline itself serves in tests/e2e/generation/ (the openvino variant, token for token
 equal to transformers)."""
 
 from __future__ import annotations
