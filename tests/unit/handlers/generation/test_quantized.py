@@ -88,6 +88,26 @@ def test_a_few_rows_and_many_rows_compute_the_int8_weights_product(dtype, rows, 
     assert (got.double() - exact).abs().max() <= TOLERANCE[dtype] * exact.abs().max()
 
 
+@pytest.mark.parametrize("dtype", list(TOLERANCE), ids=["fp32", "bf16"])
+def test_many_rows_multiply_the_weight_converted_a_block_at_a_time(monkeypatch, dtype):
+    """A block of the weight converted at a time (kept in the cache): the same product, every block
+    in its place, the last one shorter; no conversion of the whole weight."""
+    kernel, twin = layer(dtype)
+    kernel = dataclasses.replace(kernel, few_rows=0)
+    monkeypatch.setattr(quantized, "CONVERT_ELEMENTS", 96 * 7)  # 7 of the 40 output rows a block
+    converted = []
+    to = torch.Tensor.to
+    int8 = lambda t: t.dtype == torch.int8 and converted.append(tuple(t.shape))  # noqa: E731
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **k: int8(t) or to(t, *a, **k))
+    x = torch.randn(2, 9, 96).to(dtype)
+    with torch.inference_mode():
+        got = kernel(x)
+    monkeypatch.undo()
+    exact = twin(x.double())
+    assert converted == [(96, 7)] * 5 + [(96, 5)]  # each block (transposed), never the whole weight
+    assert (got.double() - exact).abs().max() <= TOLERANCE[dtype] * exact.abs().max()
+
+
 def test_each_way_is_taken_on_its_side_of_few_rows(monkeypatch):
     kernel, _ = layer(torch.bfloat16)
     kernel = dataclasses.replace(kernel, few_rows=5)
