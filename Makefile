@@ -20,7 +20,7 @@ IMAGE ?= localhost/kit-serve:latest
 IMAGE_VARIANTS ?= inductor
 export IMAGE
 
-.PHONY: help test-tools test-image test-ipex test-container install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths bench-router bench-prefix bench-metrics bench-threads bench-decode test test-archives test-archives-others test-unit test-e2e lint format clean
+.PHONY: help test-tools test-image test-ipex test-container install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths bench-router bench-prefix bench-metrics bench-threads bench-decode bench-steadiness test test-archives test-archives-others test-unit test-e2e lint format clean
 
 help:
 	@echo "make serve [CONFIG=optimized|baseline|tuned|path.yaml] [VARIANT=name] [MODELS=resnet50,bert] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1] [ITT_TRACE=1] [MEMORY=6Gi]"
@@ -30,6 +30,7 @@ help:
 	@echo "make image [IMAGE=tag] [IMAGE_VARIANTS=inductor,aoti-int8] [MODELS=minilm] [BASE=image] | image-context (for docker build)"
 	@echo "make image-start [MODELS=...] [ROUNDS=N]   (container start to ready, per cold-start option)"
 	@echo "make bench [PLAN=quick|default|full|versus] | tune [MODELS=lm STREAMS=16 ITL_MS=150] | soak [SOAK_SECONDS=300] | bench-preprocess"
+	@echo "make bench-steadiness [SECONDS=60]   (whether this machine keeps its speed: measure before you compare)"
 	@echo "make bench-lengths [MODELS=all text models] [LENGTH_VARIANTS=inductor,openvino] [ROUNDS=3]   (which text length buckets pay)"
 	@echo "make model NAME=mine SRC=hf-dir|model.pt2 [TASK=image-classification|text-classification|feature-extraction] [SAMPLES=...] [TOLERANCE=...] [FORCE=1]"
 	@echo "make doctor | profile MODEL=name [VARIANT=inductor]"
@@ -110,6 +111,11 @@ bench-threads: install
 # read their weights at against a plain read (bench/studies/decode_split.py).
 bench-decode: archive
 	@$(PY) -m bench.studies.decode_split --models $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(STREAMS),--streams $(STREAMS))
+
+# Whether this machine keeps its speed while measured: a read of memory and a Python loop, timed
+# again and again with nothing else running (bench/studies/steadiness.py; a shared VM's host may not).
+bench-steadiness: install
+	@$(PY) -m bench.studies.steadiness $(if $(SECONDS),--seconds $(SECONDS))
 
 # What the kit's metrics cost a worker per request, clock on and off in turns (bench/studies/metrics_cost.py).
 bench-metrics: install

@@ -1,0 +1,31 @@
+"""bench/studies/steadiness.py: the table says which probes slowed past SLOW times their fastest."""
+
+from __future__ import annotations
+
+from bench.studies import steadiness
+from bench.studies.steadiness import Probe, table
+
+
+def test_a_probe_that_once_took_more_than_slow_times_its_fastest_makes_the_machine_unsteady():
+    steady = Probe("loop", [10.0, 11.0, 14.9, 12.0])
+    slowed = Probe("read", [10.0, 30.0, 11.0, 16.0])
+    assert steady.slow_share == 0
+    assert slowed.slow_share == 0.5
+    text = table([steady, slowed], "# header")
+    assert text.startswith("# header\n")
+    assert "| loop | 4 | 10.0 ms | 11.5 ms | 14.9 ms | 1.49 | 0 % |" in text
+    assert "| read | 4 | 10.0 ms | 13.5 ms | 30.0 ms | 3.00 | 50 % |" in text
+    assert "Unsteady (read): compare only within one run" in text
+
+
+def test_a_machine_whose_probes_all_stay_under_slow_times_their_fastest_is_steady():
+    assert "Steady: no sample took 1.5 times the fastest." in table([Probe("read", [10.0, 12.0])], "# h")
+
+
+def test_measure_samples_each_probe_once_a_tick_and_the_read_is_larger_than_a_cache(monkeypatch):
+    monkeypatch.setattr(steadiness, "LOOP_STEPS", 10)
+    probes = steadiness.measure(seconds=0.05, every=0.01, threads=1)
+    assert [p.name.split(" ")[0] for p in probes] == ["read", "Python"]
+    assert len(probes[0].ms) == len(probes[1].ms) >= 1
+    assert all(ms > 0 for p in probes for ms in p.ms)
+    assert steadiness.READ_BYTES > 96 << 20  # beyond an L3 domain (96 MiB on the largest, AMD V-Cache)
