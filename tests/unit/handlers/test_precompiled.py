@@ -1,5 +1,6 @@
 """Precompiled backends (aoti, openvino) end to end on a tiny CNN: archive-time compile and
-int8 calibration, then the real handler loading the artifacts and serving batches."""
+int8 calibration, then the real handler loading the artifacts and serving batches. The build's
+guard (samples, int8 repair and refusal): test_precompile.py."""
 
 from __future__ import annotations
 
@@ -57,15 +58,6 @@ def test_cosine_distance_ignores_scale_not_direction():
     assert relative_errors(2 * x, x).tolist() == pytest.approx([1.0] * 3)  # a rescaled answer is wrong
 
 
-@pytest.fixture
-def exported_cnn(tmp_path, tiny_cnn):
-    program = torch.export.export(
-        tiny_cnn, (torch.randn(2, 3, 224, 224),), dynamic_shapes={"x": {0: torch.export.Dim("batch", max=64)}}
-    )
-    torch.export.save(program, tmp_path / "model.pt2")
-    return tmp_path
-
-
 @pytest.mark.parametrize(
     "settings",
     [
@@ -76,14 +68,14 @@ def exported_cnn(tmp_path, tiny_cnn):
     ],
     ids=["aoti-int8", "aoti-fp32", "openvino-int8", "openvino-fp32"],
 )
-def test_precompiled_archive_serves_batches_close_to_eager(exported_cnn, tiny_cnn, settings):
+def test_precompiled_archive_serves_batches_close_to_eager(image_archive, tiny_cnn, settings):
     config = {"architecture": "exported-program", **settings}
-    handler = bare_handler("image_classification.py", config, exported_cnn)
+    handler = bare_handler("image_classification.py", config, image_archive)
     from handlers.loaders import load_model
 
-    precompile(handler, load_model(handler.settings, exported_cnn), exported_cnn, progress=print)
+    precompile(handler, load_model(handler.settings, image_archive), image_archive, progress=print)
 
-    served, context = image_handler(exported_cnn, batch_size=2, top_k=10, **settings)
+    served, context = image_handler(image_archive, batch_size=2, top_k=10, **settings)
     assert served.buckets == [1, 2]
     assert served.optimized.backend.value == settings["backend"]
     images = [encode_image("RGB", (120 + 10 * i, 90)) for i in range(3)]
@@ -102,13 +94,13 @@ def test_precompiled_archive_serves_batches_close_to_eager(exported_cnn, tiny_cn
 
 
 @pytest.fixture
-def aoti_archive(exported_cnn):
+def aoti_archive(image_archive):
     settings = {"architecture": "exported-program", "backend": "aoti"}
-    handler = bare_handler("image_classification.py", settings, exported_cnn)
+    handler = bare_handler("image_classification.py", settings, image_archive)
     from handlers.loaders import load_model
 
-    precompile(handler, load_model(handler.settings, exported_cnn), exported_cnn, progress=print)
-    return exported_cnn
+    precompile(handler, load_model(handler.settings, image_archive), image_archive, progress=print)
+    return image_archive
 
 
 def test_a_precompiled_worker_checks_the_shipped_reference_without_the_eager_model(aoti_archive):
@@ -146,23 +138,23 @@ def test_only_a_backend_compiled_in_the_worker_at_reduced_precision_is_judged_th
 
 
 @pytest.mark.skipif(bool(cpu_refusal(DType.BFLOAT16)), reason="this CPU does not compute bf16")
-def test_a_bf16_worker_judges_its_compiled_model_on_every_input_the_build_shipped(exported_cnn):
+def test_a_bf16_worker_judges_its_compiled_model_on_every_input_the_build_shipped(image_archive):
     from handlers.loaders import load_model
 
     settings = {"architecture": "exported-program", "backend": "inductor", "dtype": "bfloat16"}
-    handler = bare_handler("image_classification.py", settings, exported_cnn)
-    count = ship_evidence(handler, load_model(handler.settings, exported_cnn), exported_cnn)
+    handler = bare_handler("image_classification.py", settings, image_archive)
+    count = ship_evidence(handler, load_model(handler.settings, image_archive), image_archive)
     assert count == HELD_OUT_SYNTHETIC + CALIBRATION_COUNT  # every input the build judges, not a few check batches
-    served, context = image_handler(exported_cnn, backend="inductor", dtype="bfloat16")
+    served, context = image_handler(image_archive, backend="inductor", dtype="bfloat16")
     serve(served, context, [{"body": encode_image("RGB", (64, 64))}])
     assert statuses(context) == [200] and 0 < served.optimized.accuracy_error < 0.05
 
-    reference = Reference.load(exported_cnn)  # eager "answers" one input, the last, with its least likely class
+    reference = Reference.load(image_archive)  # eager "answers" one input, the last, with its least likely class
     last = reference.outputs[-1]
     wrong = torch.zeros_like(last).scatter_(-1, last.argmin(-1, keepdim=True), 20.0)
-    Reference(reference.inputs, [*reference.outputs[:-1], wrong]).save(exported_cnn)
+    Reference(reference.inputs, [*reference.outputs[:-1], wrong]).save(image_archive)
     with pytest.raises(AccuracyError, match=rf"answers differently from eager on 1 of {count} check inputs"):
-        image_handler(exported_cnn, backend="inductor", dtype="bfloat16")
+        image_handler(image_archive, backend="inductor", dtype="bfloat16")
 
 
 def test_a_package_for_a_newer_cpu_is_refused_by_name(aoti_archive, monkeypatch):
@@ -171,16 +163,16 @@ def test_a_package_for_a_newer_cpu_is_refused_by_name(aoti_archive, monkeypatch)
         aoti.build(None, parse_settings(ImageSettings, {"backend": "aoti"}), BuildSpec((), (1,), aoti_archive))
 
 
-def test_aoti_archive_without_packages_names_the_fix(exported_cnn):
+def test_aoti_archive_without_packages_names_the_fix(image_archive):
     with pytest.raises(
         Exception, match=f"{package_name(1)} is missing from the archive; rebuild it with `make archive`"
     ):
-        image_handler(exported_cnn, backend="aoti")
+        image_handler(image_archive, backend="aoti")
 
 
-def test_a_recompile_while_serving_is_logged(exported_cnn, caplog):
+def test_a_recompile_while_serving_is_logged(image_archive, caplog):
     before = graphs_compiled()
-    handler, context = image_handler(exported_cnn, batch_size=4, backend="inductor")
+    handler, context = image_handler(image_archive, batch_size=4, backend="inductor")
     assert graphs_compiled() - before == 2  # batch 1, and one graph with a dynamic batch for 2 and 4
     with caplog.at_level(logging.INFO, logger="handlers.base"):
         serve(handler, context, [{"body": encode_image("RGB", (64, 64))}] * 2)
@@ -189,182 +181,3 @@ def test_a_recompile_while_serving_is_logged(exported_cnn, caplog):
         handler.optimized(torch.randn(2, 3, 224, 224))  # outside inference_mode: a guard initialize never met
         handler.recompiles.check("batch of 2 padded to 2")
     assert "recompiled while serving (1 new graph(s), batch of 2" in caplog.text
-
-
-def test_the_build_checks_the_artifact_on_your_samples_and_records_the_agreement(exported_cnn, monkeypatch):
-    import dataclasses
-    import json
-
-    from handlers.accuracy import ACCURACY_FILE
-    from handlers.loaders import load_model
-    from handlers.precompile import check_artifact
-    from handlers.samples import SAMPLES_DIR
-
-    (exported_cnn / SAMPLES_DIR).mkdir()
-    photos = [encode_image("RGB", (100 + 7 * i, 80)) for i in range(8)]
-    for index, photo in enumerate(photos):
-        (exported_cnn / SAMPLES_DIR / str(index)).write_bytes(photo)
-    settings = {"architecture": "exported-program", "backend": "openvino", "dtype": "int8"}
-    handler = bare_handler("image_classification.py", settings, exported_cnn)
-    assert len(handler.samples.calibration()) == 6  # 8 samples: a quarter held out for the guard
-    held = handler.samples.held_out(3)
-    torch.testing.assert_close(held[0][0][0], handler.decode({"body": photos[6]})[0])
-    torch.testing.assert_close(held[2][0][0], held[0][0][0])  # fewer held out than asked: they repeat
-    model = load_model(handler.settings, exported_cnn)
-    precompile(handler, model, exported_cnn, progress=print)
-
-    check = check_artifact(handler, model, exported_cnn)
-    assert json.loads(json.dumps(dataclasses.asdict(check))) == json.loads((exported_cnn / ACCURACY_FILE).read_text())
-    assert check.dtype == "int8" and check.answer == "probabilities" and check.tolerance == 0.1
-    assert 0 <= check.guard_error <= check.tolerance
-    # Every input judged, counted per set: 2 held out, 6 that calibrated, 32 synthetic (reported only).
-    assert [(len(j.errors), decisive) for j, decisive in zip(check.judgements, check.decisive, strict=True)] == [
-        (2, True),
-        (6, True),
-        (32, False),
-    ]
-    assert check.passed and check.held_out == 2
-    summary = check.summary(classifier=True)
-    assert "your held-out samples: 2, worst" in summary and "top-1 agreement" in summary
-    assert "top-1 agreement" not in check.summary(classifier=False)
-
-    from handlers.backends import cpu_flags, cpu_isas
-
-    assert check.judged_on == list(cpu_isas(cpu_flags()))  # the CPU whose arithmetic was judged
-    # A worker on a CPU whose int8 products saturate refuses answers judged where they did not.
-    record = json.loads((exported_cnn / ACCURACY_FILE).read_text())
-    (exported_cnn / ACCURACY_FILE).write_text(json.dumps({**record, "judged_on": ["AVX2", "AVX512_VNNI"]}))
-    monkeypatch.setattr("handlers.accuracy.cpu_flags", lambda: frozenset({"avx2", "fma"}))
-    with pytest.raises(AccuracyError, match="backend 'openvino': its int8 answers were judged on a CPU that sums"):
-        check_artifact(handler, model, exported_cnn)
-    (exported_cnn / ACCURACY_FILE).write_text(json.dumps(record))
-
-    reference = Reference.load(exported_cnn)  # a reference the artifact cannot match: refused
-    Reference(reference.inputs, [-100 * output for output in reference.outputs]).save(exported_cnn)
-    with pytest.raises(AccuracyError, match="backend 'openvino' answers differently from eager on"):
-        check_artifact(handler, model, exported_cnn)
-
-
-def test_a_sample_the_handler_cannot_decode_stops_the_build_by_name(exported_cnn):
-    from handlers.payload import InvalidInput
-    from handlers.samples import SAMPLES_DIR
-
-    (exported_cnn / SAMPLES_DIR).mkdir()
-    for index in range(4):
-        (exported_cnn / SAMPLES_DIR / str(index)).write_bytes(b"not an image")
-    handler = bare_handler("image_classification.py", {"architecture": "exported-program"}, exported_cnn)
-    with pytest.raises(InvalidInput, match="a sample given with SAMPLES= cannot be served: .*not a decodable image"):
-        handler.samples.calibration()
-
-
-class TabularMLP(torch.nn.Module):
-    """Issue 39's case: 32 floats in, 3 scores out, GELU and LayerNorm: static int8 answers some
-    rows a fifth to two thirds off (seed 0: 0.65) while pointing about the same way."""
-
-    def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Sequential(
-            torch.nn.Linear(32, 64),
-            torch.nn.GELU(),
-            torch.nn.LayerNorm(64),
-            torch.nn.Linear(64, 64),
-            torch.nn.GELU(),
-            torch.nn.LayerNorm(64),
-            torch.nn.Linear(64, 3),
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-def test_an_int8_build_off_by_a_fifth_is_repaired_or_refused_never_installed_as_it_is(tmp_path, capfd):
-    import json
-
-    from handlers.accuracy import TOLERANCES, Answer, relative_errors
-    from handlers.backends import DType
-    from handlers.backends import openvino as ov_backend
-    from handlers.loaders import load_model
-    from handlers.precompile import check_artifact
-    from handlers.samples import SAMPLES_DIR
-
-    torch.manual_seed(0)
-    model = TabularMLP().eval()
-    program = torch.export.export(model, (torch.randn(2, 32),), dynamic_shapes=({0: torch.export.Dim("batch")},))
-    torch.export.save(program, tmp_path / "model.pt2")
-    rows = torch.randn(16, 32, generator=torch.Generator().manual_seed(100))
-    (tmp_path / SAMPLES_DIR).mkdir()
-    for index, row in enumerate(rows):
-        (tmp_path / SAMPLES_DIR / str(index)).write_text(json.dumps(row.tolist()))
-    settings = {
-        "architecture": "exported-program",
-        "backend": "openvino",
-        "dtype": "int8",
-        "input_shapes": [[32]],
-        "input_dtypes": ["float32"],
-    }
-    handler = bare_handler("tensor.py", settings, tmp_path)
-    limit = TOLERANCES[(DType.INT8, Answer.VALUES)]
-    with torch.inference_mode():
-        expected = model(rows)
-    # The case is real: plain static int8 is off by more than the limit on some of these rows.
-    plain = ov_backend.quantize_int8(
-        ov_backend.convert(model, handler.settings, (rows[:2],)), handler.samples.calibration(), False
-    )
-    import openvino as ov
-
-    answers = ov_backend.CompiledIR(ov.Core().compile_model(plain, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}))(rows)
-    assert relative_errors(answers, expected).max() > limit
-
-    capfd.readouterr()
-    precompile(handler, load_model(handler.settings, tmp_path), tmp_path, progress=print)
-    said = capfd.readouterr().out
-    assert "int8 repair:" in said and "INFO:nncf" not in said  # the kit's line, not NNCF's paragraphs
-    try:
-        check = check_artifact(handler, model, tmp_path)
-    except AccuracyError as error:  # refused, with its numbers
-        assert "your held-out samples: 4, worst" in str(error)
-        return
-    from handlers.optimize import optimize
-
-    repaired = optimize(None, handler.settings, [handler.example(1)], tmp_path)
-    errors = relative_errors(torch.cat([repaired(row[None]) for row in rows]), expected)
-    assert check.passed and errors.max() <= limit, errors  # every sample given, the 4 it never saw included
-
-
-def test_aoti_int8_groups_modules_by_role_and_keeps_the_ones_named_in_float():
-    from handlers.backends import aoti
-    from handlers.settings import TensorSettings
-
-    torch.manual_seed(0)
-    model = TabularMLP().eval()
-    settings = parse_settings(TensorSettings, {"input_shapes": [[32]], "input_dtypes": ["float32"]})
-    program = aoti.export_for_int8(model, settings, (torch.randn(2, 32),))
-    groups = aoti.module_groups(program)
-    assert groups == [["net.0"], ["net.3"], ["net.6"]]  # three linears of three weight shapes
-    calibration = [(torch.randn(1, 32),) for _ in range(8)]
-
-    def quantize_ops(graph_module) -> int:
-        return sum(1 for node in graph_module.graph.nodes if "quantize_per_tensor" in str(node.target))
-
-    assert quantize_ops(aoti.quantize_int8(program, calibration, groups[0])) < quantize_ops(
-        aoti.quantize_int8(program, calibration)
-    )
-
-
-def test_an_aoti_int8_repair_judges_the_answers_its_package_will_give(tiny_cnn, tmp_path):
-    # The graph run as it is computes int8 otherwise than the oneDNN kernels the package fuses it
-    # into (on a CPU without VNNI by up to a flipped top class): the repair judges the latter.
-    from handlers.backends.common import prepare, to_layout
-
-    settings = parse_settings(ImageSettings, {"backend": "aoti", "dtype": "int8"})
-    model = prepare(tiny_cnn, settings)
-    generator = torch.Generator().manual_seed(1)
-    images = [to_layout((torch.rand(1, 3, 224, 224, generator=generator) * 4 - 2,), True) for _ in range(6)]
-    program = aoti.export_for_int8(model, settings, to_layout((torch.randn(2, 3, 224, 224),), True))
-    quantized = aoti.quantize_int8(program, images[:4])
-    package = aoti.compile_package(quantized, settings, images[0], False, tmp_path / aoti.package_name(1))
-    packaged = torch._inductor.aoti_load_package(str(package))
-    judged = aoti.as_packaged(quantized, settings)
-    with torch.inference_mode():
-        for image in images:
-            torch.testing.assert_close(judged(*image), packaged(*image), rtol=1e-4, atol=1e-5)
