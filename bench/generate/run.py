@@ -38,7 +38,8 @@ from pathlib import Path
 from bench.generate.memory import PeakPss
 from bench.generate.streams import Ask, StreamStats, measure_streams
 from bench.generate.systems import FLOAT32, INDUCTOR, KIT, KIT_VARIANTS, PEERS, System, kit_system, kit_variants, log
-from bench.results import RESULTS
+from bench.results import RESULTS, RunEnvironment
+from bench.studies import steadiness
 from handlers.calibration import SENTENCES
 from kit.models import Model, Task
 from kit.paths import ROOT
@@ -46,6 +47,9 @@ from kit.server import ServerError
 from kit.topology import read_topology
 
 WARMUP_S = 10
+# The machine's own speed, idle, this long before the rounds and after them (bench/studies/steadiness.py):
+# a shared VM's host can slow it several-fold for seconds, and the report says whether it did.
+STEADY_S = 10
 # Prompts of about 20, 80 and 300 tokens, answers of 32 and 64: chat turns to RAG answers. A row
 # lasts until its last answer ends, and an unbatched peer writes 16 answers at once slowly.
 PROMPT_SENTENCES = (2, 8, 30)
@@ -213,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[int, dict[str, list[StreamStats]]] = {c: {} for c in concurrencies}
     memory: dict[int, dict[str, list[int]]] = {c: {} for c in concurrencies}  # peak PSS per round
     measured: list[tuple[System, list[Ask]]] = []  # each row: its system and its workload
+    idle: list[steadiness.Probe] = []  # the machine's speed before and after the rounds
     try:
         for kit_model in models:
             for variant, precision in rows:
@@ -240,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         for system, asks in measured:
             log(f"warming up {system.name}")
             measure_streams(system.url, system.model, asks, 2, WARMUP_S)
+        idle = steadiness.measure(STEADY_S, 0.5, read_topology().capacity)
         for round_ in range(args.rounds):
             order = measured[round_ % len(measured) :] + measured[: round_ % len(measured)]
             for concurrency in concurrencies:
@@ -254,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for system in systems:
             system.stop()
+    if idle:
+        after = steadiness.measure(STEADY_S, 0.5, read_topology().capacity)
+        idle = [steadiness.Probe(b.name, b.ms + a.ms) for b, a in zip(idle, after, strict=True)]
     summary = {
         c: {name: median_stats(runs, memory[c][name]) for name, runs in rows.items()}
         for c, rows in results.items()
@@ -262,15 +271,21 @@ def main(argv: list[str] | None = None) -> int:
     by_name = {system.name: system for system, _ in measured}
     topology = read_topology()
     header = (
-        f"# PLAN=generate: {', '.join(m.name for m in models)} ({model.source.location})\n\n`{' '.join(sys.argv)}`; {args.rounds} rounds of "
-        f"{args.seconds:.0f} s per row and concurrency; CPU: {topology.model_name} ({len(topology.cpus)} CPUs usable)."
+        f"# PLAN=generate: {', '.join(m.name for m in models)} ({model.source.location})\n\n`{' '.join(sys.argv)}` at "
+        f"{RunEnvironment.capture().git_commit}; {args.rounds} rounds of {args.seconds:.0f} s per row and concurrency; "
+        f"CPU: {topology.model_name} ({len(topology.cpus)} CPUs usable)."
     )
+    if idle:
+        header += (
+            f"\n\nThe machine idle, {STEADY_S} s before the rounds and {STEADY_S} s after: {steadiness.brief(idle)}"
+        )
     (out / "results.json").write_text(
         json.dumps(
             {
                 "command": sys.argv,
                 "rows": {s.name: {"server": s.server, "precision": s.precision} for s in by_name.values()},
                 "summary": summary,
+                "steadiness": [dataclasses.asdict(p) for p in idle],
             },
             indent=2,
         )

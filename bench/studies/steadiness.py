@@ -91,14 +91,25 @@ def table(probes: list[Probe], header: str) -> str:
             f"| {p.name} | {len(p.ms)} | {p.fastest:.1f} ms | {statistics.median(p.ms):.1f} ms | {max(p.ms):.1f} ms "
             f"| {max(p.ms) / p.fastest:.2f} | {100 * p.slow_share:.0f} % |"
         )
+    return "\n".join([*lines, "", verdict(probes)]) + "\n"
+
+
+def verdict(probes: list[Probe]) -> str:
+    """One sentence: which probes slowed down, if any."""
     unsteady = [p.name for p in probes if p.slow_share > UNSTEADY_SHARE]
-    lines += [
-        "",
-        f"Unsteady ({', '.join(unsteady)}): compare only within one run, in interleaved rounds."
-        if unsteady
-        else f"Steady: at most {100 * UNSTEADY_SHARE:g} % of each probe's samples took {SLOW:g} times its fastest.",
-    ]
-    return "\n".join(lines) + "\n"
+    if unsteady:
+        return f"Unsteady ({', '.join(unsteady)}): compare only within one run, in interleaved rounds."
+    return f"Steady: at most {100 * UNSTEADY_SHARE:g} % of each probe's samples took {SLOW:g} times its fastest."
+
+
+def brief(probes: list[Probe]) -> str:
+    """A line for another report's header: each probe's fastest, median and slow share, and the verdict."""
+    said = "; ".join(
+        f"{p.name}: {p.fastest:.1f} / {statistics.median(p.ms):.1f} ms fastest / median, "
+        f"{100 * p.slow_share:.0f} % of {len(p.ms)} samples over {SLOW:g}×"
+        for p in probes
+    )
+    return f"{said}. {verdict(probes)}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,3 +32,12 @@ def test_measure_samples_each_probe_once_a_tick_and_the_read_is_larger_than_a_ca
     assert len(probes[0].ms) == len(probes[1].ms) >= 1
     assert all(ms > 0 for p in probes for ms in p.ms)
     assert steadiness.READ_BYTES > 96 << 20  # beyond an L3 domain (96 MiB on the largest, AMD V-Cache)
+
+
+def test_the_brief_line_for_another_reports_header_names_each_probes_numbers_and_the_verdict():
+    line = steadiness.brief([Probe("read", [10.0, 30.0, 11.0, 16.0]), Probe("loop", [5.0, 5.5])])
+    assert line == (
+        "read: 10.0 / 13.5 ms fastest / median, 50 % of 4 samples over 1.5×; "
+        "loop: 5.0 / 5.2 ms fastest / median, 0 % of 2 samples over 1.5×. "
+        "Unsteady (read): compare only within one run, in interleaved rounds."
+    )
