@@ -156,6 +156,28 @@ def full_rate_after(samples: list[Sample], killed_at: float, end: float, rate_be
     return None
 
 
+def recovered_rates(
+    samples: Callable[[], list[Sample]],
+    replaced_at: float,
+    rate_before: float,
+    settings: SoakSettings,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[list[float], float]:
+    """The rate of each window of after_recovery_s from READY on, until one is back at
+    RECOVERED_FRACTION of the rate before (at most recovery_windows of them); and the last one's end."""
+    rates: list[float] = []
+    start = end = replaced_at
+    while len(rates) < settings.recovery_windows:
+        sleep(settings.after_recovery_s)
+        end = clock()
+        rates.append(round(steady_rate(samples(), start, end), 2))
+        if rates[-1] >= RECOVERED_FRACTION * rate_before:
+            break
+        start = end
+    return rates, end
+
+
 def kill_phase(server: Server, settings: SoakSettings, progress: Callable[[str], None]) -> KillPhase:
     model = settings.killed
     workers = [w for w in server.api.workers() if w.model == model and w.process]
@@ -169,11 +191,9 @@ def kill_phase(server: Server, settings: SoakSettings, progress: Callable[[str],
         replaced = wait_for_replacement(server, model, victim.process.pid, len(workers), settings.recovery_deadline_s)
         replaced_at = time.monotonic()
         progress(f"[soak] replacement READY after {replaced_at - killed_at:.1f}s")
-        time.sleep(settings.after_recovery_s)
-        end = time.monotonic()
+        rate_before = steady_rate(list(load.samples), killed_at - settings.before_kill_s, killed_at)
+        rates_after, end = recovered_rates(lambda: list(load.samples), replaced_at, rate_before, settings)
     samples = load.samples
-    rate_before = steady_rate(samples, killed_at - settings.before_kill_s, killed_at)
-    rate_after = steady_rate(samples, replaced_at, end)
     sibling_pids = {w.process.pid for w in siblings}
     replacement = next(w for w in replaced if w.process.pid not in sibling_pids)
     failed = [s for s in samples if not s.ok]
@@ -188,7 +208,8 @@ def kill_phase(server: Server, settings: SoakSettings, progress: Callable[[str],
         replaced_after_s=round(replaced_at - killed_at, 1),
         full_rate_after_s=full_rate_after(samples, killed_at, end, rate_before),
         rate_before=round(rate_before, 2),
-        rate_after=round(rate_after, 2),
+        rate_after=max(rates_after),
+        rates_after=rates_after,
         replacement_cpus=list(replacement.process.cpus),
         sibling_cpus=sorted({c for w in siblings for c in w.process.cpus}),
         killed_cpus=list(victim.process.cpus),

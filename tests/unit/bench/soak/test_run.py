@@ -8,7 +8,7 @@ import pytest
 
 from bench.soak.load import NO_RESPONSE, Sample
 from bench.soak.report import KillPhase, RestartPhase, SoakPhase, SoakSettings, WorkerMemory, evaluate
-from bench.soak.run import WINDOW_S, full_rate_after, served_backends, steady_rate
+from bench.soak.run import WINDOW_S, full_rate_after, recovered_rates, served_backends, steady_rate
 
 
 def steady(start: float, end: float, rate: float) -> list[Sample]:
@@ -30,6 +30,29 @@ def test_a_steady_rate_leaves_out_the_first_window_after_its_start():
     assert steady_rate(steady(0, 10, 20), start=0, end=10) == pytest.approx(20, rel=0.05)
 
 
+def recovery(samples: list[Sample], rate_before: float) -> tuple[list[float], float]:
+    """recovered_rates from READY at t=0, on a clock that moves by each window slept."""
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    settings = SoakSettings(models=("m",), after_recovery_s=10, recovery_windows=3)
+    return recovered_rates(lambda: samples, 0.0, rate_before, settings, sleep, lambda: now[0])
+
+
+def test_recovery_is_measured_until_a_window_is_back_at_the_fraction_and_no_further():
+    # The host slowed the first window (12 req/s of 20); the second is back: two windows, not three.
+    rates, end = recovery(steady(0, 10, 12) + steady(10, 30, 20), rate_before=20)
+    assert rates == pytest.approx([12, 20], rel=0.05) and end == 20
+    assert recovery(steady(0, 30, 20), rate_before=20) == (pytest.approx([20], rel=0.05), 10)
+
+
+def test_a_replacement_that_never_serves_at_the_fraction_fails_every_window():
+    rates, end = recovery(steady(0, 30, 10), rate_before=20)
+    assert rates == pytest.approx([10, 10, 10], rel=0.05) and end == 30
+
+
 def test_served_backends_read_the_ready_lines(tmp_path):
     log = tmp_path / "model_log.log"
     log.write_text(
@@ -42,7 +65,7 @@ def test_served_backends_read_the_ready_lines(tmp_path):
 
 def phases(**changes):
     soak = SoakPhase(20, 400, 20.0, 0, 0, 300, 400, 450, [], [WorkerMemory("resnet50", 1, 600, 601, 602)])
-    kill = KillPhase("resnet50", 1, 3, 600, 1, 0, ["t+0.0s 500 Worker died."], 15, 15, 21, 21, [0], [1], [0])
+    kill = KillPhase("resnet50", 1, 3, 600, 1, 0, ["t+0.0s 500 Worker died."], 15, 15, 21, 21, [21], [0], [1], [0])
     restart = RestartPhase(18, 13, 19, 0, {"resnet50/9000": 13}, True, {"resnet50": 200})
     parts = {"soak": soak, "kill": kill, "restart": restart}
     for key, value in changes.items():
