@@ -20,7 +20,7 @@ IMAGE ?= localhost/kit-serve:latest
 IMAGE_VARIANTS ?= inductor
 export IMAGE
 
-.PHONY: help test-tools test-image test-ipex test-container install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths bench-router bench-prefix bench-metrics bench-threads bench-decode bench-steadiness test test-archives test-archives-others test-unit test-e2e lint format clean
+.PHONY: help test-tools test-image test-ipex test-container install install-ipex archive model serve itt-trace stop status image image-context image-start bench-preprocess bench-lengths bench-router bench-prefix bench-metrics bench-threads bench-decode bench-steadiness bench-load test test-archives test-archives-others test-unit test-e2e lint format clean
 
 help:
 	@echo "make serve [CONFIG=optimized|baseline|tuned|path.yaml] [VARIANT=name] [MODELS=resnet50,bert] [BIND=0.0.0.0] [PROFILE_REQUESTS=N] [ITT_OPS=1] [ITT_TRACE=1] [MEMORY=6Gi]"
@@ -31,6 +31,7 @@ help:
 	@echo "make image-start [MODELS=...] [ROUNDS=N]   (container start to ready, per cold-start option)"
 	@echo "make bench [PLAN=quick|default|full|versus] | tune [MODELS=lm STREAMS=16 ITL_MS=150] | soak [SOAK_SECONDS=300] | bench-preprocess"
 	@echo "make bench-steadiness [SECONDS=60]   (whether this machine keeps its speed: measure before you compare)"
+	@echo "make bench-load SRC=hf-dir [DTYPES=float32,bfloat16] [WEIGHTS=packed,int8]   (a language model's load: its peak memory)"
 	@echo "make bench-lengths [MODELS=all text models] [LENGTH_VARIANTS=inductor,openvino] [ROUNDS=3]   (which text length buckets pay)"
 	@echo "make model NAME=mine SRC=hf-dir|model.pt2 [TASK=image-classification|text-classification|feature-extraction] [SAMPLES=...] [TOLERANCE=...] [FORCE=1]"
 	@echo "make doctor | profile MODEL=name [VARIANT=inductor]"
@@ -116,6 +117,11 @@ bench-decode: archive
 # again and again with nothing else running (bench/studies/steadiness.py; a shared VM's host may not).
 bench-steadiness: install
 	@$(PY) -m bench.studies.steadiness $(if $(SECONDS),--seconds $(SECONDS))
+
+# A language model's load as a worker does it, per served dtype and weights (bench/studies/load_memory.py).
+bench-load: install
+	@test -n "$(SRC)" || { echo "usage: make bench-load SRC=hf-dir [DTYPES=float32,bfloat16] [WEIGHTS=packed,int8]"; exit 2; }
+	@$(PY) -m bench.studies.load_memory $(SRC) $(if $(DTYPES),--dtypes $(DTYPES)) $(if $(WEIGHTS),--weights $(WEIGHTS))
 
 # What the kit's metrics cost a worker per request, clock on and off in turns (bench/studies/metrics_cost.py).
 bench-metrics: install

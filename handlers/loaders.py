@@ -64,7 +64,7 @@ def _load_exported_program(model_dir: Path, settings) -> nn.Module:
     return torch.export.load(_require(model_dir, EXPORTED_FILE)).module()
 
 
-def _pretrained(auto_class: str, model_dir: Path) -> nn.Module:
+def _pretrained(auto_class: str, model_dir: Path, dtype: torch.dtype | str = torch.float32) -> nn.Module:
     import transformers
 
     _require(model_dir, TEXT_CONFIG_FILE)
@@ -72,7 +72,7 @@ def _pretrained(auto_class: str, model_dir: Path) -> nn.Module:
     # checkpoint was saved in (transformers 5 loads that one by default; Qwen's and Llama's are
     # bf16): the accuracy guard's reference is the float model, and the handler settings' dtype,
     # not the file's, is the one served.
-    return getattr(transformers, auto_class).from_pretrained(str(model_dir), local_files_only=True, dtype=torch.float32)
+    return getattr(transformers, auto_class).from_pretrained(str(model_dir), local_files_only=True, dtype=dtype)
 
 
 def _load_hf_sequence_classifier(model_dir: Path, settings) -> nn.Module:
@@ -96,6 +96,14 @@ def _load_hf_feature_extractor(model_dir: Path, settings) -> nn.Module:
 def _load_hf_causal_lm(model_dir: Path, settings) -> nn.Module:
     # Its own forward, not a wrapper: the engine passes it the KV cache (handlers/generation/).
     return _pretrained("AutoModelForCausalLM", model_dir)
+
+
+def causal_lm_as_saved(model_dir: str | Path) -> nn.Module:
+    """The causal language model in its checkpoint's own dtype, eval mode: where nothing needs the
+    float model (the guard's answers shipped in the archive), weights.converted then turns it into
+    the served dtype a tensor at a time. Read as float32 instead, transformers holds a bf16
+    checkpoint's pages and the whole float32 copy at once."""
+    return _pretrained("AutoModelForCausalLM", Path(model_dir), dtype="auto").eval()
 
 
 LOADERS: dict[Architecture, Callable[[Path, OptimizationSettings], nn.Module]] = {

@@ -36,22 +36,19 @@ from handlers.generation.cache import TORCH_DTYPES
 from handlers.generation.chunking import StepTimes
 from handlers.generation.defaults import model_defaults
 from handlers.generation.engine import Engine, prompt_chunk
-from handlers.generation.file_embedding import read_embedding_from_file
 from handlers.generation.grammar import Grammars
 from handlers.generation.lookup import AcceptanceLog
 from handlers.generation.metrics import SUFFIX as METRICS_SUFFIX
 from handlers.generation.metrics import EngineMetrics
 from handlers.generation.metrics import writer as metrics_writer
 from handlers.generation.openvino_engine import OpenVinoEngine, Pipeline
-from handlers.generation.packed_linear import can_pack, pack_linears
-from handlers.generation.quantized import int8_weights
 from handlers.generation.respond import Responder, answer_whole, refuse
 from handlers.generation.sequences import QueueFull
 from handlers.generation.settings import GenerationSettings, KvCache
 from handlers.generation.tools import detect
 from handlers.generation.warm_up import WarmUp
-from handlers.generation.weights import converted, own_memory, weight_parts
-from handlers.loaders import load_model
+from handlers.generation.weights import served_form, weight_parts
+from handlers.loaders import causal_lm_as_saved, load_model
 from handlers.optimize import RecompileWatch, fx_graph_cache_counts, graphs_compiled
 from handlers.payload import URL_PATH, InvalidInput, NotFound, over_grpc, request_decoded, request_json
 from handlers.replies import Transport
@@ -152,19 +149,18 @@ class TextGenerationHandler(StreamingHandler):
         """The model in its served dtype (a reduced one judged against float32 first), eager or
         compiled, on the kit's engine."""
         settings = self.settings
-        model = load_model(settings, model_dir)  # float32, whatever the checkpoint's dtype
         guard = agreement.limits(settings)
-        reference = None if guard is None else self.reference(model, model_dir)
-        model = converted(model, TORCH_DTYPES[settings.dtype])
-        if settings.weights is Weights.INT8:
-            log.info("%s: %d linear layers on int8 weights", self.model_name, int8_weights(model))
-        elif can_pack():
-            # Also in float32: a packed weight sums its products in another order than F.linear's,
-            # as compiled code does; the greedy answers the tests compare stay transformers'.
-            log.info("%s: %d linear layers on prepacked weights", self.model_name, pack_linears(model))
-        if (kept := read_embedding_from_file(model, model_dir)) is not None:
-            log.info("%s: the input embedding is held in memory: %s", self.model_name, kept)
-        own_memory(model)  # nothing left that maps the checkpoint's file
+        reference = None if guard is None else self.shipped_reference(model_dir)
+        if guard is not None and reference is None:
+            model = load_model(settings, model_dir)  # float32, whatever the checkpoint's dtype
+            reference = self.float_reference(model, model_dir)
+        else:
+            # Nothing needs the float model: converted below a tensor at a time. A bf16 checkpoint
+            # served in float32, read as float32 by transformers, peaked at 3.15 GiB (Qwen2.5-0.5B's
+            # shape; docs/generation.md, "Memory of a load that converts").
+            model = causal_lm_as_saved(model_dir)
+        for said in served_form(model, model_dir, TORCH_DTYPES[settings.dtype], int8=settings.weights is Weights.INT8):
+            log.info("%s: %s", self.model_name, said)
         self.weight_bytes = weight_parts(model)
         if reference is not None:
             # Judged as it will serve (packed or quantized), before the compiler: it computes the same.
@@ -222,27 +218,34 @@ class TextGenerationHandler(StreamingHandler):
     def decode(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def reference(self, model, model_dir: Path) -> agreement.Reference:
-        """The float model's answers on the held-out prompts (agreement.held_out_prompts): the
-        archive's, made by `make archive`, else the float model's now."""
-        start = time.perf_counter()
+    def shipped_reference(self, model_dir: Path) -> agreement.Reference | None:
+        """The float model's answers on the held-out prompts (agreement.held_out_prompts) that
+        `make archive` made, if it made them for these prompts."""
         prompts = agreement.held_out_prompts(model_dir, self.settings, self.tokenize)
         tokens = agreement.judged_tokens(self.settings)
         if (reference := agreement.Reference.shipped(model_dir, prompts, tokens)) is not None:
-            how = "read from the archive"
-        else:
-            reference = agreement.Reference.of(model, prompts, tokens)
-            shipped = (model_dir / agreement.REFERENCE_FILE).is_file()
-            how = "answered by the float model" + (" (the archive's were made for other prompts)" if shipped else "")
+            self.log_reference(len(prompts), tokens, "read from the archive")
+        return reference
+
+    def float_reference(self, model, model_dir: Path) -> agreement.Reference:
+        """The float model's answers on the held-out prompts, now (an archive without them)."""
+        start = time.perf_counter()
+        prompts = agreement.held_out_prompts(model_dir, self.settings, self.tokenize)
+        tokens = agreement.judged_tokens(self.settings)
+        reference = agreement.Reference.of(model, prompts, tokens)
+        shipped = (model_dir / agreement.REFERENCE_FILE).is_file()
+        how = "answered by the float model" + (" (the archive's were made for other prompts)" if shipped else "")
+        self.log_reference(len(prompts), tokens, f"{how} in {time.perf_counter() - start:.1f}s")
+        return reference
+
+    def log_reference(self, prompts: int, tokens: int, how: str) -> None:
         log.info(
-            "%s: the float model's answers on %d held-out prompts (%d tokens each) %s in %.1fs",
+            "%s: the float model's answers on %d held-out prompts (%d tokens each) %s",
             self.model_name,
-            len(prompts),
+            prompts,
             tokens,
             how,
-            time.perf_counter() - start,
         )
-        return reference
 
     def warm_up(self) -> float:
         """Every kind of step a request takes, compiled before the first (warm_up.py); the prefill

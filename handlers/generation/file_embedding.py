@@ -1,6 +1,6 @@
 """A language model's input embedding read from its checkpoint's file, the rows its tokens need.
 
-    reason = read_embedding_from_file(model, model_dir)    # after packing; None when it reads from the file
+    reason = read_embedding_from_file(model, model_dir, torch.float32)    # after packing; None when it reads from the file
 
 An embedding is only ever read a row per token, yet its table is the model's largest weight
 (Qwen2.5-0.5B: 151936 x 896, 545 MB in float32), and a head tied to it is packed apart for its
@@ -13,8 +13,8 @@ Not a mapping of the file: the kernel maps a whole run of pages around each one 
 Linux 6.18: 6 tokens' rows made 5 MB of the mapping resident), so served text makes the whole
 table resident within a few hundred distinct tokens.
 
-The table in the file is checked equal to the one transformers loaded (in the served dtype)
-before it replaces it: a checkpoint whose tensor is not the model's (renamed, transposed, of
+The table in the file is checked equal to the one transformers loaded (in the loaded table's
+dtype) before it replaces it: a checkpoint whose tensor is not the model's (renamed, transposed, of
 another file) keeps the loaded table, and the worker says why.
 """
 
@@ -138,11 +138,11 @@ class FileEmbedding(nn.Module):
     """nn.Embedding's forward over a table in the file, each row converted to the served dtype as
     read (a float's conversion rounds the same row by row as whole)."""
 
-    def __init__(self, embedding: nn.Embedding, table: Table):
+    def __init__(self, embedding: nn.Embedding, table: Table, dtype: torch.dtype | None = None):
         super().__init__()
         self.key = len(TABLES)
         TABLES[self.key] = table
-        self.dtype = embedding.weight.dtype
+        self.dtype = embedding.weight.dtype if dtype is None else dtype
         self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
         self.padding_idx = embedding.padding_idx
 
@@ -154,9 +154,10 @@ class FileEmbedding(nn.Module):
         return file_embedding(ids, self.key, self.dtype)
 
 
-def read_embedding_from_file(model: nn.Module, model_dir: Path) -> str | None:
+def read_embedding_from_file(model: nn.Module, model_dir: Path, dtype: torch.dtype | None = None) -> str | None:
     """The model's input embedding replaced by one that reads its table from the checkpoint's
-    file; None when done, else why not (the loaded table kept)."""
+    file, its rows in `dtype` (the loaded table's if None); None when done, else why not (the
+    loaded table kept)."""
     embedding = model.get_input_embeddings()
     if type(embedding) is not nn.Embedding:  # a subclass's forward (a scale, a norm) is its own
         return f"the input embedding is a {type(embedding).__name__}, not an nn.Embedding"
@@ -168,7 +169,7 @@ def read_embedding_from_file(model: nn.Module, model_dir: Path) -> str | None:
         for stored in candidates:
             table = Table(stored)
             if table.equals(loaded):
-                model.set_input_embeddings(FileEmbedding(embedding, table))
+                model.set_input_embeddings(FileEmbedding(embedding, table, dtype))
                 if not any(p.data_ptr() == loaded.data_ptr() for p in model.parameters()):
                     return None
                 model.set_input_embeddings(embedding)

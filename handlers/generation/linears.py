@@ -1,6 +1,6 @@
 """A language model's linear layers as kernels the compiler calls but does not look into.
 
-    count = replace_linears(model, Packed.of)    # before torch.compile; each nn.Linear swapped
+    count = replace_linears(model, Packed.of, torch.float32)    # before torch.compile; each nn.Linear swapped
 
 A language model compiles several graphs (prefill, decode of one and of many rows). A weight the
 compiler sees becomes a constant of each graph it freezes, or a tensor subclass it traces into
@@ -66,24 +66,50 @@ class OpaqueLinear(nn.Module):
         return opaque_linear(x, self.key)
 
 
-def replace_linears(model: nn.Module, kernel_of: Callable[[nn.Linear], Kernel]) -> int:
-    """Every nn.Linear of the model replaced by its kernel, in the model's order, its plain weight
-    dropped (a head tied to the embedding keeps the embedding) and its checkpoint's pages let go
-    as it goes (file_pages.py); how many there were."""
+def replace_linears(
+    model: nn.Module, kernel_of: Callable[[nn.Linear], Kernel], dtype: torch.dtype | None = None
+) -> int:
+    """Every nn.Linear of the model replaced by its kernel, made from the layer in `dtype` (as loaded
+    if None), its plain weight dropped (a head tied to the embedding leaves the embedding as
+    loaded) and its checkpoint's pages let go as it goes (file_pages.py); how many there were."""
     # Where each one is, not the layers themselves: a replaced layer's weight is freed at the next
     # (a weight of the process's own, such as a float32 copy of a bf16 checkpoint, is not a
     # checkpoint's page: holding every replaced layer to the end held a second copy of the weights).
-    places = [
-        (parent, name)
-        for parent in model.modules()
-        for name, child in parent.named_children()
-        if type(child) is nn.Linear
-    ]
+    # Converted a layer at a time, the largest first: the memory of its converted copy, freed, is
+    # where the next layers' kernels go. The whole model converted first, the head last, a bf16
+    # checkpoint served in float32 peaked with every float32 weight and the head's kernel resident
+    # (2.79 against 2.28 GiB from a float32 checkpoint: docs/generation.md, "Memory of a load").
+    places = sorted(
+        (
+            (parent, name)
+            for parent in model.modules()
+            for name, child in parent.named_children()
+            if type(child) is nn.Linear
+        ),
+        key=lambda place: -getattr(*place).weight.numel(),
+    )
     pages = FilePages()
     for parent, name in places:
         linear = getattr(parent, name)
-        weight = linear.weight  # as loaded: a kernel may quantize the layer in place
+        weight = linear.weight  # as loaded
         with torch.no_grad():
-            setattr(parent, name, OpaqueLinear(kernel_of(linear)))
-        pages.release(weight)  # the checkpoint's pages of it: the kernel has its own copy
+            served = in_dtype(linear, dtype)
+            if served is not linear:
+                pages.release(weight)  # converted: its pages go before the kernel's memory comes
+            setattr(parent, name, OpaqueLinear(kernel_of(served)))
+        # The checkpoint's pages of it: the kernel has its own copy. Not before the kernel is made
+        # from them: read again, they come back with their neighbours (the kernel's read-ahead).
+        pages.release(weight)
     return len(places)
+
+
+def in_dtype(linear: nn.Linear, dtype: torch.dtype | None) -> nn.Linear:
+    """The layer in `dtype`: itself, or a twin holding converted copies (the layer is left as it
+    is: converting it in place would convert an embedding tied to it too)."""
+    if dtype is None or linear.weight.dtype == dtype:
+        return linear
+    twin = nn.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+    twin.weight = nn.Parameter(linear.weight.detach().to(dtype), requires_grad=False)
+    if linear.bias is not None:
+        twin.bias = nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
+    return twin

@@ -1,6 +1,6 @@
 """A language model's linear layers on oneDNN's prepacked weights, shared by every compiled graph.
 
-    count = pack_linears(model)    # before torch.compile; the model answers as before
+    count = pack_linears(model, torch.float32)    # before torch.compile; the model answers as before
 
 A decode step reads every weight once for a few rows of activations: its time is the weights'
 memory traffic. `F.linear` in bf16 hands oneDNN the plain weight, which it reorders into its
@@ -47,6 +47,7 @@ def can_pack() -> bool:
     return torch.backends.mkldnn.is_available()
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Every nn.Linear of the model replaced by its packed twin; how many there were."""
-    return replace_linears(model, Packed.of)
+def pack_linears(model: nn.Module, dtype: torch.dtype | None = None) -> int:
+    """Every nn.Linear of the model replaced by its packed twin in `dtype` (as loaded if None);
+    how many there were."""
+    return replace_linears(model, Packed.of, dtype)

@@ -1,6 +1,6 @@
 """A language model's linear weights in int8, computed in the model's dtype.
 
-    count = int8_weights(model)    # after model.to(dtype), before torch.compile
+    count = int8_weights(model, torch.float32)    # before torch.compile; a layer converted at a time
 
 torchao quantizes each weight (`Int8WeightOnlyConfig`: symmetric, a scale per output channel,
 round to nearest): a layer stores half of bfloat16's bytes, a quarter of float32's, and its
@@ -123,8 +123,9 @@ def few_rows(seconds: Callable[[int], tuple[float, float]], most: int = MOST_ROW
     return few
 
 
-def int8_weights(model: nn.Module) -> int:
-    """Every nn.Linear's weight in int8; how many there were."""
+def int8_weights(model: nn.Module, dtype: torch.dtype | None = None) -> int:
+    """Every nn.Linear's weight in int8, its scales and products in `dtype` (the weights' as
+    loaded if None); how many there were."""
     measured: dict[tuple[int, ...], int] = {}
 
     def kernel(linear: nn.Linear) -> Int8:
@@ -136,7 +137,7 @@ def int8_weights(model: nn.Module) -> int:
                 measured[shape] = few_rows(int8.seconds)
         return dataclasses.replace(int8, few_rows=measured[shape])
 
-    count = replace_linears(model, kernel)
+    count = replace_linears(model, kernel, dtype)
     log.info(
         "int8 weights: `_weight_int8pack_mm` up to this many rows, the weight converted past them (measured): %s",
         ", ".join(f"{out}x{inp} {few}" for (out, inp), few in measured.items()),

@@ -1,5 +1,6 @@
 """A served language model's weights held once, and counted by part for the READY line.
 
+    said = served_form(model, model_dir, torch.float32, int8=False)   # kernels, the embedding from the file, the rest
     converted(model, dtype)    # the served dtype, a tensor at a time, the checkpoint let go as it goes
     own_memory(model)          # after packing: nothing left that maps the checkpoint's file
     weight_parts(model)        # {"linear kernels": 1.9e9, "other": 1.8e5, "embedding read from the file": 5.4e8}
@@ -18,12 +19,36 @@ from the checkpoint's file (file_embedding.py): the largest weight is held once.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
-from handlers.generation.file_embedding import FileEmbedding
+from handlers.generation.file_embedding import FileEmbedding, read_embedding_from_file
 from handlers.generation.file_pages import FilePages
 from handlers.generation.linears import OpaqueLinear
+from handlers.generation.packed_linear import can_pack, pack_linears
+from handlers.generation.quantized import int8_weights
+
+
+def served_form(model: nn.Module, model_dir: Path, dtype: torch.dtype, int8: bool) -> list[str]:
+    """The model, in place, as it serves in `dtype`: its linear layers on int8 weights or packed
+    (converted a layer at a time as their kernels are made: linears.py), its input embedding read
+    from the checkpoint's file (file_embedding.py), the rest converted, nothing left that maps the
+    file; what was done, in words for the log."""
+    if int8:
+        said = [f"{int8_weights(model, dtype)} linear layers on int8 weights"]
+    elif can_pack():
+        # Also in float32: a packed weight sums its products in another order than F.linear's,
+        # as compiled code does; the greedy answers the tests compare stay transformers'.
+        said = [f"{pack_linears(model, dtype)} linear layers on prepacked weights"]
+    else:
+        said = []
+    if (kept := read_embedding_from_file(model, model_dir, dtype)) is not None:
+        said.append(f"the input embedding is held in memory: {kept}")
+    converted(model, dtype)
+    own_memory(model)
+    return said
 
 
 def converted(model: nn.Module, dtype: torch.dtype) -> nn.Module:

@@ -64,6 +64,7 @@ def test_the_build_checks_the_artifact_on_your_samples_and_records_the_agreement
     with pytest.raises(AccuracyError, match="backend 'openvino': its int8 answers were judged on a CPU that sums"):
         check_artifact(handler, model, image_archive)
     (image_archive / ACCURACY_FILE).write_text(json.dumps(record))
+    monkeypatch.undo()  # this CPU again: the one the record was judged on
 
     reference = Reference.load(image_archive)  # a reference the artifact cannot match: refused
     Reference(reference.inputs, [-100 * output for output in reference.outputs]).save(image_archive)

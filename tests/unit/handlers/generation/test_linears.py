@@ -70,3 +70,21 @@ def test_each_replaced_layers_weight_is_freed_before_the_next_is_replaced():
 
     assert replace_linears(model, kernel) == 4
     assert alive == [0, 0, 0, 0]
+
+
+def test_layers_converted_one_at_a_time_the_largest_first_leave_a_tied_table_as_loaded():
+    """Each kernel is made from the layer in the served dtype; an embedding tied to a layer keeps
+    its loaded dtype and storage (it is read from the file later, not converted whole)."""
+    model = nn.Sequential(nn.Embedding(32, 8), nn.Linear(8, 4), nn.Linear(8, 32, bias=False))
+    model.to(torch.bfloat16)
+    model[2].weight = model[0].weight  # a head tied to the embedding
+    table = model[0].weight
+    seen = []
+
+    def kernel(linear: nn.Linear) -> Shape:
+        seen.append((tuple(linear.weight.shape), linear.weight.dtype))
+        return Shape(linear.out_features)
+
+    assert replace_linears(model, kernel, torch.float32) == 2
+    assert seen == [((32, 8), torch.float32), ((4, 8), torch.float32)]  # the head first: the largest
+    assert model[0].weight is table and table.dtype == torch.bfloat16
