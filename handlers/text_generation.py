@@ -157,7 +157,7 @@ class TextGenerationHandler(StreamingHandler):
         else:
             # Nothing needs the float model: converted below a tensor at a time. A bf16 checkpoint
             # served in float32, read as float32 by transformers, peaked at 3.15 GiB (Qwen2.5-0.5B's
-            # shape; docs/generation.md, "Memory of a load that converts").
+            # shape; docs/generation.md, "Memory of a load").
             model = causal_lm_as_saved(model_dir)
         for said in served_form(model, model_dir, TORCH_DTYPES[settings.dtype], int8=settings.weights is Weights.INT8):
             log.info("%s: %s", self.model_name, said)
