@@ -24,3 +24,11 @@ def test_headers_carry_the_key_torchserve_wrote_only_when_token_auth_is_on(tmp_p
     assert exposed.keys() == {"management": "m-key", "inference": "i-key"}
     local = ServerApi(ServeConfig.from_preset("optimized"), tmp_path)  # loopback only: no auth
     assert local.headers("inference") == {}
+
+
+def test_a_key_file_torchserve_has_not_finished_writing_gives_no_keys_yet(tmp_path):
+    """Polled during a start, the file can exist before its contents: no keys yet, asked again."""
+    api = ServerApi(ServeConfig.from_preset("optimized", bind="0.0.0.0"), tmp_path)
+    for partial in ("", '{"management": {"ke'):
+        (tmp_path / KEY_FILE).write_text(partial)
+        assert api.keys() == {} and api.headers("management") == {}
