@@ -19,12 +19,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import random
 import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from handlers.backends import DType
+from handlers.backends import DType, cpu_flags
 from handlers.generation.grammar import Dialect
 from handlers.generation.sampling import Sampling
 from handlers.generation.scheduler import Running, Scheduler
@@ -62,6 +63,23 @@ def precision_properties(dtype: DType, kv_cache: KvCache = KvCache.DTYPE) -> dic
     }
 
 
+# oneDNN as OpenVINO 2026.4.1 bundles it divides by zero computing bf16 on AMX with one thread:
+# the process dies of SIGFPE in libopenvino_intel_cpu_plugin at its first inference (the pipeline
+# and the plain model alike; 2-core Intel Xeon KVM VM with AMX, a worker given one CPU by the e2e
+# tests at f74d1c7). Kept below AMX it computes; with two threads AMX computes too.
+BELOW_AMX = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
+
+
+def one_thread_below_amx(dtype: DType, threads: int, flags: frozenset[str] | None = None) -> bool:
+    """Keep oneDNN below AMX where bf16 would be computed on it with one thread (before the first
+    compile: oneDNN reads the setting once); whether it was."""
+    if dtype is not DType.BFLOAT16 or threads != 1 or "amx_bf16" not in (cpu_flags() if flags is None else flags):
+        return False
+    for name, value in BELOW_AMX.items():
+        os.environ.setdefault(name, value)
+    return True
+
+
 @dataclasses.dataclass
 class Pipeline:
     """The pipeline, and what a request needs from it."""
@@ -96,6 +114,7 @@ class Pipeline:
         # A step's tokens: a chunk, and a decode row per sequence; whole, a prompt the context holds.
         scheduler.max_num_batched_tokens = (chunk + slots) if chunk else context * slots
         threading = {"INFERENCE_NUM_THREADS": threads}  # the launcher's, as torch's
+        one_thread_below_amx(dtype, threads)
         properties = {**precision_properties(dtype, kv_cache), **threading}
         return cls(openvino_genai.ContinuousBatchingPipeline(str(ir_dir), scheduler, "CPU", properties))
 
@@ -143,6 +162,7 @@ class Forward:
     def load(cls, ir_dir: Path, dtype: DType, kv_cache: KvCache = KvCache.DTYPE) -> Forward:
         import openvino as ov
 
+        one_thread_below_amx(dtype, len(os.sched_getaffinity(0)))  # the plugin's threads: every CPU it may use
         compiled = ov.Core().compile_model(str(ir_dir / MODEL), "CPU", precision_properties(dtype, kv_cache))
         return cls(compiled.create_infer_request())
 

@@ -6,12 +6,20 @@ equal to transformers)."""
 
 from __future__ import annotations
 
+import os
+
 import openvino_genai
 import pytest
 
 from handlers.backends import DType
 from handlers.generation.grammar import Dialect, Grammars
-from handlers.generation.openvino_engine import SEED_BITS, OpenVinoEngine, Pipeline, precision_properties
+from handlers.generation.openvino_engine import (
+    SEED_BITS,
+    OpenVinoEngine,
+    Pipeline,
+    one_thread_below_amx,
+    precision_properties,
+)
 from handlers.generation.sampling import Sampling
 from handlers.generation.sequences import Finish, Generation, QueueFull, Usage
 from handlers.generation.settings import KvCache
@@ -270,3 +278,18 @@ def test_a_constrained_request_reaches_the_pipeline_with_its_grammar_and_no_matc
 def test_the_cpu_plugin_computes_in_the_served_dtype_and_caches_as_the_settings_say(dtype, kv_cache, expected):
     # Always both: the plugin's own default cache on CPU is u8, whatever the served dtype.
     assert precision_properties(dtype, kv_cache) == expected
+
+
+@pytest.mark.parametrize(
+    ("dtype", "threads", "flags", "below"),
+    [
+        (DType.BFLOAT16, 1, {"avx512_bf16", "amx_bf16"}, True),  # SIGFPE in the CPU plugin otherwise
+        (DType.BFLOAT16, 2, {"avx512_bf16", "amx_bf16"}, False),
+        (DType.FLOAT32, 1, {"avx512_bf16", "amx_bf16"}, False),
+        (DType.BFLOAT16, 1, {"avx512_bf16"}, False),
+    ],
+)
+def test_bf16_on_one_thread_keeps_onednn_below_amx_and_nothing_else_does(monkeypatch, dtype, threads, flags, below):
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert one_thread_below_amx(dtype, threads, frozenset(flags)) is below
+    assert os.environ.get("ONEDNN_MAX_CPU_ISA") == ("AVX512_CORE_BF16" if below else None)
