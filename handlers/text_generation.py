@@ -111,6 +111,10 @@ class TextGenerationHandler(StreamingHandler):
         load_seconds = time.perf_counter() - start
         graphs, (hits, _, _) = graphs_compiled(), fx_graph_cache_counts()
         warm_seconds = self.warm_up()
+        if settings.backend is Backend.INDUCTOR and (
+            kept := compiled.keep(model_dir, self.engine.model.forward, compiled.cache_dir())
+        ):
+            log.info("%s: %s", self.model_name, kept)
         log.info("%s: what the warm-up freed: %s", self.model_name, give_back())
         self.engine.metrics = EngineMetrics()  # the warm-up's sequences were no one's requests
         self.acceptance = AcceptanceLog()  # what prompt lookup kept, logged now and then

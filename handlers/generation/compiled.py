@@ -4,6 +4,7 @@ build filled, and each kind of step's whole graph (precompiled.py).
     ship(cache, model_dir, model.forward)   # the build (model_store/lm_compile.py), after a worker's start
     said = unpack(model_dir, cache)         # a worker, before it compiles: what it found, in a phrase
     model.forward, said = compile_forward(model, model_dir)
+    said = keep(model_dir, model.forward, cache)   # after its warm-up: graphs it compiled, for its next start
 
 A worker's first start on a machine compiles its graphs (Qwen2.5-0.5B's shape: 98 s of warm-up on
 2 cores). The build runs a worker's own start (load, compile, warm-up) with a cache of its own and
@@ -19,7 +20,11 @@ Inductor compiles its kernels with -march=native and no key of its cache names t
 built on one CPU may use instructions another lacks (SIGILL). The shipped directory is named by a
 digest of torch's version and the CPU's /proc/cpuinfo flags (the whole graphs' also of Python's
 and transformers' versions), and a worker takes only the one made for a CPU like its own;
-otherwise it compiles, as without the files, and says why. The thread
+otherwise it compiles, as without the files, and says why, and keeps the whole graphs it compiled
+in the machine's compile cache (KEPT), under a digest of what decides them (the archive's
+configuration, settings and code: model_key) and this CPU's key, where its next start and the
+model's other workers find them: a pod on a CPU the build did not have compiles once, not at every
+start. The thread
 count is not part of it: a language model's kernels read theirs when they run (DYNAMIC_THREADS),
 so graphs the build compiled with its threads serve a worker planned with any other number. The
 files sit in the archive's directory as they sat in the cache: copied file by file, nothing to
@@ -46,6 +51,12 @@ from handlers.generation.precompiled import Forward
 
 DIRECTORY = "compiled"  # in the model's directory (the archive's root)
 LOCKS = "locks"  # Inductor's lock files: of the process that held them, never shipped
+KEPT = "kit-whole-graphs"  # in a compile cache: whole graphs a worker compiled (its archive had none)
+# The archive's files that decide its whole graphs (keyed by model_key): the model's configuration,
+# the handler's settings and the code the graphs were traced from; not its weights (inputs of the
+# graphs), its compiled graphs, nor TorchServe's manifest (it names the build's time).
+KEYED = frozenset({".py", ".json", ".yaml", ".jinja"})
+UNKEYED = frozenset({DIRECTORY, "MAR-INF"})
 
 
 # Inductor's option for kernels that read the thread count when they run, in every compile of a
@@ -79,8 +90,48 @@ def compile_forward(model: nn.Module, model_dir: Path, options: dict = DYNAMIC_T
     """The model's forward as whole graphs: the archive's for this CPU, the others compiled at
     their first step; what was loaded, in a phrase."""
     trace_settings()
-    graphs, said = precompiled.load(forward_dir(model_dir, cpu_flags()), model)
+    flags = cpu_flags()
+    graphs, said = precompiled.load(forward_dir(model_dir, flags), model)
+    if not graphs and (kept := kept_dir(model_dir, flags, cache_dir())).is_dir():
+        graphs, said = precompiled.load(kept, model)
+        said += " from this machine's compile cache (an earlier worker's)"
     return Forward(model, options, graphs), said
+
+
+def model_key(model_dir: Path) -> str:
+    """A digest of the archive's files that decide its whole graphs (KEYED, outside UNKEYED)."""
+    digest = hashlib.sha256()
+    root = Path(model_dir)
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root)
+        if path.is_file() and path.suffix in KEYED and relative.parts[0] not in UNKEYED:
+            digest.update(f"{relative}\0{path.stat().st_size}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def kept_dir(model_dir: Path, flags: Iterable[str], cache: Path) -> Path:
+    """Where a worker keeps the whole graphs it compiled for this model, CPU and versions."""
+    return Path(cache) / KEPT / model_key(model_dir) / forward_dir(model_dir, flags).name
+
+
+def keep(model_dir: Path, forward: Forward, cache: Path) -> str | None:
+    """The whole graphs this worker compiled saved into the machine's compile cache, where its
+    archive has none for this CPU and no other worker kept them first; what was kept, in a phrase,
+    or None."""
+    flags = cpu_flags()
+    target = kept_dir(model_dir, flags, cache)
+    if not set(forward.graphs) - forward.loaded_kinds or forward_dir(model_dir, flags).is_dir() or target.exists():
+        return None
+    # Saved beside it, then renamed: the model's workers start at once on one cache.
+    partial = target.with_name(f".{target.name}.{os.getpid()}")
+    saved = forward.save(partial)
+    try:
+        partial.rename(target)
+    except OSError:  # another worker's came first
+        shutil.rmtree(partial, ignore_errors=True)
+        return None
+    return f"kept {len(saved)} whole graphs ({', '.join(saved) or 'none'}) in this machine's compile cache for the next start"
 
 
 def cpu_key(flags: Iterable[str], version: str = torch.__version__) -> str:
@@ -119,7 +170,10 @@ def ship(cache: Path, model_dir: Path, forward: Forward | None) -> tuple[Path, l
     target = shipped_dir(model_dir, flags)
     # The precompiled header stays out: ~150 MB, which a machine compiles once in 9 s (2 cores)
     # and keeps in its cache (headers_in_cache).
-    shutil.copytree(cache, target, ignore=lambda directory, names: [LOCKS, HEADERS] if Path(directory) == cache else [])
+    # Nor what the build's worker kept for a start of its own (KEPT): the archive has its graphs.
+    shutil.copytree(
+        cache, target, ignore=lambda directory, names: [LOCKS, HEADERS, KEPT] if Path(directory) == cache else []
+    )
     target.with_suffix(".json").write_text(json.dumps({"built": describe(flags)}))
     saved = [] if forward is None else forward.save(forward_dir(model_dir, flags))
     return target, saved

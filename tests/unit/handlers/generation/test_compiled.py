@@ -26,7 +26,8 @@ def cpu(monkeypatch):
 
 
 def build_cache(root: Path) -> Path:
-    """A cache as Inductor leaves it: graphs, a kernel's library in a subdirectory, and its locks."""
+    """A cache as a build's worker leaves it: graphs, a kernel's library in a subdirectory, its locks,
+    the precompiled header and the whole graphs the worker kept."""
     cache = root / "build-cache"
     (cache / "fxgraph" / "ab").mkdir(parents=True)
     (cache / "fxgraph" / "ab" / "graph").write_bytes(b"graph")
@@ -36,6 +37,8 @@ def build_cache(root: Path) -> Path:
     (cache / "locks" / "x7.lock").write_text("")
     (cache / "precompiled_headers").mkdir()  # headers_in_cache: the machine's own, ~150 MB
     (cache / "precompiled_headers" / "c1.h.gch").write_bytes(b"gch")
+    (cache / compiled.KEPT / "key" / "forward-x").mkdir(parents=True)  # the build's worker's own (keep)
+    (cache / compiled.KEPT / "key" / "forward-x" / "decode.graph").write_bytes(b"whole")
     return cache
 
 
@@ -56,7 +59,7 @@ def test_whole_graphs_are_named_by_the_cpu_and_by_pythons_and_transformers_versi
     assert compiled.forward_dir(tmp_path, HERE) != here
 
 
-def test_a_worker_on_the_same_cpu_gets_every_file_the_build_compiled_but_its_locks_and_header(tmp_path, cpu):
+def test_a_worker_on_the_same_cpu_gets_every_file_the_build_compiled_but_locks_header_and_kept(tmp_path, cpu):
     model_dir = tmp_path / "model"
     shipped, whole = compiled.ship(build_cache(tmp_path), model_dir, None)
     assert whole == [] and shipped.parent == model_dir / compiled.DIRECTORY
@@ -96,3 +99,75 @@ def test_another_cpu_compiles_and_is_told_which_cpu_the_archive_was_built_for(tm
 
 def test_an_archive_without_compiled_graphs_says_so(tmp_path, cpu):
     assert compiled.unpack(tmp_path, tmp_path / "cache") == "no compiled graphs in the archive: compiling them"
+
+
+def archive(root: Path) -> Path:
+    """An archive's files as TorchServe unpacks them: configuration, settings, code, weights."""
+    (root / "MAR-INF").mkdir(parents=True)
+    (root / "MAR-INF" / "MANIFEST.json").write_text('{"createdOn": "04/12/2026 17:00:36"}')
+    (root / "handlers").mkdir()
+    (root / "handlers" / "attention.py").write_text("# the code a graph is traced from")
+    (root / "config.json").write_text('{"hidden_size": 16}')
+    (root / "model-config.yaml").write_text("handler: {dtype: float32}")
+    (root / "model.safetensors").write_bytes(b"weights")
+    return root
+
+
+def test_the_model_key_follows_configuration_settings_and_code_not_weights_graphs_or_build_time(tmp_path):
+    root = archive(tmp_path / "model")
+    key = compiled.model_key(root)
+    (root / "model.safetensors").write_bytes(b"other weights")
+    (root / "MAR-INF" / "MANIFEST.json").write_text('{"createdOn": "05/12/2026 09:00:00"}')
+    (root / compiled.DIRECTORY).mkdir()
+    (root / compiled.DIRECTORY / "inductor-x.json").write_text("{}")
+    assert compiled.model_key(root) == key
+    for name, text in [
+        ("config.json", '{"hidden_size": 32}'),
+        ("model-config.yaml", "handler: {}"),
+        ("handlers/attention.py", "#"),
+    ]:
+        changed = archive(tmp_path / name.replace("/", "-"))
+        (changed / name).write_text(text)
+        assert compiled.model_key(changed) != key, name
+
+
+def test_a_worker_keeps_the_whole_graphs_it_compiled_and_its_next_start_loads_them(tmp_path, cpu, monkeypatch):
+    """An archive with no graphs for this CPU: the first worker compiles and keeps its graphs in the
+    machine's compile cache; the next loads them and compiles nothing; another CPU does not."""
+    from tests.unit.handlers.generation.test_precompiled import Tiny, ids
+
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(compiled, "cache_dir", lambda: cache)
+    monkeypatch.setattr(compiled, "trace_settings", lambda: None)  # process-wide; test_precompiled's patches
+    model_dir = archive(tmp_path / "model")
+    with torch.fx.experimental._config.patch(use_duck_shape=False), torch._dynamo.config.patch(specialize_float=True):
+        forward, said = compiled.compile_forward(Tiny(), model_dir, {})
+        assert said == "0 whole graphs loaded (none)"
+        with torch.inference_mode():
+            forward(input_ids=ids(2, 1))
+            forward(input_ids=ids(1, 8), mixed=torch.tensor(0.5))
+        said = compiled.keep(model_dir, forward, cache)
+        assert said == "kept 2 whole graphs (decode, mixed) in this machine's compile cache for the next start"
+        assert compiled.keep(model_dir, forward, cache) is None  # kept once, by the first worker
+
+        served = Tiny()
+        served.forward, said = compiled.compile_forward(served, model_dir, {})
+        assert said == "2 whole graphs loaded (decode, mixed) from this machine's compile cache (an earlier worker's)"
+        assert not served.forward.traces(["decode", "mixed"])
+        with torch.inference_mode():
+            torch.testing.assert_close(served(input_ids=ids(3, 1)), served.forward.original(input_ids=ids(3, 1)))
+        assert compiled.keep(model_dir, served.forward, cache) is None  # nothing compiled here
+
+        cpu(OTHER)
+        assert compiled.compile_forward(Tiny(), model_dir, {})[1] == "0 whole graphs loaded (none)"
+
+
+def test_a_worker_whose_archive_has_graphs_for_its_cpu_keeps_nothing(tmp_path, cpu):
+    from handlers.generation.precompiled import Forward
+
+    model_dir = archive(tmp_path / "model")
+    compiled.forward_dir(model_dir, compiled.cpu_flags()).mkdir(parents=True)  # the build's (none loaded)
+    forward = Forward(torch.nn.Identity(), {}, {})
+    forward.graphs["decode"] = object()  # compiled here: its graph failed to load
+    assert compiled.keep(model_dir, forward, tmp_path / "cache") is None
+    assert not (tmp_path / "cache").exists()
