@@ -120,8 +120,10 @@ def keep(model_dir: Path, forward: Forward, cache: Path) -> str | None:
     archive has none for this CPU and no other worker kept them first; what was kept, in a phrase,
     or None."""
     flags = cpu_flags()
-    target = kept_dir(model_dir, flags, cache)
-    if not set(forward.graphs) - forward.loaded_kinds or forward_dir(model_dir, flags).is_dir() or target.exists():
+    if not set(forward.graphs) - forward.loaded_kinds or forward_dir(model_dir, flags).is_dir():
+        return None
+    target = kept_dir(model_dir, flags, cache)  # the archive's files read only now: nothing to keep otherwise
+    if target.exists():
         return None
     # Saved beside it, then renamed: the model's workers start at once on one cache.
     partial = target.with_name(f".{target.name}.{os.getpid()}")

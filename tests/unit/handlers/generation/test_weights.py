@@ -69,6 +69,7 @@ def test_converting_lets_the_checkpoints_pages_go_and_answers_as_to_does(tmp_pat
         torch.testing.assert_close(model(input_ids=ids).logits, twin(input_ids=ids).logits, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(not can_pack(), reason="this torch has no oneDNN")
 def test_a_bf16_checkpoint_as_served_in_float32_answers_as_transformers_float32_model_packed(tmp_path):
     directory = qwen2_lm(tmp_path / "f32")
     bf16 = tmp_path / "bf16"
@@ -76,8 +77,8 @@ def test_a_bf16_checkpoint_as_served_in_float32_answers_as_transformers_float32_
     AutoModelForCausalLM.from_pretrained(directory).to(torch.bfloat16).save_pretrained(bf16)
     model = causal_lm_as_saved(bf16)
     assert model.dtype == torch.bfloat16
-    said = served_form(model, bf16, torch.float32, int8=False)
-    assert said == ["4 linear layers on prepacked weights"] or said[0].endswith("linear layers on prepacked weights")
+    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert served_form(model, bf16, torch.float32, int8=False) == [f"{linears} linear layers on prepacked weights"]
     assert not mapped(bf16 / "model.safetensors")  # the embedding's rows are read, not mapped
     twin = AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.float32).eval()
     pack_linears(twin)
