@@ -53,11 +53,38 @@ def test_a_long_prompt_is_computed_a_chunk_a_step_while_the_streams_in_flight_ad
     assert first.tokens == reference(model, short, 12) and second.tokens == reference(model, long, 6)
 
 
-def test_a_chunk_is_shared_by_the_prompts_waiting_in_the_order_they_came(lm):
+def test_waiting_prompts_take_a_step_each_in_the_order_they_came_beside_the_decode_rows(lm):
+    """Where the model mixes, a step computes one prompt part, in one forward with the rows of the
+    sequences decoding: a second part would be a forward of its own (every weight read again)."""
     model, tokenizer = lm
     ids = [tuple(tokenizer(p)["input_ids"]) for p in (PROMPTS[0], PROMPTS[3], PROMPTS[2])]
     assert len(ids[0]) + len(ids[1]) <= 24 and len(ids[2]) > 32
     eng = engine(model, tokenizer, slots=3, chunk=32)
+    assert eng.mixes
+    tokens = counted(eng)
+    sequences = [eng.submit(Generation(i, 4), Recorder()) for i in ids]
+    computed = []
+    for _ in range(3):
+        eng.step()
+        computed.append([s.computed for s in sequences])
+    first, second = len(ids[0]), len(ids[1])
+    # The first whole, alone; the second whole beside the first's decode row; then the third's
+    # first chunk beside both rows. One forward a step: a row per slot up to the last one taken
+    # (the first step's idle, MIN_ROWS of them), then the part, a last part padded to 8 tokens.
+    assert computed == [[first, 0, 0], [first + 1, second, 0], [first + 2, second + 1, 32]]
+    assert tokens == [MIN_ROWS + 16, 3 + 8, 3 + 32] and first <= 16 and second <= 8
+    while eng.busy:
+        eng.step()
+    assert [s.tokens for s in sequences] == [reference(model, list(i), 4) for i in ids]
+
+
+def test_where_the_model_does_not_mix_a_chunk_is_shared_by_the_prompts_waiting(lm):
+    """Each part is then a forward of its own anyway: the chunk goes to the prompts waiting, in the
+    order they came."""
+    model, tokenizer = lm
+    ids = [tuple(tokenizer(p)["input_ids"]) for p in (PROMPTS[0], PROMPTS[3], PROMPTS[2])]
+    eng = engine(model, tokenizer, slots=3, chunk=32)
+    eng.mixes = eng.runner.mixes = False
     sequences = [eng.submit(Generation(i, 4), Recorder()) for i in ids]
     eng.step()
     # The first two whole; of the third, what is left in multiples of 8 (only a prompt's end is padded).
