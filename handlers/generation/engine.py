@@ -87,8 +87,13 @@ class Engine(Scheduler):
         # What the cache may hold resident (the memory plan's); None: every row a whole context.
         self.budget = KvBudget(slots, kv_positions or slots * context)
         self.runner = Runner(model, self.cache, context, name, itt)
-        self.model, self.mixes = model, self.runner.mixes
+        self.model = model
         self.lookup = lookup  # draft tokens a step checks (prompt lookup, lookup.py); 0: none
+
+    @property
+    def mixes(self) -> bool:
+        """Decode rows and a prompt's part in one forward (runner.py)."""
+        return self.runner.mixes
 
     @property
     def prefix_caching(self) -> bool:
@@ -278,9 +283,9 @@ class Engine(Scheduler):
             if parts and self.mixes:
                 # A step mixes one part into its forward; a second would be a forward of its own,
                 # reading every weight again for no decode row, where the next step computes it
-                # beside the decode rows for its tokens' compute alone. Qwen2.5-0.5B's shape in
-                # bf16 on a 2-core AMX Xeon: a 72-token part alone 89 ms, 256 tokens beside 16
-                # decode rows 167 ms against 64 ms for the rows alone.
+                # beside the decode rows for its tokens' compute alone. Served at 16 streams
+                # (Qwen2.5-0.5B's shape, bf16, 2-core AMX Xeon, 3 interleaved rounds): 71-76 ->
+                # 78-81 output tokens/s.
                 break
             whole = sequence.pending <= budget or (alone and not parts)
             take = sequence.pending if whole else budget // PROMPT_STEP * PROMPT_STEP

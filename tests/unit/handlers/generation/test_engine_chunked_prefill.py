@@ -84,7 +84,7 @@ def test_where_the_model_does_not_mix_a_chunk_is_shared_by_the_prompts_waiting(l
     model, tokenizer = lm
     ids = [tuple(tokenizer(p)["input_ids"]) for p in (PROMPTS[0], PROMPTS[3], PROMPTS[2])]
     eng = engine(model, tokenizer, slots=3, chunk=32)
-    eng.mixes = eng.runner.mixes = False
+    eng.runner.mixes = False
     sequences = [eng.submit(Generation(i, 4), Recorder()) for i in ids]
     eng.step()
     # The first two whole; of the third, what is left in multiples of 8 (only a prompt's end is padded).
