@@ -108,10 +108,12 @@ bench-prefix: archive
 bench-threads: install
 	@$(PY) -m bench.studies.compiled_threads --models $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(THREADS),--threads $(THREADS))
 
-# Where a language model's decode step goes: its linear kernels against the rest, and the rate they
-# read their weights at against a plain read (bench/studies/decode_split.py).
+# Where a language model's decode step goes, and a step with a prompt's part: its linear kernels
+# against the rest, and the rate they read their weights at against a plain read
+# (bench/studies/decode_split.py). VARIANT: the archive's (default: inductor).
+bench-decode: VARIANTS := $(or $(VARIANT),inductor)
 bench-decode: archive
-	@$(PY) -m bench.studies.decode_split --models $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(STREAMS),--streams $(STREAMS))
+	@$(PY) -m bench.studies.decode_split --models $(MODELS) $(if $(VARIANT),--variant $(VARIANT)) $(if $(ROUNDS),--rounds $(ROUNDS)) $(if $(STREAMS),--streams $(STREAMS))
 
 # Whether this machine keeps its speed while measured: a read of memory and a Python loop, timed
 # again and again with nothing else running (bench/studies/steadiness.py; a shared VM's host may not).

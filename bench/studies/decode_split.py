@@ -12,9 +12,13 @@ many greedy sequences of a 64-token prompt and times each decode step after thei
 whole step (scheduler, forward, sampling) and the time spent inside the linear kernels
 (handlers/generation/linears.py). The kernels' bytes over their time is the rate they read at; a
 sum over a float32 tensor of as many bytes, timed in the same process with the same threads, is
-the rate a plain read reaches on this machine. Per round the median step; the table: medians of
-the rounds (min-max). Served time between tokens adds what serving a token costs (its reply
-through TorchServe): `make bench PLAN=generate` measures that end to end.
+the rate a plain read reaches on this machine. Then, with one of the streams computing its prompt
+instead (the others decoding), each of MIXED_STEPS steps admits a new prompt of a chunk's tokens
+(`prefill_chunk`, answered at once, each new to the prefix cache) and computes it beside the decode
+rows: what every stream waits for while prompts arrive, and where a busy server's time goes. Per
+round the median step; the tables: medians of the rounds (min-max). Served time between tokens adds
+what serving a token costs (its reply through TorchServe): `make bench PLAN=generate` measures that
+end to end.
 Results: bench/results/decode-<time>/results.json, report.md and the table printed.
 """
 
@@ -22,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.inprocess import child_environment
@@ -39,6 +45,8 @@ from kit.topology import read_topology
 PROMPT_TOKENS = 64
 STEPS = 40  # decode steps timed per round and count of streams
 WARM_STEPS = 3  # steps after the prompts, not timed (the first decode shapes of a round)
+MIXED_STEPS = 5  # steps with a prompt's part timed per round and count of streams, after one not timed
+PART_TOKENS = 256  # a part's tokens where the model computes every prompt whole (prefill_chunk 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,10 +57,17 @@ class Split:
     step_ms: list[float]  # per round: the median decode step
     kernels_ms: list[float]  # per round: the median time inside the linear kernels
     plain_gbps: list[float]  # per round: a sum over as many bytes
+    part_tokens: int = 0  # the prompt tokens of a mixed step (below): the engine's chunk
+    mixed_ms: list[float] = dataclasses.field(default_factory=list)  # per round: the median step with a part
+    mixed_kernels_ms: list[float] = dataclasses.field(default_factory=list)  # ... and its time in the kernels
 
     @property
     def rest_ms(self) -> list[float]:
         return [s - k for s, k in zip(self.step_ms, self.kernels_ms, strict=True)]
+
+    @property
+    def mixed_rest_ms(self) -> list[float]:
+        return [s - k for s, k in zip(self.mixed_ms, self.mixed_kernels_ms, strict=True)]
 
     @property
     def kernels_gbps(self) -> list[float]:
@@ -90,36 +105,63 @@ def measure(archive: Path, name: str, rounds: int, streams: list[int]) -> list[S
         return call  # type: ignore[return-value]
 
     linears.KERNELS.update({key: timed(kernel) for key, kernel in linears.KERNELS.items()})
-    prompt = tuple(handler.tokenizer(" ".join(SENTENCES))["input_ids"][:PROMPT_TOKENS])
-    results = {count: ([], [], []) for count in streams}
+    text = handler.tokenizer(" ".join(SENTENCES))["input_ids"]
+    prompt = tuple(text[:PROMPT_TOKENS])
+    part = engine.prefill_chunk or PART_TOKENS
+    chunk = tuple((text * (part // len(text) + 1))[:part])
+    fresh = itertools.count(1)  # a first token each part's prompt has alone: no prefix-cache hit
+    vocabulary = len(handler.tokenizer)
+
+    def decoding(count: int, steps: int) -> None:
+        """`count` sequences past their prompts, each decoding through `steps` steps more: long
+        enough that none ends in them (those whose prompts were done first decode meanwhile)."""
+        for index in range(count):
+            generation = Generation((*prompt[:-1], prompt[-1 - index]), steps + count + 1, ignore_eos=True)
+            engine.submit(generation, Discard())
+        while any(s.prefilling for s in engine.active.values()) or engine.waiting:
+            engine.step()
+
+    def timed_steps(count: int, submit: Callable[[], None] = lambda: None) -> tuple[float, float]:
+        """The median step and its median time in the kernels, ms, over `count` steps after one
+        not timed; `submit` before each."""
+        steps, kernels = [], []
+        for _ in range(count + 1):
+            submit()
+            inside[0] = 0.0
+            started = time.perf_counter()
+            engine.step()
+            steps.append(1000 * (time.perf_counter() - started))
+            kernels.append(1000 * inside[0])
+        while engine.busy:
+            engine.step()
+        return statistics.median(steps[1:]), statistics.median(kernels[1:])
+
+    def new_prompt() -> None:
+        """A prompt of `part` tokens, answered in the step that computes it."""
+        engine.submit(Generation((next(fresh) % vocabulary, *chunk[1:]), 1, ignore_eos=True), Discard())
+
+    results: dict[int, tuple[list[float], ...]] = {count: ([], [], [], [], []) for count in streams}
     for _ in range(rounds):
         for count in streams:
-            for index in range(count):
-                # Long enough that none ends in the timed steps: those whose prompts were done
-                # first (the prompts take up to `count` steps) decode in the others' steps.
-                tokens = STEPS + WARM_STEPS + count + 1
-                generation = Generation((*prompt[:-1], prompt[-1 - index]), tokens, ignore_eos=True)
-                engine.submit(generation, Discard())
-            while any(s.prefilling for s in engine.active.values()) or engine.waiting:
+            step_ms, kernels_ms, plain_gbps, mixed_ms, mixed_kernels_ms = results[count]
+            decoding(count, STEPS + WARM_STEPS)
+            for _ in range(WARM_STEPS - 1):  # the first decode shapes of a round (timed_steps skips one more)
                 engine.step()
-            steps, kernels = [], []
-            for number in range(STEPS + WARM_STEPS):
-                inside[0] = 0.0
-                started = time.perf_counter()
-                engine.step()
-                if number >= WARM_STEPS:
-                    steps.append(1000 * (time.perf_counter() - started))
-                    kernels.append(1000 * inside[0])
-            while engine.busy:
-                engine.step()
+            step, kernels = timed_steps(STEPS)
+            step_ms.append(step)
+            kernels_ms.append(kernels)
             started = time.perf_counter()
             plain.sum()
-            step_ms, kernels_ms, plain_gbps = results[count]
             plain_gbps.append(plain.numel() * 4 / (time.perf_counter() - started) / 1e9)
-            step_ms.append(statistics.median(steps))
-            kernels_ms.append(statistics.median(kernels))
+            decoding(count - 1, MIXED_STEPS + 1)  # one of the streams computes its prompt instead
+            step, kernels = timed_steps(MIXED_STEPS, new_prompt)
+            mixed_ms.append(step)
+            mixed_kernels_ms.append(kernels)
     threads = torch.get_num_threads()
-    return [Split(count, threads, read, *results[count]) for count in streams]
+    return [
+        Split(count, threads, read, step_ms, kernels_ms, plain_gbps, part, mixed_ms, mixed_kernels_ms)
+        for count, (step_ms, kernels_ms, plain_gbps, mixed_ms, mixed_kernels_ms) in results.items()
+    ]
 
 
 def spread(values: list[float], digits: int = 1) -> str:
@@ -139,12 +181,27 @@ def table(splits: list[Split], header: str) -> str:
             f"| {s.streams} | {s.threads} | {spread(s.step_ms)} | {spread(s.kernels_ms)} | {spread(s.rest_ms)} "
             f"| {s.kernel_bytes / 1e9:.2f} GB | {spread(s.kernels_gbps)} | {spread(s.plain_gbps)} |"
         )
+    mixed = [s for s in splits if s.mixed_ms]
+    if mixed:
+        lines += [
+            "",
+            "A step that computes a new prompt's part beside the other streams' decode rows:",
+            "",
+            "| streams | prompt tokens | decode rows | step, ms | in the linear kernels, ms | the rest, ms |",
+            "|---|---|---|---|---|---|",
+        ]
+        for s in mixed:
+            lines.append(
+                f"| {s.streams} | {s.part_tokens} | {s.streams - 1} | {spread(s.mixed_ms)} "
+                f"| {spread(s.mixed_kernels_ms)} | {spread(s.mixed_rest_ms)} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", required=True, help="a text-generation model file (make model NAME=... SRC=...)")
+    parser.add_argument("--variant", default="", help="the archive's variant (default: the optimized preset's)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--streams", default="1,16", help="counts of concurrent sequences, comma-separated")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # the child process
@@ -154,13 +211,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[decode] ERROR: {name} is not a text-generation model; name one", file=sys.stderr)
         return 2
     streams = [int(count) for count in args.streams.split(",")]
-    config = ServeConfig.from_preset("optimized", models=[name])
+    config = ServeConfig.from_preset("optimized", models=[name], **({"variant": args.variant} if args.variant else {}))
     archive = config.archives()[name]
     if args.measure:
         print(json.dumps([dataclasses.asdict(s) for s in measure(archive, name, args.rounds, streams)]))
         return 0
     threads = len(read_topology().cpus)  # one language-model worker computes on every usable CPU
     command = [sys.executable, "-m", "bench.studies.decode_split", "--models", name, "--measure"]
+    command += ["--variant", config.variant.name]
     command += ["--rounds", str(args.rounds), "--streams", args.streams]
     print(f"[decode] {name}: loading {archive} as a worker does, then {args.rounds} rounds", file=sys.stderr)
     started = time.monotonic()
@@ -178,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     study_report(
         out,
         f"Where a decode step goes: {name}",
-        f"{args.rounds} rounds of {STEPS} decode steps, a {PROMPT_TOKENS}-token prompt, {archive.parent.name}",
+        f"{args.rounds} rounds of {STEPS} decode steps after a {PROMPT_TOKENS}-token prompt and {MIXED_STEPS} "
+        f"steps with a prompt's part, {archive.parent.name}",
         lambda header: table(splits, header),
         {"splits": splits},
     )
