@@ -38,21 +38,49 @@ ON_OPTIMIZED_SERVER = ("test_bad_input.py", "test_fuzz.py", "test_grpc.py", "tes
 PACKAGES = ("tests/e2e/generation/",)
 
 
+# The groups that take minutes, longest first (a fresh-clone CI's --durations at 7c8cc42: 320 to
+# 80 s each); the others follow in collection order. The groups go to whichever process is free, in
+# this order: the longest first leaves short ones to even out the two processes' ends. xdist's own
+# order (the most tests first) left test_lm_plan's 3 tests and test_ports' 5 for last in the
+# end-to-end part, and test_bench's one test after test_ipex_serving's in the IPEX part: in each,
+# one process ran alone for 80-90 s at the end.
+LONGEST_FIRST = (
+    "tests/e2e/test_bench.py",  # the IPEX part's (marker ipex)
+    "tests/e2e/test_your_model.py",
+    "tests/e2e/generation/",
+    SHARED,
+    "tests/e2e/test_lm_precision.py",
+    "tests/integration/test_diagnose.py",
+    "tests/e2e/test_lm_plan.py",
+    "tests/e2e/test_served_accuracy.py",
+    "tests/e2e/test_ports.py",
+    "tests/e2e/test_batching.py",
+)
+
+
+def group_of(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    if module.rsplit("/", 1)[-1] in ON_OPTIMIZED_SERVER:
+        return SHARED
+    return next((package for package in PACKAGES if module.startswith(package)), module)
+
+
 class ModuleGroups(LoadScopeScheduling):
     def _split_scope(self, nodeid: str) -> str:
-        module = nodeid.split("::", 1)[0]
-        if module.rsplit("/", 1)[-1] in ON_OPTIMIZED_SERVER:
-            return SHARED
-        return next((package for package in PACKAGES if module.startswith(package)), module)
+        return group_of(nodeid)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log) -> ModuleGroups:
+    config.option.loadscopereorder = False  # the groups in the items' order (below), not by their sizes
     return ModuleGroups(config, log)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A module on the session's optimized server that is not in ON_OPTIMIZED_SERVER would start one
-    more: refused by name."""
+    """The items in LONGEST_FIRST's order of their groups (a stable sort: each group's own order
+    kept). A module on the session's optimized server that is not in ON_OPTIMIZED_SERVER would
+    start one more: refused by name."""
+    rank = {group: index for index, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(rank)))
     strays = {item.path.name for item in items if SHARED in getattr(item, "fixturenames", ())}
     if strays := strays - set(ON_OPTIMIZED_SERVER):
         raise pytest.UsageError(f"{sorted(strays)} use {SHARED}: add them to ON_OPTIMIZED_SERVER")
