@@ -1,12 +1,14 @@
-"""The allocator check reads the real /proc/PID/maps of a real process."""
+"""The allocator check reads the real /proc/PID/maps of a real process; stops stop real processes."""
 
 import os
+import signal
 import subprocess
 import sys
 
+import psutil
 import pytest
 
-from kit.procinfo import inspect_process, loaded_allocator
+from kit.procinfo import inspect_process, loaded_allocator, terminate
 from kit.variant import Variant
 
 VENV = Variant.load("inductor").environment  # the main environment, with its allocator links
@@ -43,3 +45,49 @@ def test_plain_process_uses_default_allocator():
     finally:
         process.kill()
         process.wait()
+
+
+# A process that ignores SIGTERM until killed, as TorchServe's frontend waits out netty's quiet period.
+LINGERER = [
+    sys.executable,
+    "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)",
+]
+
+
+def started(command: list[str]) -> subprocess.Popen:
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"  # its SIGTERM handler is set
+    return process
+
+
+def test_terminate_kills_what_only_waits_to_exit_once_the_rest_is_gone():
+    lingerer, worker = started(LINGERER), start({})
+    try:
+        processes = [psutil.Process(lingerer.pid), psutil.Process(worker.pid)]
+        terminate(processes, 60, idle=lambda p: p.pid == lingerer.pid)
+        # Reaped by terminate (Popen.wait would say 0): psutil kept how each ended.
+        assert processes[1].wait(0) == -signal.SIGTERM  # the rest went by itself
+        assert processes[0].wait(0) == -signal.SIGKILL  # not left to its 60 s
+    finally:
+        lingerer.kill()
+        worker.kill()
+
+
+def test_terminate_leaves_the_idle_until_the_rest_is_gone():
+    slow = [  # finishes its work for half a second after SIGTERM, then exits 3
+        sys.executable,
+        "-c",
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.5), sys.exit(3)))\n"
+        "print('ready', flush=True)\ntime.sleep(60)",
+    ]
+    lingerer, worker = started(LINGERER), started(slow)
+    try:
+        processes = [psutil.Process(lingerer.pid), psutil.Process(worker.pid)]
+        terminate(processes, 60, idle=lambda p: p.pid == lingerer.pid)
+        assert processes[1].wait(0) == 3  # not killed with the idle one: it finished
+        assert processes[0].wait(0) == -signal.SIGKILL
+    finally:
+        lingerer.kill()
+        worker.kill()
