@@ -46,6 +46,10 @@ from kit.topology import read_topology
 
 # Cold Inductor compiles of every worker on a few cores; a Kubernetes startupProbe allows as long.
 START_DEADLINE_S = STARTUP_TIMEOUT_S
+# How often a start asks the management API whether every worker is READY: a second left half a
+# second on average to each start (about a hundred in `make test`); a question is a small request
+# per model to the frontend.
+READY_POLL_S = 0.25
 # TorchServe's CPU launcher: with placement launcher it stays as every worker's parent.
 LAUNCHER_MODULE = "torch.backends.xeon.run_cpu"
 MIXED_STORE = "model_store"  # in the run dir: the archives of a config whose models use different variants
@@ -285,7 +289,7 @@ class Server:
                 waiting = sorted(set(self.config.models) - ready)
                 progress(f"[serve] {elapsed:4.0f}s waiting for {waiting} (loading, compiling, warming up)")
                 last_report = time.monotonic()
-            time.sleep(1)
+            time.sleep(READY_POLL_S)
 
     def wait_router(self, deadline_s: float) -> None:
         """The OpenAI router answers (it starts in a second); its exit is a start-up failure."""
