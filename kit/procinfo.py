@@ -138,6 +138,11 @@ def busy_fractions(before: dict[int, tuple[int, int]], after: dict[int, tuple[in
     return fractions
 
 
+def listening_ports(process: psutil.Process) -> set[int]:
+    """TCP ports the process listens on now (from /proc)."""
+    return {c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
 # How often a stop looks at what is left.
 STOP_POLL_S = 0.05
 

@@ -36,7 +36,7 @@ from kit.metrics_text import engine_table
 from kit.models import STARTUP_TIMEOUT_S
 from kit.paths import INDUCTOR_CACHE
 from kit.ports import PortInUseError, bind_failure, start_on_fresh_ports
-from kit.procinfo import process_alive, process_tree, terminate
+from kit.procinfo import listening_ports, process_alive, process_tree, terminate
 from kit.properties import render
 from kit.serve_config import Placement, ServeConfig, free_ports_config
 from kit.server_api import ServerApi
@@ -47,8 +47,7 @@ from kit.topology import read_topology
 # Cold Inductor compiles of every worker on a few cores; a Kubernetes startupProbe allows as long.
 START_DEADLINE_S = STARTUP_TIMEOUT_S
 # How often a start asks the management API whether every worker is READY: a second left half a
-# second on average to each start (about a hundred in `make test`); a question is a small request
-# per model to the frontend.
+# second on average to each start; a question is a small request per model to the frontend.
 READY_POLL_S = 0.25
 # TorchServe's CPU launcher: with placement launcher it stays as every worker's parent.
 LAUNCHER_MODULE = "torch.backends.xeon.run_cpu"
@@ -231,7 +230,7 @@ class Server:
         ports = set()
         for process in self.process_tree():
             with contextlib.suppress(psutil.Error):
-                ports |= {c.laddr.port for c in process.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+                ports |= listening_ports(process)
         return ports
 
     def expected_workers(self, model: str) -> int:
@@ -338,11 +337,9 @@ class Server:
 
 def closed_frontend(process: psutil.Process) -> bool:
     """A TorchServe frontend that has closed its ports after a SIGTERM: what it does next is wait
-    out netty's 2-second quiet period with nothing left to serve (2-3 s of each stop on a 2-core
-    Xeon, 80 stops in `make test`'s end-to-end part), so a stop kills it then, its workers gone."""
-    if process.name() != "java":
-        return False
-    return not any(c.status == psutil.CONN_LISTEN for c in process.net_connections("tcp"))
+    out netty's 2-second quiet period with nothing left to serve (2-3 s of each stop), so a stop
+    kills it then, its workers gone."""
+    return process.name() == "java" and not listening_ports(process)
 
 
 def start_ready(
