@@ -17,7 +17,7 @@ from handlers.text import encode, load_tokenizer
 from kit.serve_config import ServeConfig
 from kit.server import Server
 from kit.variant import Variant
-from tests.e2e.conftest import start_server
+from tests.e2e.conftest import one_cpu, start_server
 from tests.e2e.test_serving import post
 
 pytestmark = pytest.mark.e2e
@@ -39,7 +39,8 @@ def assert_no_recompile(server: Server) -> None:
 
 @pytest.fixture(scope="module")
 def inductor_batching(tmp_path_factory):
-    config = ServeConfig.from_preset("optimized", models=["minilm"], **BATCHING)
+    # One worker: each worker compiles the model's graphs at its start (frozen graphs are not cached).
+    config = ServeConfig.from_preset("optimized", models=["minilm"], cpus=one_cpu(), **BATCHING)
     server = start_server(tmp_path_factory.mktemp("batching-inductor"), config)
     yield server
     server.stop()
