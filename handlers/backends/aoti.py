@@ -93,6 +93,34 @@ def quantize_int8(
     return convert_pt2e(prepared)
 
 
+@dataclasses.dataclass(frozen=True)
+class PackageSpec:
+    """One package to compile: its export example, whether its batch dimension is dynamic, its path."""
+
+    what: str  # for progress: the batch sizes it serves
+    example: Inputs
+    batch: bool
+    path: Path
+    takes_one: bool  # it serves a batch of one, as a repair's validation inputs are
+
+
+def package_specs(
+    settings: OptimizationSettings, example_of: Callable[[int], Inputs], out_dir: Path
+) -> list[PackageSpec]:
+    if one_package(settings):
+        sizes = list(settings.aoti_batch_sizes)
+        # Batch 2 to export: a batch of 1 would be specialised, as in quantize_int8.
+        return [
+            PackageSpec(
+                f"one package for batch sizes {sizes}", example_of(2), True, out_dir / DYNAMIC_BATCH_PACKAGE, True
+            )
+        ]
+    return [
+        PackageSpec(f"batch size {size}", example_of(size), False, out_dir / package_name(size), size == 1)
+        for size in settings.aoti_batch_sizes
+    ]
+
+
 def precompile(
     model: nn.Module,
     settings: OptimizationSettings,
@@ -107,28 +135,35 @@ def precompile(
     def served(inputs: Inputs) -> Inputs:
         return to_layout(inputs, settings.channels_last)
 
+    def compiled(model: nn.Module, spec: PackageSpec) -> Path:
+        progress(f"AOTInductor: compiling {spec.what}")
+        return compile_package(model, settings, spec.example, spec.batch, spec.path)
+
     model = prepare(model, settings)
+    specs = package_specs(settings, lambda size: served(example_of(size)), out_dir)
+    if settings.dtype is not DType.INT8:
+        return [compiled(model, spec) for spec in specs]
+    progress(f"int8: calibrating on {len(calibration)} batches")
     calibration = [served(batch) for batch in calibration]
-    if settings.dtype is DType.INT8:
-        progress(f"int8: calibrating on {len(calibration)} batches")
-        program = export_for_int8(model, settings, served(example_of(2)))
-        model = quantize_int8(program, calibration)
-        if validation is not None:
-            quantizer = Quantizer(
-                module_groups(program),
-                lambda in_float: quantize_int8(program, calibration, in_float),
-                lambda quantized: as_packaged(quantized, settings),
-            )
-            model = repaired_if_needed(model, quantizer, served_validation(validation, settings), progress)
-    if one_package(settings):
-        progress(f"AOTInductor: compiling one package for batch sizes {list(settings.aoti_batch_sizes)}")
-        # Batch 2 to export: a batch of 1 would be specialised, as in quantize_int8.
-        return [compile_package(model, settings, served(example_of(2)), True, out_dir / DYNAMIC_BATCH_PACKAGE)]
-    packages = []
-    for size in settings.aoti_batch_sizes:
-        progress(f"AOTInductor: compiling batch size {size}")
-        packages.append(compile_package(model, settings, served(example_of(size)), False, out_dir / package_name(size)))
-    return packages
+    program = export_for_int8(model, settings, served(example_of(2)))
+    model = quantize_int8(program, calibration)
+    if validation is None:
+        return [compiled(model, spec) for spec in specs]
+    # The quantized model is judged as its first package (one taking a batch of one) computes: that
+    # package is kept when no repair is needed, so the judgement costs no compile of its own; each
+    # repair trial is judged compiled in process (as_packaged: the same kernels, one compile less).
+    first = next((spec for spec in specs if spec.takes_one), None)
+    judged = {first.path: compiled(model, first)} if first else {}
+    plain = Package(judged[first.path]) if first else as_packaged(model, settings)
+    quantizer = Quantizer(
+        module_groups(program),
+        lambda in_float: quantize_int8(program, calibration, in_float),
+        lambda quantized: plain if quantized is model else as_packaged(quantized, settings),
+    )
+    repaired = repaired_if_needed(model, quantizer, served_validation(validation, settings), progress)
+    if repaired is not model:
+        judged = {}  # the first package is of the unrepaired model: compiled again
+    return [judged.get(spec.path) or compiled(repaired, spec) for spec in specs]
 
 
 # The ops PT2E's x86 quantizer runs in int8 (with their weight as the second argument).

@@ -195,3 +195,57 @@ def test_an_aoti_int8_repair_judges_the_answers_its_package_will_give(tiny_cnn, 
     with torch.inference_mode():
         for image in images:
             torch.testing.assert_close(judged(*image), packaged(*image), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("repaired", [False, True])
+def test_an_aoti_int8_build_judges_its_first_package_and_keeps_it_unless_repaired(tmp_path, monkeypatch, repaired):
+    """The plain int8 model is judged by running its batch-of-one package (no compile of its own);
+    that package is kept when no repair is needed, and compiled again from the repair when one is.
+    The compiler, the loader and the repair stand in (what they do: the tests above)."""
+    from handlers.accuracy import Answer, Validation
+    from handlers.settings import TensorSettings
+
+    torch.manual_seed(0)
+    settings = parse_settings(
+        TensorSettings,
+        {
+            "input_shapes": [[32]],
+            "input_dtypes": ["float32"],
+            "backend": "aoti",
+            "dtype": "int8",
+            "aoti_batch_sizes": [1, 2],
+        },
+    )
+    compiled, loaded, judged = [], [], []
+
+    def compile_package(model, settings, example, batch, path):
+        compiled.append((model, path.name))
+        path.write_bytes(b"package")
+        return path
+
+    def package(path):
+        loaded.append(path.name)
+        return lambda *inputs: torch.zeros(1, 3)
+
+    def repaired_if_needed(quantized, quantizer, validation, progress):
+        judged.append(quantizer.runner(quantized))
+        return torch.nn.Identity() if repaired else quantized
+
+    monkeypatch.setattr(aoti, "compile_package", compile_package)
+    monkeypatch.setattr(aoti, "Package", package)
+    monkeypatch.setattr(aoti, "as_packaged", lambda *_: pytest.fail("the plain model compiled in process"))
+    monkeypatch.setattr(aoti, "repaired_if_needed", repaired_if_needed)
+    rows = [(torch.randn(1, 32),) for _ in range(4)]
+    validation = Validation(rows, [torch.zeros(1, 3)] * 4, Answer.VALUES, 0.1)
+    aoti.precompile(
+        TabularMLP().eval(), settings, lambda size: (torch.randn(size, 32),), rows, tmp_path, print, validation
+    )
+
+    assert loaded == [aoti.package_name(1)] and len(judged) == 1
+    first, second = aoti.package_name(1), aoti.package_name(2)
+    if repaired:  # the first package again, of the repaired model, then the second
+        assert [name for _, name in compiled] == [first, first, second]
+        assert all(isinstance(model, torch.nn.Identity) for model, _ in compiled[1:])
+    else:
+        assert [name for _, name in compiled] == [first, second]
+        assert compiled[0][0] is compiled[1][0]  # both of the plain int8 model
