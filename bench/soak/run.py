@@ -1,7 +1,7 @@
 """Soak, worker kill and restart on a real server: `make soak` (SOAK_SECONDS=300).
 
     .venv/bin/python -m bench.soak.run --seconds 300                     # the full check
-    .venv/bin/python -m bench.soak.run --seconds 20 --models resnet50    # what the e2e test runs
+    .venv/bin/python -m bench.soak.run --seconds 10 --models resnet50    # what the e2e test runs
 
 1. soak: closed-loop load at concurrency 8 over every model: no non-2xx, no worker
    replaced, worker RSS growth bounded (start/end/peak per worker).

@@ -28,8 +28,8 @@ def start_server(run_dir: Path, config: ServeConfig) -> Server:
 
 # make test runs the e2e tests in two processes, a group of tests each at a time: a module's tests
 # are a group, so that its servers and archives are made once; these modules, which ask for the
-# session's optimized server, are one group, so that one process starts it (a start compiles three
-# models' graphs: 244 s on 2 cores, two starting at once; Inductor's frozen graphs are not cached);
+# session's optimized server, are one group, so that one process starts it (each worker compiles its
+# model's graphs at its start: Inductor's frozen graphs are not cached);
 # so is each package of modules sharing package-scoped servers (generation/: its language models'
 # servers of three variants). The groups are drawn here, whatever --dist says, not by xdist's
 # --dist loadgroup: xdist 3.8 marks a test's group in its `_nodeid`, which pytest 9 no longer reads.
@@ -88,8 +88,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def optimized_server(tmp_path_factory) -> Server:
-    server = start_server(
-        tmp_path_factory.mktemp("optimized"), ServeConfig.from_preset("optimized", models=BUNDLED_MODELS)
-    )
+    # On one CPU: a worker per model. The plan on 2 CPUs has two each, and each compiles its frozen
+    # graphs: 120 against 58 s of busy CPU to READY (/proc/stat, one start each, 2-core AMD EPYC).
+    # test_batching.py checks the workers of a plan over every CPU, on precompiled archives.
+    config = ServeConfig.from_preset("optimized", models=BUNDLED_MODELS, cpus=one_cpu())
+    server = start_server(tmp_path_factory.mktemp("optimized"), config)
     yield server
     server.stop()

@@ -18,7 +18,7 @@ from kit.serve_config import ServeConfig
 from kit.server import Server
 from kit.variant import Variant
 from tests.e2e.conftest import one_cpu, start_server
-from tests.e2e.test_serving import post
+from tests.e2e.test_serving import assert_workers_run_where_the_plan_put_them, post
 
 pytestmark = pytest.mark.e2e
 
@@ -48,6 +48,7 @@ def inductor_batching(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def int8_batching(tmp_path_factory):
+    # Every CPU this process may use: the plan's workers of each model on CPUs of their own.
     config = ServeConfig.from_preset("optimized", variant="aoti-int8", models=["resnet50", "minilm"], **BATCHING)
     server = start_server(tmp_path_factory.mktemp("batching-int8"), config)
     yield server
@@ -120,3 +121,7 @@ def test_openais_client_embeds_more_texts_than_a_batch_through_the_kit(inductor_
     with pytest.raises(BadRequestError, match="as token ids is not served"):
         client.embeddings.create(model="minilm", input=[[101, 102]])
     assert_no_recompile(inductor_batching)
+
+
+def test_workers_of_a_plan_over_every_cpu_run_where_it_put_them(int8_batching):
+    assert_workers_run_where_the_plan_put_them(int8_batching)

@@ -112,9 +112,9 @@ def test_minilm_paraphrase_is_closer_than_unrelated(optimized_server):
     assert close > far + 0.3, f"paraphrase cosine {close:.3f} vs unrelated {far:.3f}"
 
 
-def test_workers_run_where_the_plan_put_them(optimized_server):
-    layout = optimized_server.layout  # planned at start from this machine (kit/plan.py)
-    workers = optimized_server.api.workers()
+def assert_workers_run_where_the_plan_put_them(server: Server) -> None:
+    layout = server.layout  # planned at start from this machine (kit/plan.py)
+    workers = server.api.workers()
     for model, planned in layout.models.items():
         served = [w for w in workers if w.model == model]
         assert len(served) == len(planned.workers) and all(w.status == "READY" for w in served)
@@ -125,6 +125,11 @@ def test_workers_run_where_the_plan_put_them(optimized_server):
             assert worker.process.allocator == "tcmalloc", f"{model} maps {worker.process.allocator}"
             assert worker.process.omp_threads == str(slot.threads)
             assert worker.process.memory_policy == f"bind:{slot.numa_node}"
+
+
+def test_workers_run_where_the_plan_put_them(optimized_server):
+    # On one CPU here (tests/e2e/conftest.py); test_batching.py checks a plan over every CPU.
+    assert_workers_run_where_the_plan_put_them(optimized_server)
 
 
 def test_no_launcher_process_stays_behind_a_worker(optimized_server):

@@ -1,4 +1,4 @@
-"""The soak / kill -9 / restart check of `make soak`, shortened to fit CI (20 s soak, one model)."""
+"""The soak / kill -9 / restart check of `make soak`, shortened to fit CI (10 s soak, one model)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.serial]  # its recovery check compare
 
 
 def test_soak_kill_and_restart_lose_nothing(tmp_path):
-    report = run_soak(SoakSettings(seconds=20, models=("resnet50",)), tmp_path)
+    report = run_soak(SoakSettings(seconds=10, models=("resnet50",)), tmp_path)
     failed = [f"{c.name}: {c.detail}" for c in report.checks if not c.passed]
     assert not failed, failed
     # What the checks stand on, stated again here so a weakened check cannot pass silently.
