@@ -33,7 +33,7 @@ help:
 	@echo "make bench-steadiness [SECONDS=60]   (whether this machine keeps its speed: measure before you compare)"
 	@echo "make bench-load SRC=hf-dir [DTYPES=float32,bfloat16] [WEIGHTS=packed,int8]   (a language model's load: its peak memory)"
 	@echo "make bench-lengths [MODELS=all text models] [LENGTH_VARIANTS=inductor,openvino] [ROUNDS=3]   (which text length buckets pay)"
-	@echo "make model NAME=mine SRC=hf-dir|model.pt2 [TASK=image-classification|text-classification|feature-extraction] [SAMPLES=...] [TOLERANCE=...] [FORCE=1]"
+	@echo "make model NAME=mine SRC=hf-dir|model.pt2 [TASK=image-classification|text-classification|feature-extraction] [SAMPLES=...] [TOLERANCE=...] [SET='key=value ...'] [FORCE=1]"
 	@echo "make doctor | profile MODEL=name [VARIANT=inductor]"
 	@echo "(BACKEND= is the old spelling of VARIANT=, still understood)"
 
@@ -49,9 +49,9 @@ archive: install
 
 # Your own model: writes config/models/NAME.yaml, then builds its VARIANTS archives.
 model: install
-	@test -n "$(NAME)" -a -n "$(SRC)" || { echo "usage: make model NAME=mine SRC=hf-dir|model.pt2 [TASK=...] [SAMPLES=...] [TOLERANCE=...] [FORCE=1]"; exit 2; }
+	@test -n "$(NAME)" -a -n "$(SRC)" || { echo "usage: make model NAME=mine SRC=hf-dir|model.pt2 [TASK=...] [SAMPLES=...] [TOLERANCE=...] [SET='key=value ...'] [FORCE=1]"; exit 2; }
 	@$(PY) -m model_store.model_file $(NAME) $(SRC) $(if $(TASK),--task $(TASK)) $(if $(SAMPLES),--samples $(SAMPLES)) \
-		$(if $(TOLERANCE),--tolerance $(TOLERANCE)) $(if $(FORCE),--force)
+		$(if $(TOLERANCE),--tolerance $(TOLERANCE)) $(foreach setting,$(SET),--set $(setting)) $(if $(FORCE),--force)
 	@$(PY) -m model_store.build --models $(NAME) --variants $(VARIANTS)
 
 # The preset's archives plus VARIANT's (ipex and ipex-compile are served from .venv-ipex).

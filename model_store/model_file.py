@@ -3,6 +3,7 @@
     .venv/bin/python -m model_store.model_file mine /data/my-roberta               # task from config.json
     .venv/bin/python -m model_store.model_file net /data/net.pt2 --task image-classification
     .venv/bin/python -m model_store.model_file ranker /data/ranker.pt2 --task tensor  # JSON numbers
+    .venv/bin/python -m model_store.model_file lm /data/lm --set weights=int8 --set kv_cache=int8
 
 A directory is a Hugging Face Transformers directory (save_pretrained); a file, a torch.export
 program. What the source already says (labels, tokenizer, image preprocessing) is read from it
@@ -35,7 +36,12 @@ def source_of(path: Path) -> SourceKind:
 
 
 def model_document(
-    name: str, source: Path, task: Task | None, samples: Path | None = None, tolerance: float | None = None
+    name: str,
+    source: Path,
+    task: Task | None,
+    samples: Path | None = None,
+    tolerance: float | None = None,
+    settings: dict | None = None,
 ) -> dict:
     if not NAME.fullmatch(name):
         raise SettingsError(f"NAME {name!r} must be lower-case letters, digits, '-' or '_' (it is a URL path)")
@@ -58,6 +64,8 @@ def model_document(
         document["samples"] = str(samples.resolve())
     if tolerance is not None:  # the accuracy guard's limit for this model (handlers/accuracy.py)
         document.setdefault("handler", {})["accuracy_tolerance"] = tolerance
+    if settings:  # the task's handler settings, written now: no build of the archives without them
+        document.setdefault("handler", {}).update(settings)
     parse_model(name, document)  # the file the registry will read: valid before it is written
     return document
 
@@ -69,6 +77,7 @@ def write_model_file(
     force: bool = False,
     samples: Path | None = None,
     tolerance: float | None = None,
+    settings: dict | None = None,
 ) -> Path:
     path = model_file(name)
     if path.exists() and not force:
@@ -76,13 +85,21 @@ def write_model_file(
         raise SettingsError(
             f"{path} already exists ({existing.source.kind.value} {existing.source.location}); pass FORCE=1 to replace it"
         )
-    document = model_document(name, source, task, samples, tolerance)
+    document = model_document(name, source, task, samples, tolerance, settings)
     header = (
         f"# {name}: written by `make model`. Add TorchServe keys (responseTimeout, ...) or a `handler:`\n"
         "# section (handlers/settings.py: max_length, top_k, ...) to override what the source says.\n"
     )
     path.write_text(header + yaml.safe_dump(document, sort_keys=False))
     return path
+
+
+def setting(text: str) -> tuple[str, object]:
+    """KEY=VALUE, the value read as YAML (32, true, [1, 2], continuous) as the model file would hold it."""
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (a handler setting, e.g. prefill_chunk=32)")
+    return key, yaml.safe_load(value)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -95,9 +112,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--tolerance", type=float, default=None, help="the accuracy guard's limit (handlers/accuracy.py TOLERANCES)"
     )
+    parser.add_argument(
+        "--set",
+        type=setting,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a handler setting of the task (handlers/settings.py), written into the file's `handler:`",
+    )
     args = parser.parse_args(argv)
     try:
-        path = write_model_file(args.name, args.source, args.task, args.force, args.samples, args.tolerance)
+        path = write_model_file(
+            args.name, args.source, args.task, args.force, args.samples, args.tolerance, dict(args.set)
+        )
     except SettingsError as error:
         sys.exit(f"[model] ERROR: {error}")
     print(f"[model] wrote {path}: serve it with make serve MODELS={args.name}", flush=True)

@@ -11,7 +11,6 @@ import contextlib
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -37,34 +36,22 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 def made_models(
     root: Path, makers: dict[str, Callable[[Path], Path]], settings: dict[str, dict], variants: tuple[str, ...]
 ) -> Iterator[dict[str, Path]]:
-    """`make model` for each model's source (its eager archive), its `settings` written into its
-    model file's handler, then its `variants` built at once; the models removed after.
-    The sources sit where torch-model-archiver would stage the archive ($TMPDIR/<name>), as a
-    user's `make model NAME=lm SRC=/tmp/lm` does: the builds must leave them alone."""
+    """`make model` for each model's source with its `settings` (SET=) and its `variants`; the
+    models removed after. The sources sit where torch-model-archiver would stage the archive
+    ($TMPDIR/<name>), as a user's `make model NAME=lm SRC=/tmp/lm` does: the builds must leave them alone."""
     made = {name: make(root / name) for name, make in makers.items()}
     environment = {**os.environ, "TMPDIR": str(root)}
     try:
         for name, source in made.items():
-            # The eager archive only: the settings below change every archive's digest, and the
-            # build after them makes all variants once (an OpenVINO export is ~20 s a model).
-            command = ["make", "--no-print-directory", "model", f"NAME={name}", f"SRC={source}", "VARIANTS=eager"]
+            assignments = " ".join(f"{key}={value}" for key, value in settings.get(name, {}).items())
+            command = ["make", "--no-print-directory", "model", f"NAME={name}", f"SRC={source}"]
+            command += [f"VARIANTS={','.join(variants)}", f"SET={assignments}"]
             done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=environment)
             assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-            assert "task: text-generation" in model_file(name).read_text()  # inferred from architectures
             document = yaml.safe_load(model_file(name).read_text())
-            handler = {**(document.get("handler") or {}), **settings.get(name, {})}
-            model_file(name).write_text(yaml.safe_dump({**document, "handler": handler}))
-        build = [
-            sys.executable,
-            "-m",
-            "model_store.build",
-            "--models",
-            ",".join(made),
-            "--variants",
-            ",".join(variants),
-        ]
-        done = subprocess.run(build, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=environment)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            assert document["task"] == "text-generation"  # inferred from architectures
+            handler = document.get("handler", {})
+            assert handler == {**handler, **settings.get(name, {})}
         for source in made.values():
             assert (source / "config.json").is_file(), f"building the archives deleted {source}"
         yield made

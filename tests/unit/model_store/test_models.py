@@ -15,6 +15,7 @@ from kit.layout import Grouping, OmpWaitPolicy
 from kit.models import Medium, Model, SourceKind, Task, model_names, parse_model
 from model_store import huggingface
 from model_store.huggingface import SourceError, derive, guess_task
+from model_store.model_file import main as make_model
 from model_store.model_file import write_model_file
 from tests.conftest import BUNDLED_MODELS
 from tests.hf_models import IMAGE_LABELS, LABELS, distilbert_classifier, gpt2_lm, qwen2_lm, vit_classifier
@@ -103,6 +104,22 @@ def test_make_model_writes_a_file_the_registry_reads(registry, hf_dirs, tmp_path
         write_model_file("My Model", exported, Task.IMAGE_CLASSIFICATION)
     with pytest.raises(SettingsError, match="neither a Hugging Face directory nor a .pt2"):
         write_model_file("x", tmp_path / "weights.bin", Task.IMAGE_CLASSIFICATION)
+
+
+def test_make_models_set_writes_handler_settings_parsed_by_the_task(registry, hf_dirs, capsys):
+    """`make model ... SET="max_length=64 accuracy_tolerance=0.05"`: values read as YAML, checked by
+    the task's settings before the file is written; an unknown key or a word without = is refused."""
+    make_model(["mine", str(hf_dirs["text"]), "--set", "max_length=64", "--set", "accuracy_tolerance=0.05"])
+    assert yaml.safe_load((registry / "mine.yaml").read_text())["handler"] == {
+        "max_length": 64,
+        "accuracy_tolerance": 0.05,
+    }
+    with pytest.raises(SystemExit, match="handler: .*no_such_setting"):
+        make_model(["other", str(hf_dirs["text"]), "--set", "no_such_setting=1"])
+    assert not (registry / "other.yaml").exists()
+    with pytest.raises(SystemExit):
+        make_model(["other", str(hf_dirs["text"]), "--set", "max_length"])
+    assert "'max_length' is not KEY=VALUE" in capsys.readouterr().err
 
 
 def test_a_text_classifier_directory_gives_its_labels_inputs_and_tokenizer(hf_dirs):
