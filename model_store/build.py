@@ -17,6 +17,8 @@ temp directory at every start (half a minute for a 2 GB language model on 2 core
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import filecmp
 import hashlib
 import json
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -234,18 +237,39 @@ def source_stamp(model: Model) -> list[tuple[str, float]]:
     return [(str(f), os.path.getmtime(f)) for f in files if f.is_file()]
 
 
+@contextlib.contextmanager
+def building(out_dir: Path, name: str, label: str) -> Iterator[None]:
+    """One build of an archive at a time, across processes (two `make archive` at once, or CI's
+    builds beside its tests): a second waits, then finds it up to date. The lock is the kernel's
+    (flock): a build that dies releases it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / f".{name}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"{label}: another build of it is running; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def archive(model: Model, variant: Variant) -> Path:
     name = model.name
     target = variant.archive(name)
     out_dir = target.parent
     label = f"{variant.name}/{name}"
+    with building(out_dir, name, label):
+        return built(model, variant, target, label)
+
+
+def built(model: Model, variant: Variant, target: Path, label: str) -> Path:
+    """`target`, built unless its stamp says it is up to date."""
+    name, out_dir = model.name, target.parent
     stamp = out_dir / f".{name}.digest"
     digest = inputs_digest(name, model.file.read_text(), variant.overlay, source_stamp(model))
     if is_archive(target) and stamp.is_file() and stamp.read_text() == digest:
         log(f"{label} is up to date")
         return target
     start = time.perf_counter()
-    out_dir.mkdir(parents=True, exist_ok=True)
     # Stale (or the .mar of an older kit): its space is needed for the new one.
     shutil.rmtree(target, ignore_errors=True)
     target.with_name(f"{name}.mar").unlink(missing_ok=True)

@@ -52,7 +52,11 @@ def remove_model(name: str) -> None:
     model_file(name).unlink(missing_ok=True)
     for archive in STORE.glob(f"*/{name}"):
         shutil.rmtree(archive)
-    for path in [*STORE.glob(f"*/.{name}.digest"), *STORE.glob(f"*/{name}.*footprint.json")]:
+    for path in [
+        *STORE.glob(f"*/.{name}.digest"),
+        *STORE.glob(f"*/.{name}.lock"),
+        *STORE.glob(f"*/{name}.*footprint.json"),
+    ]:
         path.unlink()
 
 

@@ -162,3 +162,27 @@ def test_a_models_archives_share_their_identical_large_files_as_links(tmp_path):
     # A rebuild replaces the directory, never writes in place: the other archive keeps its bytes.
     shutil.rmtree(eager)
     assert (openvino / "model.pt").read_bytes() == weights
+
+
+def test_a_build_of_an_archive_being_built_waits_for_it_and_others_do_not(tmp_path, capsys):
+    """Two builds of one archive at once (two `make archive`, or CI's builds beside its tests) would
+    both write it: the second waits for the first's lock (flock, per open file, so threads show it)."""
+    import threading
+
+    from model_store.build import building
+
+    entered = threading.Event()
+
+    def second() -> None:
+        with building(tmp_path, "m", "eager/m"):
+            entered.set()
+
+    with building(tmp_path, "m", "eager/m"):
+        thread = threading.Thread(target=second)
+        thread.start()
+        assert not entered.wait(0.5), "a second build went ahead while the first held the archive"
+        with building(tmp_path, "other", "eager/other"):  # another archive is not held up
+            pass
+    thread.join(10)
+    assert entered.is_set()
+    assert "[archive] eager/m: another build of it is running; waiting for it" in capsys.readouterr().out
