@@ -141,8 +141,8 @@ bench-lengths: archive
 
 # The archives the end-to-end part serves and checks. No test serves BERT's aoti-int8 (5 min to
 # build): MiniLM's covers a text model on that backend. Those of the models the container part
-# does not serve (test-archives-others: ResNet-50's int8 builds alone take minutes on 2 cores)
-# can be built beside the IPEX and container parts: .ci/run does, at the lowest priority.
+# does not serve (test-archives-others: ResNet-50's int8 builds alone take about 9 min on 2 cores)
+# can be built while it runs: .ci/run does, as its CPUs wait on the image's layers half the time.
 test-archives: test-archives-others
 	@$(PY) -m model_store.build --models minilm --variants eager,inductor,openvino-int8,aoti-int8
 	@$(PY) -m model_store.build --models minilm --variants openvino-bf16 --where-supported
