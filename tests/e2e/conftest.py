@@ -88,8 +88,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def optimized_server(tmp_path_factory) -> Server:
-    # On one CPU: a worker per model. The plan on 2 CPUs has two each, and each compiles its frozen
-    # graphs: 120 against 58 s of busy CPU to READY (/proc/stat, one start each, 2-core AMD EPYC).
+    # On one CPU: a worker per model. The plan on 2 CPUs has two each, and each worker compiles
+    # its own frozen graphs: twice the compile work before READY, for checks that need one.
     # test_batching.py checks the workers of a plan over every CPU, on precompiled archives.
     config = ServeConfig.from_preset("optimized", models=BUNDLED_MODELS, cpus=one_cpu())
     server = start_server(tmp_path_factory.mktemp("optimized"), config)

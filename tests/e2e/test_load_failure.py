@@ -15,7 +15,7 @@ from handlers.backends import bf16_isa, cpu_flags
 from kit.paths import ROOT
 from kit.serve_config import ServeConfig
 from kit.server import ServerError, start_ready
-from model_store.build import pack
+from model_store.layout import pack
 from tests.conftest import TinyCNN, encode_image
 from tests.e2e.conftest import one_cpu
 
