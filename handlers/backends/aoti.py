@@ -153,8 +153,8 @@ def precompile(
     # package is kept when no repair is needed, so the judgement costs no compile of its own; each
     # repair trial is judged compiled in process (as_packaged: the same kernels, one compile less).
     first = next((spec for spec in specs if spec.takes_one), None)
-    judged = {first.path: compiled(model, first)} if first else {}
-    plain = Package(judged[first.path]) if first else as_packaged(model, settings)
+    kept = compiled(model, first) if first else None
+    plain = Package(kept) if kept else as_packaged(model, settings)
     quantizer = Quantizer(
         module_groups(program),
         lambda in_float: quantize_int8(program, calibration, in_float),
@@ -162,8 +162,8 @@ def precompile(
     )
     repaired = repaired_if_needed(model, quantizer, served_validation(validation, settings), progress)
     if repaired is not model:
-        judged = {}  # the first package is of the unrepaired model: compiled again
-    return [judged.get(spec.path) or compiled(repaired, spec) for spec in specs]
+        kept = None  # the first package is of the unrepaired model: compiled again
+    return [kept if kept and spec is first else compiled(repaired, spec) for spec in specs]
 
 
 # The ops PT2E's x86 quantizer runs in int8 (with their weight as the second argument).
