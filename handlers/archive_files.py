@@ -11,3 +11,11 @@ MODEL_CONFIG = "model-config.yaml"  # torch-model-archiver's --config-file: Torc
 def is_archive(path: Path) -> bool:
     """Whether `path` is a built archive (a directory with its manifest), not a stale or partial one."""
     return (path / MANIFEST).is_file()
+
+
+def readable_by_all(directory: Path) -> None:
+    """Every file readable and every directory open to every user: copies keep their sources'
+    modes, and a file saved 0600 (a checkpoint, a whole graph torch saved) would stop the image's
+    non-root workers from reading it."""
+    for path in [directory, *directory.rglob("*")]:
+        path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))

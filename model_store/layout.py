@@ -12,6 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from handlers.archive_files import readable_by_all
 from kit.paths import ROOT
 
 # Files at least this large are looked for in a model's other archives (its weights, its
@@ -76,10 +77,3 @@ def pack(name: str, handler: Path, files: Path, config_file: Path, store: Path) 
     finally:
         shutil.rmtree(export, ignore_errors=True)
     return target
-
-
-def readable_by_all(directory: Path) -> None:
-    """Every file readable and every directory open to every user: the copies keep their sources'
-    modes, and a checkpoint saved 0600 would stop the image's non-root workers from reading it."""
-    for path in [directory, *directory.rglob("*")]:
-        path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))

@@ -18,7 +18,7 @@ BUILDER="${BUILDER:-podman}"
 LOCAL_BASE="localhost/kit-base:bookworm"
 CONTEXT="$ROOT/build/image"
 WHEELS="$ROOT/build/wheels"
-SOURCES=(kit handlers client config requirements scripts/common.sh)
+SOURCES=(kit handlers client config requirements scripts/common.sh model_store/__init__.py model_store/lm_compile.py)
 
 TAG=image
 # shellcheck source=scripts/common.sh

@@ -36,8 +36,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import shutil
-import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -146,10 +146,10 @@ def shipped_dir(model_dir: Path, flags: Iterable[str]) -> Path:
 
 def forward_dir(model_dir: Path, flags: Iterable[str]) -> Path:
     """Where the whole graphs for this CPU are: their saved code is also Python's bytecode, and
-    calls transformers' functions."""
-    versions = (
-        f"{torch.__version__} python {sys.version_info[0]}.{sys.version_info[1]} transformers {transformers_version()}"
-    )
+    calls transformers' functions. torch loads them only under the Python that saved them, to its
+    patch version (an image's Debian Python 3.11.2 refused a build's 3.11.7: "Compile package was
+    created with a different Python version")."""
+    versions = f"{torch.__version__} python {platform.python_version()} transformers {transformers_version()}"
     return Path(model_dir) / DIRECTORY / f"forward-{cpu_key(flags, versions)}"
 
 
@@ -173,9 +173,16 @@ def ship(cache: Path, model_dir: Path, forward: Forward | None) -> tuple[Path, l
     # The precompiled header stays out: ~150 MB, which a machine compiles once in 9 s (2 cores)
     # and keeps in its cache (headers_in_cache).
     # Nor what the build's worker kept for a start of its own (KEPT): the archive has its graphs.
-    shutil.copytree(
-        cache, target, ignore=lambda directory, names: [LOCKS, HEADERS, KEPT] if Path(directory) == cache else []
-    )
+    # Into a shipped directory already there (`make image`: the archive's kernels, graphs for the
+    # image's Python added), only the files it lacks, nothing else touched: the image's layer
+    # then holds only those.
+    target.mkdir(parents=True, exist_ok=True)
+    for source in sorted(cache.rglob("*")):
+        relative = source.relative_to(cache)
+        destination = target / relative
+        if source.is_file() and relative.parts[0] not in (LOCKS, HEADERS, KEPT) and not destination.exists():
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination)
     target.with_suffix(".json").write_text(json.dumps({"built": describe(flags)}))
     saved = [] if forward is None else forward.save(forward_dir(model_dir, flags))
     return target, saved

@@ -57,6 +57,34 @@ def test_whole_graphs_are_named_by_the_cpu_and_by_pythons_and_transformers_versi
     assert here.parent == tmp_path / compiled.DIRECTORY and here != compiled.forward_dir(tmp_path, OTHER)
     monkeypatch.setattr(compiled, "transformers_version", lambda: "0.0.1")
     assert compiled.forward_dir(tmp_path, HERE) != here
+    # torch loads a whole graph only under the Python that saved it, to the patch version.
+    other_transformers = compiled.forward_dir(tmp_path, HERE)
+    monkeypatch.setattr(compiled.platform, "python_version", lambda: "3.11.2")
+    assert compiled.forward_dir(tmp_path, HERE) != other_transformers
+
+
+def test_shipping_into_a_shipped_directory_adds_only_what_it_lacks(tmp_path, cpu):
+    """`make image` runs a worker's start on a built archive and ships again: the archive's files
+    stay as they are (the image's layer holds only the new ones), what the start added is added."""
+    model_dir = tmp_path / "model"
+    shipped, _ = compiled.ship(build_cache(tmp_path), model_dir, None)
+    worker_cache = tmp_path / "worker-cache"
+    compiled.unpack(model_dir, worker_cache)
+    (worker_cache / "fxgraph" / "ab" / "graph").write_bytes(b"rewritten")  # never copied over the archive's
+    (worker_cache / "fxgraph" / "cd").mkdir()
+    (worker_cache / "fxgraph" / "cd" / "graph").write_bytes(b"new graph")
+    before = (shipped / "fxgraph" / "ab" / "graph").stat().st_ino
+    assert compiled.ship(worker_cache, model_dir, None)[0] == shipped
+    assert files(shipped) == {
+        "fxgraph/ab/graph": b"graph",
+        "fxgraph/cd/graph": b"new graph",
+        "x7/kernel.so": b"\x7fELF kernel",
+    }
+    assert (shipped / "fxgraph" / "ab" / "graph").stat().st_ino == before
+    shipped.chmod(0o755)
+    worker_cache.chmod(0o700)  # as a temporary directory is made: its mode is not the archive's
+    compiled.ship(worker_cache, model_dir, None)
+    assert shipped.stat().st_mode & 0o777 == 0o755
 
 
 def test_a_worker_on_the_same_cpu_gets_every_file_the_build_compiled_but_locks_header_and_kept(tmp_path, cpu):
