@@ -96,7 +96,7 @@ FIELDS: dict[Api, dict[str, Field]] = {
         "prompt": read(),
         "logprobs": read(),
         "echo": idle("the prompt is not echoed", False),
-        "best_of": idle("one choice per request is served", 1),
+        "best_of": idle("choices are not drawn and ranked by likelihood (n asks for several)", 1),
         "suffix": idle("a suffix (fill in the middle) is not served"),
     },
     Api.CHAT: {

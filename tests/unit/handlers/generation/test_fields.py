@@ -75,3 +75,9 @@ def test_every_idle_field_says_what_asking_for_more_would_need():
     for fields in FIELDS.values():
         for name, field in fields.items():
             assert field.use in Use and (field.use is not Use.IDLE or field.missing), name
+
+
+def test_best_of_is_refused_pointing_at_n():
+    """n choices are served; best_of asks for more drawn and the likeliest kept, which is not."""
+    with pytest.raises(InvalidInput, match=r"best_of=3 is not served: .*ranked by likelihood \(n asks for several\)"):
+        check(Api.COMPLETIONS, {"best_of": 3, "n": 1})
