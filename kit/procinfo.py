@@ -177,8 +177,12 @@ def ended(process: psutil.Process) -> bool:
         process.wait(0)  # reaps a child of ours, keeping its returncode
         return True
     except psutil.TimeoutExpired:
-        return process.status() == psutil.STATUS_ZOMBIE
+        pass
     except psutil.Error:
+        return True
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:  # it ended between the two looks (a stop in a CI run met this)
         return True
 
 

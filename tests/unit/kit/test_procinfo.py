@@ -8,7 +8,7 @@ import sys
 import psutil
 import pytest
 
-from kit.procinfo import inspect_process, loaded_allocator, terminate
+from kit.procinfo import ended, inspect_process, loaded_allocator, terminate
 from kit.variant import Variant
 
 VENV = Variant.load("inductor").environment  # the main environment, with its allocator links
@@ -91,3 +91,19 @@ def test_terminate_leaves_the_idle_until_the_rest_is_gone():
     finally:
         lingerer.kill()
         worker.kill()
+
+
+def test_a_process_that_ends_between_the_two_looks_has_ended():
+    """Still running when waited on, gone when its status is read: ended, not an error (a stop in a
+    CI run raised NoSuchProcess from there)."""
+
+    class EndsBetween:
+        pid = 123
+
+        def wait(self, timeout):
+            raise psutil.TimeoutExpired(timeout, self.pid)
+
+        def status(self):
+            raise psutil.NoSuchProcess(self.pid)
+
+    assert ended(EndsBetween())
