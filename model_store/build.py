@@ -150,30 +150,24 @@ def compile_language_model(handler_config: dict, staging: Path, label: str) -> N
     the first start on a machine like this one finds its graphs compiled
     (handlers/generation/compiled.py). Judged as the worker judges it: a refusal installs nothing."""
     from handlers.backends import Backend
-    from handlers.backends.inductor import HEADERS, HEADERS_VAR
+    from handlers.backends.inductor import HEADERS
     from handlers.generation.settings import GenerationSettings
     from handlers.typed_config import parse_settings
-    from model_store.lm_compile import REFUSED
+    from model_store.lm_compile import REFUSED, start_command, start_environment
 
     if parse_settings(GenerationSettings, handler_config).backend is not Backend.INDUCTOR:
         return
     name = label.split("/")[-1]
-    command = [sys.executable, "-m", "model_store.lm_compile", str(staging), name, json.dumps(handler_config)]
     log_file = staging.parent / "compile.log"  # beside the staged files: not in the archive
     with tempfile.TemporaryDirectory(prefix="kit-compile-") as cache:
-        environment = {
-            **process_environment(os.environ),
-            "TORCHINDUCTOR_CACHE_DIR": cache,
-            HEADERS_VAR: str(INDUCTOR_CACHE / HEADERS),
-        }
         try:
             lines = long_step.run(
-                command,
+                start_command(staging, name, handler_config),
                 f"{label}: compiling its graphs as a worker's start does",
                 log_file,
                 log,
                 cwd=ROOT,
-                env=environment,
+                env=start_environment(cache, INDUCTOR_CACHE / HEADERS),
             )
         except long_step.StepFailed as failed:
             if failed.returncode == REFUSED:  # the worker's accuracy guard: its reason is its last line

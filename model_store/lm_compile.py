@@ -7,9 +7,8 @@ one of the build's own) and the whole graphs it compiled shipped into STAGING
 `python -m model_store.lm_compile --store DIR`: the same on every inductor language model archive
 under DIR (DIR/<variant>/<model>/) that has no whole graphs for this process's Python, torch,
 transformers and CPU, its graphs added to the archive. `make image` runs it in the image with the
-image's Python: torch loads a whole graph only under the Python that saved it, and without them
-every pod's first start compiled (a Qwen2.5-0.5B-shaped model: READY after 133 s, against 9 s on
-the host that built the archive; 2-core AMD EPYC).
+image's Python: torch loads a whole graph only under the Python that saved it (to the patch
+version), and without them every pod's first start compiles for minutes.
 
 Exit REFUSED (3): the accuracy guard refused the model at its precision, its reason on stderr.
 """
@@ -51,6 +50,20 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def start_command(staging: Path, name: str, settings: dict) -> list[str]:
+    """A worker's start on the staged or archived files `staging`, in a process of its own (main)."""
+    return [sys.executable, "-m", "model_store.lm_compile", str(staging), name, json.dumps(settings)]
+
+
+def start_environment(cache: str, headers: Path) -> dict[str, str]:
+    """The start's environment: the kit's, with Inductor's cache in `cache` (one of its own: what it
+    fills is what is shipped) and the precompiled header at `headers`."""
+    from handlers.backends.inductor import HEADERS_VAR
+    from kit.paths import process_environment
+
+    return {**process_environment(os.environ), "TORCHINDUCTOR_CACHE_DIR": cache, HEADERS_VAR: str(headers)}
+
+
 def without_graphs(store: Path) -> list[Path]:
     """The archives under `store` of language models on Inductor with no whole graphs for this
     process's Python, versions and CPU."""
@@ -82,24 +95,17 @@ def compile_store(store: Path) -> int:
     what it adds to the archive is its whole graphs and the kernels the archive lacked."""
     from handlers.archive import handler_section
     from handlers.archive_files import readable_by_all
-    from handlers.backends.inductor import HEADERS, HEADERS_VAR
+    from handlers.backends.inductor import HEADERS
     from handlers.generation.compiled import DIRECTORY
-    from kit.paths import process_environment
 
     for archive in without_graphs(store):
         label = f"{archive.parent.name}/{archive.name}"
         say(f"{label}: compiling its whole graphs for Python {platform.python_version()}")
         start = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="kit-compile-") as cache:
-            environment = {
-                **process_environment(os.environ),
-                "TORCHINDUCTOR_CACHE_DIR": cache,
-                HEADERS_VAR: str(Path(cache) / HEADERS),  # in the cache thrown away: never shipped
-            }
-            command = [sys.executable, "-m", "model_store.lm_compile", str(archive), archive.name]
             done = subprocess.run(
-                [*command, json.dumps(handler_section(archive))],
-                env=environment,
+                start_command(archive, archive.name, handler_section(archive)),
+                env=start_environment(cache, Path(cache) / HEADERS),  # the header thrown away: never shipped
                 capture_output=True,
                 text=True,
             )
