@@ -329,7 +329,10 @@ class Server:
             try:
                 measured = [measure(pid) for pid in pids]
                 footprint = record(archive, self.config.batch_size, measured, self.sequences_of(model, archive))
-            except OSError as error:  # a worker gone meanwhile, a read-only store: the plan measures later
+            except PermissionError:  # an image's store is read-only to its user: not an error
+                progress(f"[serve] {model}: memory not recorded: {archive.parent} is read-only to this user")
+                continue
+            except OSError as error:  # a worker gone meanwhile: the next start measures
                 progress(f"[serve] {model}: memory not recorded ({error})")
                 continue
             progress(f"[serve] {model} memory: {footprint.summary()}")
