@@ -28,7 +28,7 @@ help:
 	@echo "make stop | status | archive | lint | format | clean | install-ipex"
 	@echo "make test [LEAN=1] = test-unit, test-ipex, test-container, test-e2e in turn (LEAN=1 removes each part's own environment, archives and image after it)"
 	@echo "make image [IMAGE=tag] [IMAGE_VARIANTS=inductor,aoti-int8] [MODELS=minilm] [BASE=image] | image-context (for docker build)"
-	@echo "make image-start [MODELS=...] [ROUNDS=N]   (container start to ready, per cold-start option)"
+	@echo "make image-start [MODELS=...] [ROUNDS=N] [IMAGE_VARIANTS=inductor for a language model]   (container start to ready, per cold-start option)"
 	@echo "make bench [PLAN=quick|default|full|versus] | tune [MODELS=lm STREAMS=16 ITL_MS=150] | soak [SOAK_SECONDS=300] | bench-preprocess"
 	@echo "make bench-steadiness [SECONDS=60]   (whether this machine keeps its speed: measure before you compare)"
 	@echo "make bench-load SRC=hf-dir [DTYPES=float32,bfloat16] [WEIGHTS=packed,int8]   (a language model's load: its peak memory)"

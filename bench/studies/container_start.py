@@ -1,9 +1,12 @@
 """Container start to ready, for each way the image handles Inductor's compile (what
-`make image-start` runs; the image from `make image IMAGE_VARIANTS=inductor,aoti-int8`).
+`make image-start` runs; the image from `make image IMAGE_VARIANTS=inductor,aoti-int8`, or
+`IMAGE_VARIANTS=inductor` for a language model).
 
     .venv/bin/python -m bench.studies.container_start [--models resnet50,bert,minilm] [--rounds 1]
 
-- `inductor, compile at start`: an empty Inductor cache, as a new pod with an emptyDir has.
+- `inductor, empty cache`: an empty Inductor cache, as a new pod with an emptyDir has: a
+  classifier compiles at start; a language model loads the graphs its archive ships (whole
+  graphs for the image's Python, added by `make image`) on a CPU like the build machine's.
 - `inductor, warm cache volume`: the cache the first start filled, mounted again, as a pod
   with a persistent volume at /opt/kit/.cache has after the first start on that CPU type.
 - `aoti-int8, precompiled`: AOTInductor packages built with the image (`make archive`) for the
@@ -41,7 +44,7 @@ DEADLINE_S = 1800
 # In this order, every start with the same cache volume: the first fills the Inductor cache the
 # second finds warm; the precompiled packages do not use it.
 OPTIONS = {
-    "inductor, compile at start": "inductor",
+    "inductor, empty cache": "inductor",
     "inductor, warm cache volume": "inductor",
     "aoti-int8, precompiled": "aoti-int8",
 }
@@ -132,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     options = {name: variant for name, variant in OPTIONS.items() if variant in present}
     skipped = sorted(set(OPTIONS) - set(options))
     if skipped:
-        print(f"[start] {args.image} lacks the archives of {skipped}: make image IMAGE_VARIANTS=inductor,aoti-int8")
+        print(
+            f"[start] skipped {skipped}: {args.image} has no such archives (a language model has no"
+            " aoti-int8; for a classifier: make image IMAGE_VARIANTS=inductor,aoti-int8)"
+        )
     env = RunEnvironment.capture()
     out = RESULTS / f"container-start-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
