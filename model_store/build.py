@@ -73,7 +73,12 @@ def merged_config(base: dict, overlay: dict) -> dict:
 
 def inputs_digest(*parts: object) -> str:
     digest = hashlib.sha256()
-    for path in sorted([*(ROOT / "handlers").rglob("*.py"), *(ROOT / "model_store").glob("*.py")]):
+    sources = [
+        *(ROOT / "handlers").rglob("*.py"),
+        *(ROOT / "handlers").rglob("*.cpp"),
+        *(ROOT / "model_store").glob("*.py"),
+    ]
+    for path in sorted(sources):
         digest.update(path.read_bytes())
     for part in parts:
         digest.update(json.dumps(part, sort_keys=True, default=str).encode())

@@ -27,28 +27,37 @@ from torch import nn
 from handlers.generation.file_embedding import FileEmbedding, read_embedding_from_file
 from handlers.generation.file_pages import FilePages
 from handlers.generation.linears import OpaqueLinear
-from handlers.generation.packed_linear import can_pack, pack_linears
+from handlers.generation.packed_linear import Packed, can_pack, pack_linears
 from handlers.generation.quantized import int8_weights
+from handlers.generation.row_linear import row_kernels_for, row_linears
 
 
 def served_form(model: nn.Module, model_dir: Path, dtype: torch.dtype, int8: bool) -> list[str]:
-    """The model, in place, as it serves in `dtype`: its linear layers on int8 weights or packed
-    (converted a layer at a time as their kernels are made: linears.py), its input embedding read
+    """The model, in place, as it serves in `dtype`: its linear layers on their kernels (`kernels`;
+    converted a layer at a time as their kernels are made: linears.py), its input embedding read
     from the checkpoint's file (file_embedding.py), the rest converted, nothing left that maps the
     file; what was done, in words for the log."""
-    if int8:
-        said = [f"{int8_weights(model, dtype)} linear layers on int8 weights"]
-    elif can_pack():
-        # Also in float32: a packed weight sums its products in another order than F.linear's,
-        # as compiled code does; the greedy answers the tests compare stay transformers'.
-        said = [f"{pack_linears(model, dtype)} linear layers on prepacked weights"]
-    else:
-        said = []
+    said = [words] if (words := kernels(model, dtype, int8)) else []
     if (kept := read_embedding_from_file(model, model_dir, dtype)) is not None:
         said.append(f"the input embedding is held in memory: {kept}")
     converted(model, dtype)
     own_memory(model)
     return said
+
+
+def kernels(model: nn.Module, dtype: torch.dtype, int8: bool) -> str:
+    """The model's linear layers, in place, on the kernels this CPU serves `dtype` with: int8
+    weights, the kit's row kernels (row_linear.py: where they read faster than oneDNN), or oneDNN's
+    packed weights; what was done, in words ("" where this torch has no oneDNN)."""
+    if int8:
+        return f"{int8_weights(model, dtype)} linear layers on int8 weights"
+    if not can_pack():
+        return ""
+    if row_kernels_for(dtype):
+        return f"{row_linears(model, dtype, Packed.of)} linear layers on the kit's row kernels"
+    # Also in float32: a packed weight sums its products in another order than F.linear's, as
+    # compiled code does; the greedy answers the tests compare stay transformers'.
+    return f"{pack_linears(model, dtype)} linear layers on prepacked weights"
 
 
 def converted(model: nn.Module, dtype: torch.dtype) -> nn.Module:

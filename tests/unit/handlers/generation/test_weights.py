@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from bench.example_models import qwen2
 from handlers.generation.packed_linear import can_pack, pack_linears
-from handlers.generation.weights import converted, own_memory, served_form, weight_parts
+from handlers.generation.weights import converted, kernels, own_memory, served_form, weight_parts
 from handlers.loaders import causal_lm_as_saved
 from kit.paths import ROOT
 from tests.hf_models import qwen2_lm
@@ -77,11 +77,11 @@ def test_a_bf16_checkpoint_as_served_in_float32_answers_as_transformers_float32_
     AutoModelForCausalLM.from_pretrained(directory).to(torch.bfloat16).save_pretrained(bf16)
     model = causal_lm_as_saved(bf16)
     assert model.dtype == torch.bfloat16
-    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
-    assert served_form(model, bf16, torch.float32, int8=False) == [f"{linears} linear layers on prepacked weights"]
-    assert not mapped(bf16 / "model.safetensors")  # the embedding's rows are read, not mapped
     twin = AutoModelForCausalLM.from_pretrained(bf16, dtype=torch.float32).eval()
-    pack_linears(twin)
+    said = kernels(twin, torch.float32, int8=False)  # the kernels this CPU serves float32 on
+    assert said.startswith(f"{sum(type(m) is torch.nn.Linear for m in model.modules())} linear layers on ")
+    assert served_form(model, bf16, torch.float32, int8=False) == [said]
+    assert not mapped(bf16 / "model.safetensors")  # the embedding's rows are read, not mapped
     ids = torch.tensor([[3, 14, 15, 92, 65]])
     with torch.inference_mode():
         assert torch.equal(model(input_ids=ids).logits, twin(input_ids=ids).logits)

@@ -1,0 +1,173 @@
+"""A language model's linear layers on the kit's own kernels for a few rows (row_kernels.cpp).
+
+    if row_kernels_for(torch.bfloat16):                             # this CPU, this dtype, the library built
+        count = row_linears(model, torch.bfloat16, Packed.of)       # before torch.compile; a shape they
+                                                                    # do not take on the fallback's kernel
+    .venv/bin/python -m handlers.generation.row_linear              # build it now (the image does)
+
+A decode step's time is its weights' bytes read from memory. oneDNN's packed product
+(packed_linear.py) read them at 0.6-0.8 of a plain read's rate for one to sixteen rows; these
+kernels read at a plain read's rate for one row and stay ahead up to 16, level at 64 and 256 (a
+prompt's part). Qwen2.5-0.5B's 96 projections of 24 layers, 2 threads, in one process, medians of
+7 rounds on a 2-core AMD EPYC (AVX-512 BF16, no AMX): bf16 one row 23.0 against 33.6 ms, 4 rows
+24.5 against 32.7, 16 rows 41.3 against 48.4, 64 rows 120 against 122; float32 one row 44.8
+against 61.0, 16 rows 73.2 against 79.7, 256 rows 883 against 877. Served, `make bench-decode`
+measures a decode step (docs/generation.md). The weight is held once, in the kernels' layout,
+for every row count: no second copy for prompts.
+
+Where AMX multiplies bf16 (oneDNN's tiles compute many rows several times faster than any AVX-512
+loop) and on CPUs without AVX-512, the layers stay on oneDNN's packed weights.
+
+The library is compiled from its C++ source once per source, torch and compiler (11 s on the
+2-core EPYC) into the kit's kernel directory (KERNELS_VAR: .cache/kernels for every process the
+kit starts, a directory of the image's own in the image) and loaded from there; where it cannot
+be built, the layers stay on oneDNN and the log says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from handlers.backends import cpu_flags
+from handlers.generation.linears import Kernel, replace_linears
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("row_kernels.cpp")
+KERNELS_VAR = "KIT_KERNELS_DIR"
+FLAGS = ["-O3", "-fopenmp"]  # at::parallel_for is OpenMP's, inlined from torch's headers (torch's libgomp)
+LANES = 16  # output channels a block holds (row_kernels.cpp)
+# The instructions each dtype's kernel needs, and which CPUs keep oneDNN for it.
+NEEDS = {torch.float32: frozenset({"avx512f"}), torch.bfloat16: frozenset({"avx512f", "avx512bw", "avx512_bf16"})}
+KEEPS_ONEDNN = {torch.float32: frozenset(), torch.bfloat16: frozenset({"amx_bf16"})}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    weight: torch.Tensor  # [N/16][K][16] float32 or [N/16][K/2][16][2] bfloat16: row_kernels.cpp
+    bias: torch.Tensor | None
+    out_features: int
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> Rows:
+        bias = None if linear.bias is None else linear.bias.detach().clone()  # not a view of the checkpoint
+        return cls(torch.ops.kit_rows.pack(linear.weight.detach()), bias, linear.out_features)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return _linear()(x, self.weight, self.bias)
+
+
+def fits(linear: nn.Linear) -> bool:
+    """Whether the kernels take this layer's shape: outputs in blocks of 16, bf16 inputs in pairs."""
+    pairs = 2 if linear.weight.dtype == torch.bfloat16 else 1
+    return linear.out_features % LANES == 0 and linear.in_features % pairs == 0
+
+
+def row_kernels_for(dtype: torch.dtype, flags: frozenset[str] | None = None) -> bool:
+    """Whether this CPU's linear layers in `dtype` go to the kit's kernels (and the library loads)."""
+    flags = cpu_flags() if flags is None else flags
+    if dtype not in NEEDS or not NEEDS[dtype] <= flags or KEEPS_ONEDNN[dtype] & flags:
+        return False
+    return library() is not None
+
+
+def row_linears(model: nn.Module, dtype: torch.dtype, fallback: Callable[[nn.Linear], Kernel]) -> int:
+    """Every nn.Linear of the model on the kit's kernels in `dtype`, a layer they do not fit on
+    `fallback`'s kernel (packed_linear.Packed.of); how many there were."""
+    return replace_linears(model, lambda linear: Rows.of(linear) if fits(linear) else fallback(linear), dtype)
+
+
+@functools.cache
+def _linear() -> torch._ops.OpOverload:
+    """The overload resolved once, as packed_linear's: a decode step calls it for every layer."""
+    return torch.ops.kit_rows.linear.default
+
+
+@functools.cache
+def library() -> Path | None:
+    """The compiled library, loaded into this process; None (and why, in the log) if it cannot be."""
+    try:
+        path = kernels_dir() / f"kit_rows-{digest()}.so"
+        if not path.is_file():
+            build(path)
+        torch.ops.load_library(str(path))
+        return path
+    except Exception as error:  # no compiler, a read-only directory, a torch without headers
+        log.warning("the kit's row kernels are not available (%s): linear layers stay on oneDNN", error)
+        return None
+
+
+def kernels_dir() -> Path:
+    return Path(os.environ.get(KERNELS_VAR) or Path(tempfile.gettempdir()) / "kit-kernels")
+
+
+def digest() -> str:
+    """What the library depends on: its source, torch (headers and ABI), the flags, the compiler."""
+    parts = [SOURCE.read_bytes(), torch.__version__.encode(), " ".join(FLAGS).encode(), compiler().encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def compiler() -> str:
+    return shutil.which(os.environ.get("CXX", "c++")) or os.environ.get("CXX", "c++")
+
+
+def build(path: Path) -> None:
+    """Compiled into a file of its own, then renamed into place: workers starting together each
+    build, and the last rename wins with the same bytes. The compiler is called as torch's
+    cpp_extension would call it, without its ninja (not in every environment the kit serves from)."""
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    staging = path.with_name(f".build-{os.getpid()}-{path.name}")
+    command = [
+        compiler(),
+        *FLAGS,
+        "-shared",
+        "-fPIC",
+        "-std=c++20",
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        *(f"-I{p}" for p in include_paths()),
+        str(SOURCE),
+        "-o",
+        str(staging),
+        *(f"-L{p}" for p in library_paths()),
+        "-lc10",
+        "-ltorch_cpu",
+    ]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"compiling {SOURCE.name} failed: {(done.stderr or done.stdout).strip()[-600:]}")
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)
+    log.info("built the kit's row kernels in %.0f s: %s", time.monotonic() - started, path)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="[kernels] %(message)s")
+    path = library()
+    if path is None:
+        print("[kernels] not built (the warning above says why): language models' linear layers stay on oneDNN")
+        return 1
+    print(f"[kernels] {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

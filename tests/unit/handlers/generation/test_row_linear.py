@@ -1,0 +1,115 @@
+"""handlers/generation/row_linear.py (and row_kernels.cpp): the kit's kernels for a few rows give
+F.linear's products, a model on them answers as on its plain weights, and a CPU or a machine they do
+not suit keeps oneDNN."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from handlers.backends import cpu_flags
+from handlers.generation import row_linear
+from handlers.generation.linears import OpaqueLinear
+from handlers.generation.packed_linear import Packed
+from handlers.generation.row_linear import NEEDS, Rows, fits, row_kernels_for, row_linears
+from tests.hf_models import qwen2_lm
+
+
+def on_this_cpu(dtype: torch.dtype):
+    missing = sorted(NEEDS[dtype] - cpu_flags())
+    return pytest.param(dtype, marks=pytest.mark.skipif(bool(missing), reason=f"this CPU lacks {missing}"))
+
+
+DTYPES = [on_this_cpu(torch.float32), on_this_cpu(torch.bfloat16)]
+
+
+@pytest.fixture
+def built():
+    """The library, built (once per kernel directory) and loaded, or the test skipped saying why."""
+    if row_linear.library() is None:
+        pytest.skip("the row kernels could not be built here (the warning above says why)")
+
+
+def bound(dtype: torch.dtype, exact: torch.Tensor) -> float:
+    # float32: another summation order, a few units in the 6th digit. bfloat16: the products are
+    # summed in float32 (as oneDNN's are) and the output rounded once to bf16's 8 bits.
+    return (1e-5 if dtype == torch.float32 else 2.0**-8) * exact.abs().max().item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 40])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_rows_give_f_linears_products(dtype, rows, bias, built):
+    torch.manual_seed(rows)
+    # 80 outputs: five blocks of sixteen, so every tile's last block is a part one for some row count
+    linear = nn.Linear(96, 80, bias=bias).to(dtype)
+    x = torch.randn(2, rows, 96, dtype=dtype)
+    got = Rows.of(linear)(x)
+    exact = nn.functional.linear(x.float(), linear.weight.float(), None if not bias else linear.bias.float())
+    assert got.shape == (2, rows, 80) and got.dtype == dtype
+    assert (got.float() - exact).abs().max().item() <= bound(dtype, exact)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+def test_a_model_on_rows_gives_the_plain_models_logits_eager_and_compiled(dtype, tmp_path, built):
+    plain = AutoModelForCausalLM.from_pretrained(qwen2_lm(tmp_path)).eval().to(dtype)
+    linears = [m for m in plain.modules() if type(m) is nn.Linear]
+    model = copy.deepcopy(plain)
+    assert row_linears(model, dtype, Packed.of) == len(linears)
+    kernels = [m.kernel for m in model.modules() if isinstance(m, OpaqueLinear)]
+    assert sum(isinstance(k, Rows) for k in kernels) == sum(fits(m) for m in linears) > 0
+    assert all(isinstance(k, Packed) for k in kernels if not isinstance(k, Rows))
+    ids = torch.randint(0, plain.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        exact = copy.deepcopy(plain).float()(input_ids=ids).logits
+        expected = plain(input_ids=ids).logits.float()
+        for run in (lambda m: m(input_ids=ids), lambda m: torch.compile(m.forward, dynamic=True)(input_ids=ids)):
+            got = run(model).logits.float()
+            # as close to the float32 model as the plain model in this dtype is (bf16: 2 layers'
+            # roundings, in another order; a margin of a quarter)
+            assert (got - exact).abs().max() <= max(1.25 * (expected - exact).abs().max(), bound(dtype, exact))
+            assert torch.equal(got.argmax(-1), expected.argmax(-1))
+
+
+def test_shapes_the_kernels_do_not_take_are_not_theirs():
+    assert fits(nn.Linear(64, 32))
+    assert not fits(nn.Linear(64, 24))  # outputs not in blocks of 16
+    assert fits(nn.Linear(63, 32))  # float32 takes inputs one at a time
+    assert not fits(nn.Linear(63, 32).to(torch.bfloat16))  # bf16 in pairs
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype", "expected"),
+    [
+        ({"avx512f", "avx512bw", "avx512_bf16"}, torch.bfloat16, True),
+        ({"avx512f", "avx512bw", "avx512_bf16", "amx_bf16"}, torch.bfloat16, False),  # AMX: oneDNN's tiles
+        ({"avx512f", "avx512bw", "avx512_bf16", "amx_bf16"}, torch.float32, True),
+        ({"avx2", "fma"}, torch.float32, False),
+        ({"avx512f", "avx512bw"}, torch.bfloat16, False),
+        ({"avx512f"}, torch.float16, False),
+    ],
+)
+def test_which_cpus_take_the_kernels(flags, dtype, expected, monkeypatch):
+    monkeypatch.setattr(row_linear, "library", lambda: "loaded")
+    assert row_kernels_for(dtype, frozenset(flags)) is expected
+
+
+def test_a_library_that_cannot_be_built_leaves_onednn_and_says_why(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(row_linear.KERNELS_VAR, str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a compiler that fails
+    with caplog.at_level(logging.WARNING, logger=row_linear.__name__):
+        assert row_linear.library.__wrapped__() is None
+    assert "not available" in caplog.text and "row_kernels.cpp failed" in caplog.text
+    assert not list(tmp_path.glob("*.so")) and not list(tmp_path.glob(".build-*"))
+
+
+def test_the_kernels_directory_is_the_one_the_kit_sets():
+    from kit.paths import KERNELS, KERNELS_VAR, process_environment
+
+    assert KERNELS_VAR == row_linear.KERNELS_VAR
+    assert process_environment({})[KERNELS_VAR] == str(KERNELS)
