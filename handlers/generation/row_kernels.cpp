@@ -94,6 +94,23 @@ void f32_tiles(const float* x, const float* packed, const float* bias, float* y,
   }
 }
 
+// Blocks [nb0, nb1) in tiles NB wide, the remainder in narrower ones: a tile wider than what is left
+// would compute blocks again only to drop them (on a machine with many threads a thread's range can
+// be one or two blocks: at 16 rows, where the arithmetic bounds the step, that cost 1.5x).
+template <typename T, int MT, int NB>
+void span(const T* x, const T* packed, const T* bias, T* y, int64_t M, int64_t K, int64_t N, int64_t nb0,
+          int64_t nb1) {
+  const int64_t whole = nb0 + (nb1 - nb0) / NB * NB;
+  if (whole > nb0) {
+    if constexpr (std::is_same_v<T, float>)
+      f32_tiles<MT, NB>(x, packed, bias, y, M, K, N, nb0, whole);
+    else
+      bf16_tiles<MT, NB>(x, packed, bias, y, M, K, N, nb0, whole);
+  }
+  if constexpr (NB > 1)
+    if (whole < nb1) span<T, MT, NB - 1>(x, packed, bias, y, M, K, N, whole, nb1);
+}
+
 // Each thread a contiguous range of output blocks (at::parallel_for: torch's threads, as set for
 // the worker), so every weight byte is read once whatever the rows.
 template <typename T, int MT, int NB>
@@ -103,12 +120,7 @@ void tiles(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at
   const T* wp = packed.const_data_ptr<T>();
   const T* bp = bias.has_value() ? bias->const_data_ptr<T>() : nullptr;
   T* yp = y.data_ptr<T>();
-  at::parallel_for(0, N / LANES, 1, [&](int64_t nb0, int64_t nb1) {
-    if constexpr (std::is_same_v<T, float>)
-      f32_tiles<MT, NB>(xp, wp, bp, yp, M, K, N, nb0, nb1);
-    else
-      bf16_tiles<MT, NB>(xp, wp, bp, yp, M, K, N, nb0, nb1);
-  });
+  at::parallel_for(0, N / LANES, 1, [&](int64_t nb0, int64_t nb1) { span<T, MT, NB>(xp, wp, bp, yp, M, K, N, nb0, nb1); });
 }
 
 // Tiles by rows: one row reads eight blocks at once (eight lines in flight); more rows share each

@@ -44,15 +44,34 @@ def bound(dtype: torch.dtype, exact: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 40])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-def test_rows_give_f_linears_products(dtype, rows, bias, built):
+@pytest.mark.parametrize("outputs", [16, 80, 400])  # 1, 5 and 25 blocks of sixteen
+def test_rows_give_f_linears_products(dtype, rows, bias, outputs, built):
     torch.manual_seed(rows)
-    # 80 outputs: five blocks of sixteen, so every tile's last block is a part one for some row count
-    linear = nn.Linear(96, 80, bias=bias).to(dtype)
+    linear = nn.Linear(96, outputs, bias=bias).to(dtype)
     x = torch.randn(2, rows, 96, dtype=dtype)
     got = Rows.of(linear)(x)
     exact = nn.functional.linear(x.float(), linear.weight.float(), None if not bias else linear.bias.float())
-    assert got.shape == (2, rows, 80) and got.dtype == dtype
+    assert got.shape == (2, rows, outputs) and got.dtype == dtype
     assert (got.float() - exact).abs().max().item() <= bound(dtype, exact)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows", [1, 16])
+def test_any_count_of_threads_gives_the_same_bits(dtype, rows, built):
+    """Each output is one sum over the inputs in order, whichever thread and tile width computes
+    it: a thread's range of blocks narrower than a tile (many threads, few outputs) changes nothing."""
+    torch.manual_seed(0)
+    kernel = Rows.of(nn.Linear(64, 400).to(dtype))  # 25 blocks
+    x = torch.randn(rows, 64, dtype=dtype)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for count in (1, 2, 3, 7, 25):
+            torch.set_num_threads(count)
+            results.append(kernel(x))
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(result, results[0]) for result in results)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
