@@ -18,7 +18,8 @@ left out, said why. PEERS=none leaves the kit's rows alone. Several model files 
 directory with other handler settings, e.g. `prefill_chunk`) are each a kit row of their own, in
 the same rounds; the peers serve the first one's directory. Every server runs at once;
 each round measures every row at every concurrency, in a rotated order, with the same workload
-(bench/generate/streams.py): a mix of prompt and answer lengths, greedy, every answer its full length.
+(bench/generate/workloads.py, streams.py): prompts of 20, 80 and 300 of the model's tokens, answers
+of 32 and 64, greedy, every answer its full length.
 The report gives medians over the rounds and their spread: output tokens/s, time to first token
 and inter-token latency (p50, p99), and each kit row against each peer's at its precision.
 """
@@ -32,15 +33,14 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from bench.generate.memory import PeakPss
 from bench.generate.streams import Ask, StreamStats, measure_streams
 from bench.generate.systems import FLOAT32, INDUCTOR, KIT, KIT_VARIANTS, PEERS, System, kit_system, kit_variants, log
+from bench.generate.workloads import WORKLOADS, tokenizer_of
 from bench.results import RESULTS, RunEnvironment
 from bench.studies import steadiness
-from handlers.calibration import SENTENCES
 from kit.models import Model, Task
 from kit.paths import ROOT
 from kit.server import ServerError
@@ -50,44 +50,6 @@ WARMUP_S = 10
 # The machine's own speed, idle, this long before the rounds and after them (bench/studies/steadiness.py):
 # a shared VM's host can slow it several-fold for seconds, and the report says whether it did.
 STEADY_S = 10
-# Prompts of about 20, 80 and 300 tokens, answers of 32 and 64: chat turns to RAG answers. A row
-# lasts until its last answer ends, and an unbatched peer writes 16 answers at once slowly.
-PROMPT_SENTENCES = (2, 8, 30)
-ANSWER_TOKENS = (32, 64)
-
-
-# Structured output's workload: the same prompts and lengths, each answer a JSON string the grammar
-# masks token by token, longer than any answer may be (so it runs to max_tokens as free text does
-# under ignore_eos, and the rows differ by the masks' cost alone).
-SCHEMA = {"type": "string", "minLength": 4000}
-# Prompt lookup's copy-heavy workload: an edit, whose answer is mostly its prompt's text again.
-EDIT = "Correct the spelling in the text below and write the whole text out again.\n\nText: {}\n\nCorrected text:"
-EDIT_SENTENCES = (8, 30)
-
-
-def workload(schema: dict | None = None) -> list[Ask]:
-    """Free text (or, with `schema`, JSON following it): a mix of prompt and answer lengths."""
-    asks = []
-    for index, sentences in enumerate(PROMPT_SENTENCES):
-        prompt = " ".join(SENTENCES[(index + i) % len(SENTENCES)] for i in range(sentences))
-        asks += [Ask(prompt, tokens, schema) for tokens in ANSWER_TOKENS]
-    return asks
-
-
-def edits() -> list[Ask]:
-    """Edits of 8 and 30 sentences, each answer as long as the longest free-text answer."""
-    return [
-        Ask(EDIT.format(" ".join(SENTENCES[(index + i) % len(SENTENCES)] for i in range(sentences))), ANSWER_TOKENS[-1])
-        for index, sentences in enumerate(EDIT_SENTENCES)
-    ]
-
-
-# The kit's rows measure each workload asked; the peers, text.
-WORKLOADS: dict[str, Callable[[], list[Ask]]] = {
-    "text": workload,
-    "json_schema": lambda: workload(SCHEMA),
-    "copy": edits,
-}
 
 
 def median_stats(runs: list[StreamStats], peak_pss: list[int]) -> dict:
@@ -179,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"ERROR: PLAN=generate measures text-generation models, not {', '.join(others)}")
         return 2
     model = models[0]  # the peers serve its directory
+    tokenizer = tokenizer_of(model)  # the workloads' lengths are in its tokens
     peers = [peer for peer in args.peers.split(",") if peer and peer != NO_PEERS]
     if unknown := sorted(set(peers) - set(PEERS)):
         log(f"ERROR: no peer {unknown}; PEERS= takes {', '.join(PEERS)}")
@@ -237,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         measured += [
             (
                 system if kind == "text" else dataclasses.replace(system, name=f"{system.name} {kind}"),
-                WORKLOADS[kind](),
+                WORKLOADS[kind](tokenizer),
             )
             for system in systems
             for kind in (workloads if system.server == KIT else ["text"])

@@ -35,9 +35,10 @@ from pathlib import Path
 
 import yaml
 
-from bench.generate.run import WARMUP_S, WORKLOADS
+from bench.generate.run import WARMUP_S
 from bench.generate.streams import StreamStats, measure_streams
 from bench.generate.systems import KIT_VARIANTS, completions_url, kit_variants
+from bench.generate.workloads import WORKLOADS, tokenizer_of
 from bench.tune import save_preset
 from kit.layout import PlanError
 from kit.models import Model
@@ -63,7 +64,7 @@ class Tuning:
     seconds: float = 30  # per candidate and round
     itl_ms: float = 0  # the inter-token latency p50 the choice must meet; 0: none
     lookup: int = 4  # prompt lookup's drafted tokens tried on the winner; 0: not tried
-    workload: str = "text"  # the traffic measured (bench/generate/run.py's WORKLOADS): text, copy, ...
+    workload: str = "text"  # the traffic measured (bench/generate/workloads.py): text, copy, ...
 
     def __post_init__(self) -> None:
         if self.streams < 1 or self.rounds < 1 or self.seconds <= 0 or self.itl_ms < 0 or self.lookup < 0:
@@ -197,7 +198,7 @@ def measure_once(model: Model, entry: Measured, tuning: Tuning, run_dir: Path) -
     try:
         entry.served = server.layout.models[model.name].sequences
         url = completions_url(server, model.name)
-        asks = WORKLOADS[tuning.workload]()
+        asks = WORKLOADS[tuning.workload](tokenizer_of(model))
         log(
             f"{entry.candidate.name}: started in {time.monotonic() - started:.0f} s, {entry.served} sequences; measuring"
         )
