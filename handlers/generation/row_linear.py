@@ -1,7 +1,7 @@
 """A language model's linear layers on the kit's own kernels for a few rows (row_kernels.cpp).
 
-    if row_kernels_for(torch.bfloat16):                             # this CPU, this dtype, the library built
-        count = row_linears(model, torch.bfloat16, Packed.of)       # before torch.compile; a shape they
+    if (isa := row_kernels_for(torch.bfloat16)) is not None:        # this CPU, this dtype, the library built
+        count = row_linears(model, torch.bfloat16, isa, Packed.of)  # before torch.compile; a shape they
                                                                     # do not take on the fallback's kernel
     .venv/bin/python -m handlers.generation.row_linear              # build it now (the image does)
 
@@ -16,7 +16,10 @@ measures a decode step (docs/generation.md). The weight is held once, in the ker
 for every row count: no second copy for prompts.
 
 Where AMX multiplies bf16 (oneDNN's tiles compute many rows several times faster than any AVX-512
-loop) and on CPUs without AVX-512, the layers stay on oneDNN's packed weights.
+loop) the layers stay on oneDNN's packed weights. On CPUs with AVX2 but not AVX-512 (EPYCs before
+Zen 4) float32 runs on the same layout with 256-bit kernels (bf16 is not served there): on the same
+EPYC with oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2; not measured on an AVX2-only CPU), one row
+53 against 77 ms, 16 rows 76 against 102, 256 rows 865 against 909.
 
 The library is compiled from its C++ source once per source, torch and compiler (11 s on the
 2-core EPYC) into the kit's kernel directory (KERNELS_VAR: .cache/kernels for every process the
@@ -27,6 +30,7 @@ be built, the layers stay on oneDNN and the log says why.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import hashlib
 import logging
@@ -51,8 +55,20 @@ SOURCE = Path(__file__).with_name("row_kernels.cpp")
 KERNELS_VAR = "KIT_KERNELS_DIR"
 FLAGS = ["-O3", "-fopenmp"]  # at::parallel_for is OpenMP's, inlined from torch's headers (torch's libgomp)
 LANES = 16  # output channels a block holds (row_kernels.cpp)
-# The instructions each dtype's kernel needs, and which CPUs keep oneDNN for it.
-NEEDS = {torch.float32: frozenset({"avx512f"}), torch.bfloat16: frozenset({"avx512f", "avx512bw", "avx512_bf16"})}
+
+
+class Isa(enum.IntEnum):
+    """The instruction set a kernel runs on (row_kernels.cpp's `Isa`, by number)."""
+
+    AVX512 = 1
+    AVX2 = 2
+
+
+# Each dtype's kernels, the first whose instructions the CPU has taken, and which CPUs keep oneDNN.
+NEEDS: dict[torch.dtype, tuple[tuple[Isa, frozenset[str]], ...]] = {
+    torch.float32: ((Isa.AVX512, frozenset({"avx512f"})), (Isa.AVX2, frozenset({"avx2", "fma"}))),
+    torch.bfloat16: ((Isa.AVX512, frozenset({"avx512f", "avx512bw", "avx512_bf16"})),),
+}
 KEEPS_ONEDNN = {torch.float32: frozenset(), torch.bfloat16: frozenset({"amx_bf16"})}
 
 
@@ -61,14 +77,15 @@ class Rows:
     weight: torch.Tensor  # [N/16][K][16] float32 or [N/16][K/2][16][2] bfloat16: row_kernels.cpp
     bias: torch.Tensor | None
     out_features: int
+    isa: Isa
 
     @classmethod
-    def of(cls, linear: nn.Linear) -> Rows:
+    def of(cls, linear: nn.Linear, isa: Isa) -> Rows:
         bias = None if linear.bias is None else linear.bias.detach().clone()  # not a view of the checkpoint
-        return cls(torch.ops.kit_rows.pack(linear.weight.detach()), bias, linear.out_features)
+        return cls(torch.ops.kit_rows.pack(linear.weight.detach()), bias, linear.out_features, isa)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear()(x, self.weight, self.bias)
+        return _linear()(x, self.weight, self.bias, self.isa.value)
 
 
 def fits(linear: nn.Linear) -> bool:
@@ -77,18 +94,20 @@ def fits(linear: nn.Linear) -> bool:
     return linear.out_features % LANES == 0 and linear.in_features % pairs == 0
 
 
-def row_kernels_for(dtype: torch.dtype, flags: frozenset[str] | None = None) -> bool:
-    """Whether this CPU's linear layers in `dtype` go to the kit's kernels (and the library loads)."""
+def row_kernels_for(dtype: torch.dtype, flags: frozenset[str] | None = None) -> Isa | None:
+    """The instruction set this CPU's linear layers in `dtype` run on with the kit's kernels; None
+    where they stay on oneDNN (or the library does not load)."""
     flags = cpu_flags() if flags is None else flags
-    if dtype not in NEEDS or not NEEDS[dtype] <= flags or KEEPS_ONEDNN[dtype] & flags:
-        return False
-    return library() is not None
+    if dtype not in NEEDS or KEEPS_ONEDNN[dtype] & flags:
+        return None
+    isa = next((isa for isa, needs in NEEDS[dtype] if needs <= flags), None)
+    return isa if isa is not None and library() is not None else None
 
 
-def row_linears(model: nn.Module, dtype: torch.dtype, fallback: Callable[[nn.Linear], Kernel]) -> int:
-    """Every nn.Linear of the model on the kit's kernels in `dtype`, a layer they do not fit on
-    `fallback`'s kernel (packed_linear.Packed.of); how many there were."""
-    return replace_linears(model, lambda linear: Rows.of(linear) if fits(linear) else fallback(linear), dtype)
+def row_linears(model: nn.Module, dtype: torch.dtype, isa: Isa, fallback: Callable[[nn.Linear], Kernel]) -> int:
+    """Every nn.Linear of the model on the kit's kernels in `dtype` on `isa`, a layer they do not
+    fit on `fallback`'s kernel (packed_linear.Packed.of); how many there were."""
+    return replace_linears(model, lambda linear: Rows.of(linear, isa) if fits(linear) else fallback(linear), dtype)
 
 
 @functools.cache

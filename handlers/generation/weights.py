@@ -53,8 +53,8 @@ def kernels(model: nn.Module, dtype: torch.dtype, int8: bool) -> str:
         return f"{int8_weights(model, dtype)} linear layers on int8 weights"
     if not can_pack():
         return ""
-    if row_kernels_for(dtype):
-        return f"{row_linears(model, dtype, Packed.of)} linear layers on the kit's row kernels"
+    if (isa := row_kernels_for(dtype)) is not None:
+        return f"{row_linears(model, dtype, isa, Packed.of)} linear layers on the kit's row kernels ({isa.name})"
     # Also in float32: a packed weight sums its products in another order than F.linear's, as
     # compiled code does; the greedy answers the tests compare stay transformers'.
     return f"{pack_linears(model, dtype)} linear layers on prepacked weights"

@@ -16,16 +16,23 @@ from handlers.backends import cpu_flags
 from handlers.generation import row_linear
 from handlers.generation.linears import OpaqueLinear
 from handlers.generation.packed_linear import Packed
-from handlers.generation.row_linear import NEEDS, Rows, fits, row_kernels_for, row_linears
+from handlers.generation.row_linear import NEEDS, Isa, Rows, fits, row_kernels_for, row_linears
 from tests.hf_models import qwen2_lm
 
 
-def on_this_cpu(dtype: torch.dtype):
-    missing = sorted(NEEDS[dtype] - cpu_flags())
-    return pytest.param(dtype, marks=pytest.mark.skipif(bool(missing), reason=f"this CPU lacks {missing}"))
+def on_this_cpu(dtype: torch.dtype, isa: Isa):
+    missing = sorted(dict(NEEDS[dtype])[isa] - cpu_flags())
+    return pytest.param(
+        dtype,
+        isa,
+        id=f"{str(dtype).removeprefix('torch.')}-{isa.name}",
+        marks=pytest.mark.skipif(bool(missing), reason=f"this CPU lacks {missing}"),
+    )
 
 
-DTYPES = [on_this_cpu(torch.float32), on_this_cpu(torch.bfloat16)]
+# Every kernel this CPU can run, whichever row_kernels_for would choose for it (an AVX-512 CPU runs
+# AVX2's too).
+KERNELS = [on_this_cpu(dtype, isa) for dtype, choices in NEEDS.items() for isa, _ in choices]
 
 
 @pytest.fixture
@@ -41,27 +48,27 @@ def bound(dtype: torch.dtype, exact: torch.Tensor) -> float:
     return (1e-5 if dtype == torch.float32 else 2.0**-8) * exact.abs().max().item()
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("dtype", "isa"), KERNELS)
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 40])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("outputs", [16, 80, 400])  # 1, 5 and 25 blocks of sixteen
-def test_rows_give_f_linears_products(dtype, rows, bias, outputs, built):
+def test_rows_give_f_linears_products(dtype, isa, rows, bias, outputs, built):
     torch.manual_seed(rows)
     linear = nn.Linear(96, outputs, bias=bias).to(dtype)
     x = torch.randn(2, rows, 96, dtype=dtype)
-    got = Rows.of(linear)(x)
+    got = Rows.of(linear, isa)(x)
     exact = nn.functional.linear(x.float(), linear.weight.float(), None if not bias else linear.bias.float())
     assert got.shape == (2, rows, outputs) and got.dtype == dtype
     assert (got.float() - exact).abs().max().item() <= bound(dtype, exact)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("dtype", "isa"), KERNELS)
 @pytest.mark.parametrize("rows", [1, 16])
-def test_any_count_of_threads_gives_the_same_bits(dtype, rows, built):
+def test_any_count_of_threads_gives_the_same_bits(dtype, isa, rows, built):
     """Each output is one sum over the inputs in order, whichever thread and tile width computes
     it: a thread's range of blocks narrower than a tile (many threads, few outputs) changes nothing."""
     torch.manual_seed(0)
-    kernel = Rows.of(nn.Linear(64, 400).to(dtype))  # 25 blocks
+    kernel = Rows.of(nn.Linear(64, 400).to(dtype), isa)  # 25 blocks
     x = torch.randn(rows, 64, dtype=dtype)
     threads = torch.get_num_threads()
     try:
@@ -74,14 +81,14 @@ def test_any_count_of_threads_gives_the_same_bits(dtype, rows, built):
     assert all(torch.equal(result, results[0]) for result in results)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
-def test_a_model_on_rows_gives_the_plain_models_logits_eager_and_compiled(dtype, tmp_path, built):
+@pytest.mark.parametrize(("dtype", "isa"), KERNELS)
+def test_a_model_on_rows_gives_the_plain_models_logits_eager_and_compiled(dtype, isa, tmp_path, built):
     plain = AutoModelForCausalLM.from_pretrained(qwen2_lm(tmp_path)).eval().to(dtype)
     linears = [m for m in plain.modules() if type(m) is nn.Linear]
     model = copy.deepcopy(plain)
-    assert row_linears(model, dtype, Packed.of) == len(linears)
+    assert row_linears(model, dtype, isa, Packed.of) == len(linears)
     kernels = [m.kernel for m in model.modules() if isinstance(m, OpaqueLinear)]
-    assert sum(isinstance(k, Rows) for k in kernels) == sum(fits(m) for m in linears) > 0
+    assert sum(isinstance(k, Rows) and k.isa is isa for k in kernels) == sum(fits(m) for m in linears) > 0
     assert all(isinstance(k, Packed) for k in kernels if not isinstance(k, Rows))
     ids = torch.randint(0, plain.config.vocab_size, (3, 9), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
@@ -105,17 +112,25 @@ def test_shapes_the_kernels_do_not_take_are_not_theirs():
 @pytest.mark.parametrize(
     ("flags", "dtype", "expected"),
     [
-        ({"avx512f", "avx512bw", "avx512_bf16"}, torch.bfloat16, True),
-        ({"avx512f", "avx512bw", "avx512_bf16", "amx_bf16"}, torch.bfloat16, False),  # AMX: oneDNN's tiles
-        ({"avx512f", "avx512bw", "avx512_bf16", "amx_bf16"}, torch.float32, True),
-        ({"avx2", "fma"}, torch.float32, False),
-        ({"avx512f", "avx512bw"}, torch.bfloat16, False),
-        ({"avx512f"}, torch.float16, False),
+        ({"avx2", "fma", "avx512f", "avx512bw", "avx512_bf16"}, torch.bfloat16, Isa.AVX512),
+        ({"avx512f", "avx512bw", "avx512_bf16", "amx_bf16"}, torch.bfloat16, None),  # AMX: oneDNN's tiles
+        ({"avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_bf16"}, torch.float32, Isa.AVX512),
+        ({"avx2", "fma"}, torch.float32, Isa.AVX2),  # EPYCs before Zen 4
+        ({"avx2", "fma"}, torch.bfloat16, None),
+        ({"avx2"}, torch.float32, None),  # no FMA
+        ({"avx512f", "avx512bw"}, torch.bfloat16, None),
+        ({"avx512f"}, torch.float16, None),
     ],
 )
 def test_which_cpus_take_the_kernels(flags, dtype, expected, monkeypatch):
     monkeypatch.setattr(row_linear, "library", lambda: "loaded")
     assert row_kernels_for(dtype, frozenset(flags)) is expected
+
+
+def test_a_kernel_asked_of_an_instruction_set_it_lacks_is_refused_by_name(built):
+    linear = nn.Linear(32, 16).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="no kernel for instruction set 2 in BFloat16"):
+        Rows.of(linear, Isa.AVX2)(torch.randn(1, 32, dtype=torch.bfloat16))
 
 
 def test_a_library_that_cannot_be_built_leaves_onednn_and_says_why(tmp_path, monkeypatch, caplog):
