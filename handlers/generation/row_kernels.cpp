@@ -97,7 +97,7 @@ void f32_tiles(const float* x, const float* packed, const float* bias, float* y,
 
 // float32 on AVX2 and FMA: the same layout, each block's line read as two 256-bit halves, and
 // sixteen registers for MT x NB x 2 sums, the weights and a broadcast (a weight used by one row
-// only is read by the FMA itself).
+// only is read by the FMA itself). Written out as float32's is, for the same reason: its target.
 template <int MT, int NB>
 __attribute__((target("avx2,fma")))
 void f32_tiles_avx2(const float* x, const float* packed, const float* bias, float* y, int64_t M, int64_t K,
