@@ -182,7 +182,7 @@ def ended(process: psutil.Process) -> bool:
         return True
     try:
         return process.status() == psutil.STATUS_ZOMBIE
-    except psutil.Error:  # it ended between the two looks (a stop in a CI run met this)
+    except psutil.Error:  # it ended between the two looks: a stop reaps it at any moment
         return True
 
 

@@ -50,7 +50,7 @@ def memory_cgroup(name: str) -> tuple[Path, str]:
 
 # A cgroup a name each: a stopped server's processes can outlive its stop() by a moment, and the
 # rmdir of a cgroup that still holds one fails; the next test's cgroup of the same name then
-# existed, and that test was skipped (a fresh-clone CI run at dc5cdab skipped the OOM test so).
+# existed, and that test was skipped.
 CGROUPS = itertools.count()
 EMPTIED_S = 30
 
