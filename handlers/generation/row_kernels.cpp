@@ -7,12 +7,17 @@
 // 64-byte line per instruction, broadcasts each input (pair) and accumulates sixteen outputs a
 // register, no horizontal sums: it reads at the rate a plain read does. On CPUs without AVX-512
 // (EPYCs before Zen 4) float32 runs on AVX2: a block's sixteen outputs in two 256-bit registers.
+// Where AMX multiplies bf16, many rows run on its tiles from the same layout: a block's K/2 lines of
+// sixteen pairs are exactly the B operand a tile multiply takes (sixteen lines of 64 bytes a tile).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 
 namespace {
 
@@ -135,6 +140,97 @@ void f32_tiles_avx2(const float* x, const float* packed, const float* bias, floa
   }
 }
 
+// AMX: Linux hands a process the tiles' 8 KB of state only when asked (arch_prctl), once.
+constexpr int ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+bool tiles_permitted() {
+  static const bool permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  return permitted;
+}
+
+constexpr int64_t TILE_K = 32;  // inputs a tile multiply takes: sixteen pairs, a 64-byte line of a row
+
+// The tile configuration (palette 1): tiles 0-3 the sums of two row tiles by two blocks, 4-5 the
+// row tiles (up to sixteen rows of 32 inputs), 6-7 two blocks' weights (sixteen lines of pairs).
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+__attribute__((target("amx-tile")))
+void configure(int rows0, int rows1) {  // rows of the first and second row tile (0: none)
+  TileConfig c;
+  const int rows[2] = {rows0, rows1};
+  for (int t = 0; t < 4; ++t) c.rows[t] = rows[t / 2] > 0 ? rows[t / 2] : 1, c.colsb[t] = LANES * 4;
+  for (int t = 4; t < 6; ++t) c.rows[t] = rows[t - 4] > 0 ? rows[t - 4] : 1, c.colsb[t] = TILE_K * 2;
+  for (int t = 6; t < 8; ++t) c.rows[t] = TILE_K / 2, c.colsb[t] = LANES * 4;
+  _tile_loadconfig(&c);
+}
+
+// One 16 x 16 float32 sum, plus the bias, rounded into rows [m0, m0 + rows) of y's block at n.
+__attribute__((target("avx512f,avx512bw,avx512bf16")))
+void store_sums(const float* sums, const at::BFloat16* bias, at::BFloat16* y, int64_t N, int64_t m0, int rows,
+                int64_t n) {
+  __m512 b = _mm512_setzero_ps();
+  if (bias != nullptr)
+    b = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bias + n))), 16));
+  for (int m = 0; m < rows; ++m)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + m) * N + n),
+                        (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(sums + m * LANES), b)));
+}
+
+// Blocks [nb0, nb1) two at a time, all rows 32 at a time under each pair: a pair's weights
+// (2 x 16 x K pairs) stay in L2 while every row passes over them, so each weight byte comes from
+// memory once. K a multiple of 32 (the caller checks).
+__attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512bf16")))
+void amx_bf16_tiles(const at::BFloat16* x, const at::BFloat16* packed, const at::BFloat16* bias, at::BFloat16* y,
+                    int64_t M, int64_t K, int64_t N, int64_t nb0, int64_t nb1) {
+  alignas(64) float sums[4][LANES * LANES];
+  const int64_t stride = K * 2, block = K * LANES;  // bytes between rows of x; elements in a block
+  int configured[2] = {-1, -1};
+  for (int64_t nb = nb0; nb < nb1; nb += 2) {
+    const bool pair = nb + 1 < nb1;
+    const at::BFloat16* w0 = packed + nb * block;
+    const at::BFloat16* w1 = pair ? w0 + block : w0;  // an odd block: its sums computed twice, one kept
+    for (int64_t m0 = 0; m0 < M; m0 += 2 * LANES) {
+      const int rows0 = static_cast<int>(std::min<int64_t>(LANES, M - m0));
+      const int rows1 = static_cast<int>(std::clamp<int64_t>(M - m0 - LANES, 0, LANES));
+      if (rows0 != configured[0] || rows1 != configured[1]) {
+        configure(rows0, rows1);
+        configured[0] = rows0, configured[1] = rows1;
+      }
+      const at::BFloat16* x0 = x + m0 * K;
+      const at::BFloat16* x1 = rows1 > 0 ? x0 + LANES * K : x0;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t k = 0; k < K; k += TILE_K) {
+        _tile_loadd(4, x0 + k, stride);
+        _tile_loadd(5, x1 + k, stride);
+        _tile_loadd(6, w0 + k * LANES, LANES * 4);
+        _tile_loadd(7, w1 + k * LANES, LANES * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, sums[0], LANES * 4);
+      _tile_stored(1, sums[1], LANES * 4);
+      _tile_stored(2, sums[2], LANES * 4);
+      _tile_stored(3, sums[3], LANES * 4);
+      store_sums(sums[0], bias, y, N, m0, rows0, nb * LANES);
+      if (pair) store_sums(sums[1], bias, y, N, m0, rows0, (nb + 1) * LANES);
+      if (rows1 > 0) {
+        store_sums(sums[2], bias, y, N, m0 + LANES, rows1, nb * LANES);
+        if (pair) store_sums(sums[3], bias, y, N, m0 + LANES, rows1, (nb + 1) * LANES);
+      }
+    }
+  }
+  _tile_release();
+}
+
 // The tile loops as types span and tiles take: the element type and the instruction set.
 struct Bf16Avx512 {
   using T = at::BFloat16;
@@ -207,8 +303,25 @@ void by_rows<F32Avx2>(const at::Tensor& x, const at::Tensor& packed, const c10::
   else tiles<F32Avx2, 3, 2>(x, packed, bias, y);
 }
 
+// Many rows of bf16 on AMX's tiles: each thread a contiguous range of block pairs.
+void amx_rows(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, at::Tensor& y) {
+  using T = at::BFloat16;
+  const int64_t M = x.size(0), K = x.size(1), N = y.size(1), blocks = N / LANES;
+  const T* xp = x.const_data_ptr<T>();
+  const T* wp = packed.const_data_ptr<T>();
+  const T* bp = bias.has_value() ? bias->const_data_ptr<T>() : nullptr;
+  T* yp = y.data_ptr<T>();
+  at::parallel_for(0, (blocks + 1) / 2, 1, [&](int64_t p0, int64_t p1) {
+    amx_bf16_tiles(xp, wp, bp, yp, M, K, N, 2 * p0, std::min(2 * p1, blocks));
+  });
+}
+
 // The instruction set a call runs on, as row_linear.py's Isa numbers it.
-enum class Isa : int64_t { AVX512 = 1, AVX2 = 2 };
+enum class Isa : int64_t { AVX512 = 1, AVX2 = 2, AMX = 3 };
+
+// From this many rows AMX's tiles compute a step faster than AVX-512's dot products (level at four,
+// 2x at eight); below, a tile's sixteen rows are mostly empty and the dot products read faster.
+constexpr int64_t AMX_ROWS = 4;
 
 int64_t pairs_of(const at::ScalarType dtype) { return dtype == at::kBFloat16 ? 2 : 1; }
 
@@ -226,7 +339,8 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::
                   int64_t isa) {
   const auto dtype = packed.scalar_type();
   TORCH_CHECK(input.scalar_type() == dtype, "kit_rows.linear: input ", input.scalar_type(), ", weights ", dtype);
-  TORCH_CHECK(isa == static_cast<int64_t>(Isa::AVX512) || (isa == static_cast<int64_t>(Isa::AVX2) && dtype == at::kFloat),
+  const bool avx2 = isa == static_cast<int64_t>(Isa::AVX2), amx = isa == static_cast<int64_t>(Isa::AMX);
+  TORCH_CHECK(isa == static_cast<int64_t>(Isa::AVX512) || (avx2 && dtype == at::kFloat) || (amx && dtype == at::kBFloat16),
               "kit_rows.linear: no kernel for instruction set ", isa, " in ", dtype);
   const int64_t K = packed.size(1) * packed.size(3), N = packed.size(0) * LANES;
   TORCH_CHECK(input.size(-1) == K, "kit_rows.linear: input of ", input.size(-1), " features, weights of ", K);
@@ -234,9 +348,11 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::
   at::Tensor y = at::empty({x.size(0), N}, x.options());
   const c10::optional<at::Tensor> b = bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous()) : bias;
   if (x.size(0) > 0) {
-    if (dtype == at::kBFloat16)
+    if (amx && x.size(0) >= AMX_ROWS && K % TILE_K == 0 && tiles_permitted())
+      amx_rows(x, packed, b, y);
+    else if (dtype == at::kBFloat16)
       by_rows<Bf16Avx512>(x, packed, b, y);
-    else if (isa == static_cast<int64_t>(Isa::AVX2))
+    else if (avx2)
       by_rows<F32Avx2>(x, packed, b, y);
     else
       by_rows<F32Avx512>(x, packed, b, y);

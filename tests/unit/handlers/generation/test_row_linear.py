@@ -52,10 +52,11 @@ def bound(dtype: torch.dtype, exact: torch.Tensor) -> float:
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 40])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("outputs", [16, 80, 400])  # 1, 5 and 25 blocks of sixteen
-def test_rows_give_f_linears_products(dtype, isa, rows, bias, outputs, built):
+@pytest.mark.parametrize("inputs", [96, 40])  # AMX's tiles take 32 at a time: 40 stays on AVX-512
+def test_rows_give_f_linears_products(dtype, isa, rows, bias, outputs, inputs, built):
     torch.manual_seed(rows)
-    linear = nn.Linear(96, outputs, bias=bias).to(dtype)
-    x = torch.randn(2, rows, 96, dtype=dtype)
+    linear = nn.Linear(inputs, outputs, bias=bias).to(dtype)
+    x = torch.randn(2, rows, inputs, dtype=dtype)
     got = Rows.of(linear, isa)(x)
     exact = nn.functional.linear(x.float(), linear.weight.float(), None if not bias else linear.bias.float())
     assert got.shape == (2, rows, outputs) and got.dtype == dtype
@@ -113,7 +114,8 @@ def test_shapes_the_kernels_do_not_take_are_not_theirs():
     ("flags", "dtype", "expected"),
     [
         ({"avx2", "fma", "avx512f", "avx512bw", "avx512_bf16"}, torch.bfloat16, Isa.AVX512),
-        ({"avx512f", "avx512bw", "avx512_bf16", "amx_bf16"}, torch.bfloat16, None),  # AMX: oneDNN's tiles
+        ({"avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"}, torch.bfloat16, Isa.AMX),
+        ({"avx512f", "avx512bw", "avx512_bf16", "amx_bf16"}, torch.bfloat16, Isa.AVX512),  # no tiles
         ({"avx2", "fma", "avx512f", "avx512bw", "avx512_bf16", "amx_bf16"}, torch.float32, Isa.AVX512),
         ({"avx2", "fma"}, torch.float32, Isa.AVX2),  # EPYCs before Zen 4
         ({"avx2", "fma"}, torch.bfloat16, None),
