@@ -6,8 +6,8 @@ this machine's step times where the settings ask for it (`prefill_chunk: null`).
 
 A step that computes a prompt's part beside the decode rows takes a decode step's time and the
 part's: every stream in flight waits for it, so the part sets the inter-token latency's tail.
-The chunk is the most prompt tokens that keep such a step within STEP_BUDGET decode steps: the
-default 256 made a 16-stream step on 2 cores ten times a decode step (ITL p99 972 against p50
+The chunk is the most prompt tokens that keep such a step within STEP_BUDGET decode steps:
+chunks of 256 made a 16-stream step on 2 cores ten times a decode step (ITL p99 972 against p50
 102 ms), where a 64-core server computes 256 tokens in a fraction of one. Not the default: on
 those 2 cores, saturated, the chunk it chose (64) left prompts in their slots for more steps, so
 fewer rows decoded in each: in one run, rounds in turns, 0.77 times the tokens a second, 1.6

@@ -1,7 +1,7 @@
 """Continuous batching on a torch model: every sequence in flight advances a token a step; new ones join between steps.
 
     engine = Engine(model, decode=tokenizer.decode, eos={2}, slots=16, context=2048, dtype=torch.float32,
-                    prefill_chunk=256, kv_positions=4 * 2048)
+                    prefill_chunk=128, kv_positions=4 * 2048)
     sequence = engine.submit(Generation(prompt_ids, max_new_tokens=64, sampling=Sampling()), sink, key="r1")
     engine.run_forever()           # in a thread of its own (handlers/text_generation.py)
     engine.cancel("r1")            # the client went away: its slot is free at the next step

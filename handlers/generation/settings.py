@@ -83,10 +83,12 @@ class GenerationSettings(OptimizationSettings):
     max_waiting: int = 64
     # Prompt tokens a step computes at most beside the sequences decoding (chunked prefill): a
     # long prompt, or many at once, then delays every stream by this many tokens' compute a step,
-    # not by all of them. 0: each prompt whole as it is admitted. null: the most that keep such a
-    # step within 3 decode steps, timed at warm-up (handlers/generation/chunking.py; OpenVINO's
-    # pipeline: 256): a shorter inter-token tail for fewer tokens a second on a small machine.
-    prefill_chunk: int | None = 256
+    # not by all of them. 128 kept 16 streams' inter-token p99 within 4x its median on 2 cores
+    # (256: 5.6-8x) for as many tokens a second (docs/generation.md, "Chunks of 128"). 0: each
+    # prompt whole as it is admitted. null: the most that keep such a step within 3 decode steps,
+    # timed at warm-up (handlers/generation/chunking.py; OpenVINO's pipeline: 256): a shorter
+    # inter-token tail for fewer tokens a second on a small machine.
+    prefill_chunk: int | None = 128
     # A prompt that begins with blocks of tokens another request left in the cache (a shared
     # system prompt, a conversation's earlier turns) computes only the rest (prefix caching).
     prefix_caching: bool = True

@@ -38,8 +38,8 @@ def test_a_preset_serves_scheduling_settings_over_the_archives_and_nothing_it_wa
         GenerationSettings.served_over(section, {"context_length": 64, "dtype": "bfloat16"})
 
 
-@pytest.mark.parametrize(("given", "chunk"), [({}, 256), ({"prefill_chunk": None}, None), ({"prefill_chunk": 0}, 0)])
-def test_a_prefill_chunk_is_256_by_default_null_to_measure_it_0_for_whole_prompts(given, chunk):
+@pytest.mark.parametrize(("given", "chunk"), [({}, 128), ({"prefill_chunk": None}, None), ({"prefill_chunk": 0}, 0)])
+def test_a_prefill_chunk_is_128_by_default_null_to_measure_it_0_for_whole_prompts(given, chunk):
     assert parse_settings(GenerationSettings, given).prefill_chunk == chunk
 
 
