@@ -35,12 +35,14 @@ _LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 class FilePages:
     def __init__(self, maps: str | None = None):
         self.ranges: list[tuple[int, int]] = []  # [start, end) of every mapping of a file
+        self.paths: list[str] = []  # the file each range maps
         for line in (Path("/proc/self/maps").read_text() if maps is None else maps).splitlines():
-            fields = line.split()
+            fields = line.split(maxsplit=5)
             # address perms offset device inode path: a file's has an inode and an absolute path
             if len(fields) >= 6 and fields[4] != "0" and fields[5].startswith("/"):
                 start, end = (int(a, 16) for a in fields[0].split("-"))
                 self.ranges.append((start, end))
+                self.paths.append(fields[5])
 
     def of_file(self, start: int, end: int) -> bool:
         return any(low <= start and end <= high for low, high in self.ranges)
@@ -59,6 +61,18 @@ class FilePages:
         if _LIBC.madvise(first, last - first, mmap.MADV_DONTNEED) != 0:
             raise OSError(ctypes.get_errno(), "madvise(MADV_DONTNEED) of a checkpoint's pages")
         return last - first
+
+    def release_file(self, path: Path) -> int:
+        """Every mapping of the file let go, as `release` lets a tensor's pages go; the bytes
+        released. For a library that maps a file and compiles copies of what it reads (OpenVINO's
+        CPU plugin, an IR's weights): pages it reads again come back from the file as used."""
+        released = 0
+        for (first, last), mapped in zip(self.ranges, self.paths, strict=True):
+            if mapped == str(path.resolve()) and not written(first, last):
+                if _LIBC.madvise(first, last - first, mmap.MADV_DONTNEED) != 0:
+                    raise OSError(ctypes.get_errno(), f"madvise(MADV_DONTNEED) of {path}'s pages")
+                released += last - first
+        return released
 
 
 def written(first: int, last: int) -> bool:

@@ -1,6 +1,6 @@
 """handlers/generation/file_pages.py: a tensor's pages that map a file leave the process's
 memory (the mapping's Rss in /proc/self/smaps) and read the same afterwards; a tensor written
-in place and the process's own memory are never released; packing a checkpoint's model lets its pages go weight by weight."""
+in place and the process's own memory are never released; packing a checkpoint's model lets its pages go weight by weight; a file's every mapping is released by its path."""
 
 from __future__ import annotations
 
@@ -24,6 +24,19 @@ def test_a_files_pages_are_released_and_read_the_same_again(tmp_path):
     assert released >= 4 * (1 << 20) - 2 * 4096  # all but the partial pages at its ends
     assert resident_kb(path) <= 8
     assert float(mapped.sum()) == total  # read again from the file
+
+
+def test_a_files_every_mapping_is_released_by_its_path_and_other_files_keep_theirs(tmp_path):
+    # As OpenVINO's plugin maps an IR's weights (shared, read-only) and compiles copies of them.
+    path, other = tmp_path / "openvino_model.bin", tmp_path / "other.bin"
+    for file in (path, other):
+        np.arange(1 << 20, dtype=np.float32).tofile(file)
+    mapped = [np.memmap(file, dtype=np.float32, mode="r") for file in (path, path, other)]
+    totals = [float(m.sum()) for m in mapped]  # every page read: resident
+    assert resident_kb(path) >= 4000 and resident_kb(other) >= 4000
+    assert FilePages().release_file(path) == 2 * 4 * (1 << 20)  # both of its mappings
+    assert resident_kb(path) <= 8 and resident_kb(other) >= 4000
+    assert [float(m.sum()) for m in mapped] == totals  # read again from the file
 
 
 def test_a_tensor_written_after_it_was_mapped_keeps_its_pages_and_its_values(tmp_path):
@@ -69,6 +82,7 @@ def test_only_mappings_of_a_file_count():
     )
     pages = FilePages(maps)
     assert pages.ranges == [(0x7F0000000000, 0x7F0000100000)]
+    assert pages.paths == ["/models/lm/model.safetensors"]
     assert pages.of_file(0x7F0000001000, 0x7F0000002000) and not pages.of_file(0x7F0000101000, 0x7F0000102000)
 
 
