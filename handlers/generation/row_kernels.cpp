@@ -23,6 +23,13 @@ namespace {
 
 constexpr int64_t LANES = 16;  // output channels a 512-bit register of float32 sums holds
 
+// Sixteen bf16 biases from n as float32 (the bits moved to the upper half); zeros without a bias.
+__attribute__((target("avx512f,avx512bw"))) inline __m512 widened(const at::BFloat16* bias, int64_t n) {
+  if (bias == nullptr) return _mm512_setzero_ps();
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bias + n))), 16));
+}
+
 // MT rows of x times NB blocks of sixteen outputs, accumulated in MT x NB registers (at most 24,
 // with NB weights and a broadcast: 28 of the 32): for blocks [nb0, nb1) of the output.
 template <int MT, int NB>
@@ -53,10 +60,7 @@ void bf16_tiles(const at::BFloat16* x, const at::BFloat16* packed, const at::BFl
       }
       for (int j = 0; j < blocks; ++j) {
         const int64_t n = (nb + j) * LANES;
-        __m512 b = _mm512_setzero_ps();
-        if (bias != nullptr)  // bf16 to float32: the bits moved to the upper half
-          b = _mm512_castsi512_ps(_mm512_slli_epi32(
-              _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bias + n))), 16));
+        const __m512 b = widened(bias, n);
         for (int m = 0; m < rows; ++m)
           _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + m) * N + n),
                               (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[m][j], b)));
@@ -140,7 +144,8 @@ void f32_tiles_avx2(const float* x, const float* packed, const float* bias, floa
   }
 }
 
-// AMX: Linux hands a process the tiles' 8 KB of state only when asked (arch_prctl), once.
+// AMX: Linux hands a process the tiles' 8 KB of state only when asked (arch_prctl), once. A kernel
+// (or a container's seccomp) may refuse: the tiles are then never used, and row_linear.py says so.
 constexpr int ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
 bool tiles_permitted() {
   static const bool permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
@@ -171,10 +176,7 @@ void configure(int rows0, int rows1) {  // rows of the first and second row tile
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 void store_sums(const float* sums, const at::BFloat16* bias, at::BFloat16* y, int64_t N, int64_t m0, int rows,
                 int64_t n) {
-  __m512 b = _mm512_setzero_ps();
-  if (bias != nullptr)
-    b = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bias + n))), 16));
+  const __m512 b = widened(bias, n);
   for (int m = 0; m < rows; ++m)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + m) * N + n),
                         (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(sums + m * LANES), b)));
@@ -367,4 +369,5 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::
 TORCH_LIBRARY(kit_rows, m) {
   m.def("pack(Tensor weight) -> Tensor", &pack);
   m.def("linear(Tensor input, Tensor packed, Tensor? bias, int isa) -> Tensor", &linear);
+  m.def("tiles_permitted() -> bool", &tiles_permitted);
 }

@@ -107,8 +107,21 @@ def row_kernels_for(dtype: torch.dtype, flags: frozenset[str] | None = None) -> 
     """The instruction set this CPU's linear layers in `dtype` run on with the kit's kernels; None
     where they stay on oneDNN (or the library does not load)."""
     flags = cpu_flags() if flags is None else flags
-    isa = next((isa for isa, needs in NEEDS.get(dtype, ()) if needs <= flags), None)
-    return isa if isa is not None and library() is not None else None
+    offered = [isa for isa, needs in NEEDS.get(dtype, ()) if needs <= flags]
+    if not offered or library() is None:
+        return None
+    return next((isa for isa in offered if granted(isa)), None)
+
+
+def granted(isa: Isa) -> bool:
+    """Whether this process may run `isa`: Linux hands out AMX's tile state only when asked, and a
+    kernel or a container's seccomp may refuse (the next instruction set then serves, said here)."""
+    if isa is not Isa.AMX:
+        return True
+    if torch.ops.kit_rows.tiles_permitted():
+        return True
+    log.warning("the CPU has AMX but Linux refused this process its tiles (arch_prctl): bf16 rows on AVX-512")
+    return False
 
 
 def row_linears(model: nn.Module, dtype: torch.dtype, isa: Isa, fallback: Callable[[nn.Linear], Kernel]) -> int:

@@ -126,7 +126,22 @@ def test_shapes_the_kernels_do_not_take_are_not_theirs():
 )
 def test_which_cpus_take_the_kernels(flags, dtype, expected, monkeypatch):
     monkeypatch.setattr(row_linear, "library", lambda: "loaded")
+    monkeypatch.setattr(row_linear, "granted", lambda isa: True)
     assert row_kernels_for(dtype, frozenset(flags)) is expected
+
+
+def test_amx_refused_by_linux_serves_bf16_on_avx512_and_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(row_linear, "library", lambda: "loaded")
+    monkeypatch.setattr(torch.ops.kit_rows, "tiles_permitted", lambda: False, raising=False)
+    amx = frozenset({"avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"})
+    with caplog.at_level(logging.WARNING, logger=row_linear.__name__):
+        assert row_kernels_for(torch.bfloat16, amx) is Isa.AVX512
+    assert "refused this process its tiles" in caplog.text
+
+
+def test_linux_grants_the_tiles_exactly_where_the_cpu_has_them(built):
+    # arch_prctl(ARCH_REQ_XCOMP_PERM) is refused where the CPU has no AMX (Linux 5.16+ on x86-64)
+    assert torch.ops.kit_rows.tiles_permitted() == ("amx_tile" in cpu_flags())
 
 
 def test_a_kernel_asked_of_an_instruction_set_it_lacks_is_refused_by_name(built):
