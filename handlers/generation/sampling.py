@@ -29,6 +29,25 @@ BIAS_LIMIT = 100.0  # OpenAI's logit_bias range, either side of 0
 MAX_BIASES = 300  # OpenAI's limit on logit_bias entries
 
 
+ARGMAX_CHUNK = 1024
+
+
+def first_argmax(logits: torch.Tensor) -> int:
+    """`int(logits.argmax())` of a [vocab] row, ties and NaNs alike (the first largest, a NaN the
+    largest). aten's argmax keeps an index per element and is not vectorized (130 us over a
+    152K-token vocabulary on a Zen 4 EPYC: 2 ms of a 16-stream decode step); a max is (14 us). So
+    the largest of each chunk first, then the index within the first chunk holding the largest:
+    41 us."""
+    whole = logits.numel() // ARGMAX_CHUNK * ARGMAX_CHUNK
+    if whole == 0:
+        return int(logits.argmax())
+    maxima = logits[:whole].reshape(-1, ARGMAX_CHUNK).amax(-1)
+    if whole < logits.numel():
+        maxima = torch.cat((maxima, logits[whole:].amax().unsqueeze(0)))
+    start = int(maxima.argmax()) * ARGMAX_CHUNK
+    return start + int(logits[start : start + ARGMAX_CHUNK].argmax())
+
+
 def number(body: Mapping[str, Any], name: str, default: float, low: float, high: float) -> float:
     value = body.get(name)
     if value is None:
@@ -125,7 +144,7 @@ class Sampling:
         if self.adjusts:
             logits = self.adjusted(logits, prompt, tokens)
         if self.greedy:
-            return int(logits.argmax())
+            return first_argmax(logits)
         scores = logits / self.temperature
         if 0 < self.top_k < scores.shape[-1]:
             kth = torch.topk(scores, self.top_k).values[-1]

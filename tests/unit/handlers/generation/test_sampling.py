@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from handlers.generation.sampling import Sampling
+from handlers.generation.sampling import ARGMAX_CHUNK, Sampling, first_argmax
 from handlers.payload import InvalidInput
 
 DEFAULTS = Sampling(temperature=0.7, top_p=0.9, top_k=40)
@@ -39,6 +39,25 @@ def test_greedy_takes_the_likeliest_and_a_narrow_top_k_or_top_p_leaves_only_it()
     for narrow in (Sampling(temperature=5.0, top_k=1, seed=0), Sampling(temperature=5.0, top_p=0.01, seed=0)):
         draws = {narrow.choose(logits, narrow.generator()) for _ in range(20)}
         assert draws == {1}
+
+
+@pytest.mark.parametrize("size", [1, ARGMAX_CHUNK - 1, ARGMAX_CHUNK, 3 * ARGMAX_CHUNK, 151_936])
+def test_the_first_argmax_is_atens_with_ties_nans_and_a_partial_last_chunk(size):
+    generator = torch.Generator().manual_seed(size)
+    rows = [torch.randn(size, generator=generator) for _ in range(20)]
+    rows.append(torch.zeros(size))  # every token tied: the first
+    late = torch.randn(size, generator=generator)
+    late[-1] = 1e9  # the largest in the partial last chunk
+    rows.append(late)
+    tie = torch.randn(size, generator=generator)
+    tie[size // 3] = tie[-1] = 1e9  # tied across chunks: the earlier
+    rows.append(tie)
+    nan = torch.randn(size, generator=generator)
+    nan[size // 2] = 1e9
+    nan[-1] = nan[size // 5] = float("nan")  # a NaN is aten's largest, the first of them
+    rows.append(nan)
+    for row in rows:
+        assert first_argmax(row) == int(row.argmax())
 
 
 def test_top_p_keeps_the_smallest_set_holding_p_of_the_probability():
