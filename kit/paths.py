@@ -14,9 +14,9 @@ LOGS = ROOT / "logs"
 # Compiled C++ kernels, shared by every server, bench child and test: restarts reuse them (frozen
 # graphs bypass the FX-graph cache, so a restart still lowers the graph: docs/backends.md).
 INDUCTOR_CACHE = ROOT / ".cache" / "inductor"
-# The kit's own compiled kernels (handlers/generation/row_linear.py), built once for every process.
+# The kit's own compiled kernels (handlers/generation/native.py), built once for every process.
 KERNELS = ROOT / ".cache" / "kernels"
-KERNELS_VAR = "KIT_KERNELS_DIR"  # row_linear.KERNELS_VAR: named here too, this module imports no torch
+KERNELS_VAR = "KIT_KERNELS_DIR"  # native.KERNELS_VAR: named here too, this module imports no torch
 
 # Nothing the kit starts may reach a model hub: weights ship in archives and pip packages.
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

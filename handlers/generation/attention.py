@@ -13,6 +13,9 @@ each step. For a decode row, the heads of a group become query positions of thei
 head instead (transformers does this too, but only uncompiled). A prompt's query is
 [heads, tokens]; it attends with sdpa's enable_gqa.
 
+A decode row's attention runs on the kit's kernel (decode_attention.cpp) where it can: sdpa's CPU
+kernel calls a blocked GEMM per (row, head), 2-4x slower on a decode step's shapes.
+
 A mixed step is one forward of decode rows and a prompt's part (`Mixed`). Decode rows are [R, 1]
 tokens and a part is [1, C]: the step flattens them into one row of R + C tokens, so every
 projection and MLP reads its weights once for both (a decode step's cost on CPU is mostly that
@@ -23,11 +26,14 @@ row; the others are the part over its slot's row.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 from torch import nn
 from torch.nn import functional
 
+from handlers.backends import cpu_flags
+from handlers.generation import native
 from handlers.quiet_imports import torchao_import
 
 with torchao_import():  # transformers' modeling code imports torchao when it is installed
@@ -47,11 +53,35 @@ class Mixed:
     part_slot: torch.Tensor  # [1]: the part's slot
 
 
+# The dtypes whose decode rows attend on the kit's kernel: set by `use` before any forward is
+# traced (a constant to the compiler); empty where the kernel cannot run (sdpa then).
+DECODE_DTYPES: frozenset[torch.dtype] = frozenset()
+
+
 def use(model: PreTrainedModel) -> bool:
     """Compute `model`'s attention here; False where its attention is not transformers' pluggable
     kind (it is then left as it is, and engine.py computes no mixed step for it)."""
+    global DECODE_DTYPES
+    DECODE_DTYPES = decode_kernel_dtypes()
     model.set_attn_implementation(NAME)
     return model.config._attn_implementation == NAME
+
+
+def decode_kernel_dtypes(flags: frozenset[str] | None = None) -> frozenset[torch.dtype]:
+    """The dtypes decode_attention.cpp computes on this CPU: its code is AVX-512's."""
+    flags = cpu_flags() if flags is None else flags
+    if "avx512f" not in flags or native.library() is None:
+        return frozenset()
+    _register_fake()
+    return frozenset({torch.float32, torch.bfloat16})
+
+
+@functools.cache
+def _register_fake() -> None:
+    """The kernel's output for the compiler's traces: the query's shape (once the library is loaded)."""
+    torch.library.register_fake("kit_rows::decode_attention")(
+        lambda query, key, value, mask, scale: torch.empty_like(query, memory_format=torch.contiguous_format)
+    )
 
 
 def attention(
@@ -108,6 +138,18 @@ def _attend(
 ) -> torch.Tensor:
     """sdpa over key/value heads shared by `group` query heads each; [batch, tokens, heads, d]."""
     batch, heads, tokens, size = query.shape
+    if (
+        tokens == 1
+        and query.dtype in DECODE_DTYPES
+        and size % 16 == 0
+        and mask is not None
+        and mask.dtype == torch.bool
+    ):
+        # Decode rows on the kit's kernel (decode_attention.cpp): a group's heads read their key
+        # and value once, no blocked GEMM per (row, head).
+        grouped = query.reshape(batch, heads // group, group, size)
+        out = torch.ops.kit_rows.decode_attention(grouped, key, value, mask, size**-0.5 if scaling is None else scaling)
+        return out.reshape(batch, heads, 1, size).transpose(1, 2)
     if tokens == 1 and group > 1:
         # A decode row: the group's heads are query positions of their key/value head.
         grouped = query.reshape(batch, heads // group, group, size)

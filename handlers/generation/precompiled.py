@@ -35,6 +35,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from handlers.generation import native
+
 log = logging.getLogger(__name__)
 
 SUFFIX = ".graph"
@@ -158,6 +160,8 @@ def portable(graph):
 def load(directory: Path, model: nn.Module) -> tuple[dict, str]:
     """The whole graphs saved in directory, by kind, and what was found, in a phrase for the log."""
     files = sorted(directory.glob(f"*{SUFFIX}")) if directory.is_dir() else []
+    if files:
+        native.library()  # the graphs call the kit's kernels (torch.ops.kit_rows): loaded before them
     graphs, refused = {}, []
     for path in files:
         try:

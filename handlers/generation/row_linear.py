@@ -3,7 +3,6 @@
     if (isa := row_kernels_for(torch.bfloat16)) is not None:        # this CPU, this dtype, the library built
         count = row_linears(model, torch.bfloat16, isa, Packed.of)  # before torch.compile; a shape they
                                                                     # do not take on the fallback's kernel
-    .venv/bin/python -m handlers.generation.row_linear              # build it now (the image does)
 
 A decode step's time is its weights' bytes read from memory. oneDNN's packed product
 (packed_linear.py) read them at 0.6-0.8 of a plain read's rate for one to sixteen rows; these
@@ -27,10 +26,8 @@ kernels (bf16 is not served there): on the same EPYC with oneDNN held to AVX2
 (ONEDNN_MAX_CPU_ISA=AVX2; not measured on an AVX2-only CPU), one row 53 against 77 ms, 16 rows 76
 against 102, 256 rows 865 against 909.
 
-The library is compiled from its C++ source once per source, torch and compiler (11 s on the
-2-core EPYC) into the kit's kernel directory (KERNELS_VAR: .cache/kernels for every process the
-kit starts, a directory of the image's own in the image) and loaded from there; where it cannot
-be built, the layers stay on oneDNN and the log says why.
+The kernels are compiled and loaded with the kit's others (native.py); where they cannot be, the
+layers stay on oneDNN.
 """
 
 from __future__ import annotations
@@ -38,28 +35,18 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from handlers.backends import cpu_flags
 from handlers.generation.linears import Kernel, replace_linears
+from handlers.generation.native import library
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("row_kernels.cpp")
-KERNELS_VAR = "KIT_KERNELS_DIR"
-FLAGS = ["-O3", "-fopenmp"]  # at::parallel_for is OpenMP's, inlined from torch's headers (torch's libgomp)
 LANES = 16  # output channels a block holds (row_kernels.cpp)
 
 
@@ -134,79 +121,3 @@ def row_linears(model: nn.Module, dtype: torch.dtype, isa: Isa, fallback: Callab
 def _linear() -> torch._ops.OpOverload:
     """The overload resolved once, as packed_linear's: a decode step calls it for every layer."""
     return torch.ops.kit_rows.linear.default
-
-
-@functools.cache
-def library() -> Path | None:
-    """The compiled library, loaded into this process; None (and why, in the log) if it cannot be."""
-    try:
-        path = kernels_dir() / f"kit_rows-{digest()}.so"
-        if not path.is_file():
-            build(path)
-        torch.ops.load_library(str(path))
-        return path
-    except Exception as error:  # no compiler, a read-only directory, a torch without headers
-        log.warning("the kit's row kernels are not available (%s): linear layers stay on oneDNN", error)
-        return None
-
-
-def kernels_dir() -> Path:
-    return Path(os.environ.get(KERNELS_VAR) or Path(tempfile.gettempdir()) / "kit-kernels")
-
-
-def digest() -> str:
-    """What the library depends on: its source, torch (headers and ABI), the flags, the compiler."""
-    parts = [SOURCE.read_bytes(), torch.__version__.encode(), " ".join(FLAGS).encode(), compiler().encode()]
-    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-
-
-def compiler() -> str:
-    return shutil.which(os.environ.get("CXX", "c++")) or os.environ.get("CXX", "c++")
-
-
-def build(path: Path) -> None:
-    """Compiled into a file of its own, then renamed into place: workers starting together each
-    build, and the last rename wins with the same bytes. The compiler is called as torch's
-    cpp_extension would call it, without its ninja (not in every environment the kit serves from)."""
-    from torch.utils.cpp_extension import include_paths, library_paths
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    staging = path.with_name(f".build-{os.getpid()}-{path.name}")
-    command = [
-        compiler(),
-        *FLAGS,
-        "-shared",
-        "-fPIC",
-        "-std=c++20",
-        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-        *(f"-I{p}" for p in include_paths()),
-        str(SOURCE),
-        "-o",
-        str(staging),
-        *(f"-L{p}" for p in library_paths()),
-        "-lc10",
-        "-ltorch_cpu",
-    ]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"compiling {SOURCE.name} failed: {(done.stderr or done.stdout).strip()[-600:]}")
-        os.replace(staging, path)
-    finally:
-        staging.unlink(missing_ok=True)
-    log.info("built the kit's row kernels in %.0f s: %s", time.monotonic() - started, path)
-
-
-def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="[kernels] %(message)s")
-    path = library()
-    if path is None:
-        print("[kernels] not built (the warning above says why): language models' linear layers stay on oneDNN")
-        return 1
-    print(f"[kernels] {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch.nn import functional
 
-from handlers.generation.attention import Mixed, attention
+from handlers.generation import attention as module
+from handlers.generation.attention import Mixed, attention, decode_kernel_dtypes
 
 HEADS, KV_HEADS, SIZE, SLOTS, KV = 14, 2, 64, 4, 40
 TOLERANCE = 1e-5  # float32, the same sums in another order
@@ -29,8 +30,17 @@ def cache():
     return (torch.randn(SLOTS, KV_HEADS, KV, SIZE, generator=generator) for _ in range(2))
 
 
+@pytest.fixture(params=["sdpa", "kit"])
+def decode_on(request, monkeypatch):
+    """Decode rows on sdpa, or on the kit's kernel (decode_attention.cpp) where this CPU runs it."""
+    dtypes = frozenset() if request.param == "sdpa" else decode_kernel_dtypes()
+    if request.param == "kit" and not dtypes:
+        pytest.skip("the kit's decode attention needs AVX-512 and its library built")
+    monkeypatch.setattr(module, "DECODE_DTYPES", dtypes)
+
+
 @pytest.mark.parametrize("tokens", [1, 5])  # a decode row; a prompt's part
-def test_grouped_heads_attend_as_repeated_keys_and_values(cache, tokens):
+def test_grouped_heads_attend_as_repeated_keys_and_values(cache, tokens, decode_on):
     key, value = cache
     query = torch.randn(SLOTS, HEADS, tokens, SIZE, generator=torch.Generator().manual_seed(1))
     positions = torch.tensor([3, 17, 39, 0])[:, None] + torch.arange(tokens) - tokens + 1
@@ -40,7 +50,7 @@ def test_grouped_heads_attend_as_repeated_keys_and_values(cache, tokens):
     torch.testing.assert_close(out, repeated(query, key, value, mask), atol=TOLERANCE, rtol=0)
 
 
-def test_a_mixed_step_attends_each_decode_row_over_its_slot_and_the_part_over_its_own(cache):
+def test_a_mixed_step_attends_each_decode_row_over_its_slot_and_the_part_over_its_own(cache, decode_on):
     key, value = cache
     rows, part, slot, part_kv, decode_kv = 3, 6, 2, 24, 32
     query = torch.randn(1, HEADS, rows + part, SIZE, generator=torch.Generator().manual_seed(2))

@@ -13,7 +13,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from handlers.backends import cpu_flags
-from handlers.generation import row_linear
+from handlers.generation import native, row_linear
 from handlers.generation.linears import OpaqueLinear
 from handlers.generation.packed_linear import Packed
 from handlers.generation.row_linear import NEEDS, Isa, Rows, fits, row_kernels_for, row_linears
@@ -38,7 +38,7 @@ KERNELS = [on_this_cpu(dtype, isa) for dtype, choices in NEEDS.items() for isa, 
 @pytest.fixture
 def built():
     """The library, built (once per kernel directory) and loaded, or the test skipped saying why."""
-    if row_linear.library() is None:
+    if native.library() is None:
         pytest.skip("the row kernels could not be built here (the warning above says why)")
 
 
@@ -148,19 +148,3 @@ def test_a_kernel_asked_of_an_instruction_set_it_lacks_is_refused_by_name(built)
     linear = nn.Linear(32, 16).to(torch.bfloat16)
     with pytest.raises(RuntimeError, match="no kernel for instruction set 2 in BFloat16"):
         Rows.of(linear, Isa.AVX2)(torch.randn(1, 32, dtype=torch.bfloat16))
-
-
-def test_a_library_that_cannot_be_built_leaves_onednn_and_says_why(tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv(row_linear.KERNELS_VAR, str(tmp_path))
-    monkeypatch.setenv("CXX", "false")  # a compiler that fails
-    with caplog.at_level(logging.WARNING, logger=row_linear.__name__):
-        assert row_linear.library.__wrapped__() is None
-    assert "not available" in caplog.text and "row_kernels.cpp failed" in caplog.text
-    assert not list(tmp_path.glob("*.so")) and not list(tmp_path.glob(".build-*"))
-
-
-def test_the_kernels_directory_is_the_one_the_kit_sets():
-    from kit.paths import KERNELS, KERNELS_VAR, process_environment
-
-    assert KERNELS_VAR == row_linear.KERNELS_VAR
-    assert process_environment({})[KERNELS_VAR] == str(KERNELS)
