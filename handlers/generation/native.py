@@ -6,7 +6,7 @@ attention.py), one library of `torch.ops.kit_rows` operators.
         torch.ops.kit_rows.linear(...)
     .venv/bin/python -m handlers.generation.native  # build it now (the image does)
 
-The library is compiled from its C++ sources once per sources, torch and compiler (11 s on a
+The library is compiled from its C++ sources once per sources, torch and compiler (23 s on a
 2-core EPYC) into the kit's kernel directory (KERNELS_VAR: .cache/kernels for every process the
 kit starts, a directory of the image's own in the image) and loaded from there; where it cannot
 be built, the layers stay on oneDNN and sdpa, and the log says why.
@@ -55,7 +55,8 @@ def kernels_dir() -> Path:
 def digest() -> str:
     """What the library depends on: its sources, torch (headers and ABI), the flags, the compiler."""
     parts = [*(source.read_bytes() for source in SOURCES), torch.__version__.encode(), " ".join(FLAGS).encode()]
-    return hashlib.sha256(b"\0".join([*parts, compiler().encode()])).hexdigest()[:16]
+    parts.append(compiler().encode())
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
 
 def compiler() -> str:
