@@ -6,13 +6,16 @@ A language model compiles several graphs (prefill, decode of one and of many row
 compiler sees becomes a constant of each graph it freezes, or a tensor subclass it traces into
 every graph; a weight behind an operator it does not look into is stored once, for every graph,
 in the layout its kernel wants, and the kernel can choose at each call by the rows it is given.
-The graphs name a kernel by its key (an int): an opaque tensor cannot be a graph input.
+The graphs name a kernel by its key (an int): an opaque tensor cannot be a graph input. A kernel
+of the kit's C++ library (row_linear.Rows) is held there under the same key, and the graphs call
+the library's operator for it: no Python between a graph and the product (`kit::linear` goes
+through Python to find the key's kernel, for the others: oneDNN's packed weights, int8).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -24,6 +27,14 @@ class Kernel(Protocol):
     out_features: int
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class Held(Protocol):
+    """A kernel the kit's C++ library can hold under a key (row_linear.Rows): a graph then calls
+    the library's operator for it, with no Python between."""
+
+    def held(self, key: int) -> torch._ops.OpOverload: ...
 
 
 KERNELS: dict[int, Kernel] = {}
@@ -57,13 +68,14 @@ class OpaqueLinear(nn.Module):
         super().__init__()
         self.key = len(KERNELS)
         KERNELS[self.key] = kernel
+        self.op = kernel.held(self.key) if isinstance(kernel, Held) else opaque_linear
 
     @property
     def kernel(self) -> Kernel:
         return KERNELS[self.key]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return opaque_linear(x, self.key)
+        return self.op(x, self.key)
 
 
 def replace_linears(

@@ -17,7 +17,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 namespace {
 
@@ -364,10 +368,53 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::
   return y.view(shape);
 }
 
+// Layers held by key (linears.py's keys): a compiled graph calls `keyed_linear(x, key)` and the
+// product starts here, with no Python between. Called through Python (kit::linear -> the key's
+// kernel -> `linear`) a call cost 3 us more (a 32x16 weight, 2-core Xeon), 169 times a decode
+// step of Qwen2.5-0.5B's shape. A layer is held for the process's life, as linears.KERNELS holds
+// its kernel.
+struct Held {
+  at::Tensor packed;
+  c10::optional<at::Tensor> bias;
+  int64_t isa;
+};
+std::mutex held_lock;
+std::vector<c10::optional<Held>> held;  // by key
+std::atomic<int64_t> keyed_nanoseconds{0};  // inside keyed_linear's products, since the process began
+
+void hold(int64_t key, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, int64_t isa) {
+  TORCH_CHECK(key >= 0, "kit_rows.hold: a key is not negative, not ", key);
+  const std::lock_guard<std::mutex> lock(held_lock);
+  if (static_cast<int64_t>(held.size()) <= key) held.resize(key + 1);
+  held[key] = Held{packed, bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous()) : bias, isa};
+}
+
+at::Tensor keyed_linear(const at::Tensor& input, int64_t key) {
+  Held layer;
+  {
+    const std::lock_guard<std::mutex> lock(held_lock);
+    TORCH_CHECK(key >= 0 && key < static_cast<int64_t>(held.size()) && held[key].has_value(),
+                "kit_rows.keyed_linear: no layer held under key ", key);
+    layer = *held[key];
+  }
+  const auto started = std::chrono::steady_clock::now();
+  at::Tensor y = linear(input, layer.packed, layer.bias, layer.isa);
+  keyed_nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
+  return y;
+}
+
+// Seconds inside keyed_linear's products so far: what bench-decode's study counts as the kernels'.
+double keyed_seconds() { return static_cast<double>(keyed_nanoseconds.load()) * 1e-9; }
+
 }  // namespace
 
 TORCH_LIBRARY(kit_rows, m) {
   m.def("pack(Tensor weight) -> Tensor", &pack);
   m.def("linear(Tensor input, Tensor packed, Tensor? bias, int isa) -> Tensor", &linear);
   m.def("tiles_permitted() -> bool", &tiles_permitted);
+  m.def("hold(int key, Tensor packed, Tensor? bias, int isa) -> ()", &hold);
+  m.def("keyed_linear(Tensor input, int key) -> Tensor");  // traced: its shapes from row_linear.py's fake
+  m.def("keyed_seconds() -> float", &keyed_seconds);
 }
+
+TORCH_LIBRARY_IMPL(kit_rows, CPU, m) { m.impl("keyed_linear", &keyed_linear); }

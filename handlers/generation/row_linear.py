@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from handlers.backends import cpu_flags
-from handlers.generation.linears import Kernel, replace_linears
+from handlers.generation.linears import KERNELS, Kernel, replace_linears
 from handlers.generation.native import library
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,12 @@ class Rows:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return _linear()(x, self.weight, self.bias, self.isa.value)
 
+    def held(self, key: int) -> torch._ops.OpOverload:
+        """The library's operator for this layer under `key`, which now holds it (linears.Held)."""
+        _register_fake()
+        torch.ops.kit_rows.hold(key, self.weight, self.bias, self.isa.value)
+        return torch.ops.kit_rows.keyed_linear.default
+
 
 def fits(linear: nn.Linear) -> bool:
     """Whether the kernels take this layer's shape: outputs in blocks of 16, bf16 inputs in pairs."""
@@ -115,6 +121,15 @@ def row_linears(model: nn.Module, dtype: torch.dtype, isa: Isa, fallback: Callab
     """Every nn.Linear of the model on the kit's kernels in `dtype` on `isa`, a layer they do not
     fit on `fallback`'s kernel (packed_linear.Packed.of); how many there were."""
     return replace_linears(model, lambda linear: Rows.of(linear, isa) if fits(linear) else fallback(linear), dtype)
+
+
+@functools.cache
+def _register_fake() -> None:
+    """A held layer's output for the compiler's traces: its kernel's out_features (once the
+    library is loaded)."""
+    torch.library.register_fake("kit_rows::keyed_linear")(
+        lambda x, key: x.new_empty((*x.shape[:-1], KERNELS[key].out_features))
+    )
 
 
 @functools.cache

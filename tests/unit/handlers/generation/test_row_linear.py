@@ -148,3 +148,31 @@ def test_a_kernel_asked_of_an_instruction_set_it_lacks_is_refused_by_name(built)
     linear = nn.Linear(32, 16).to(torch.bfloat16)
     with pytest.raises(RuntimeError, match="no kernel for instruction set 2 in BFloat16"):
         Rows.of(linear, Isa.AVX2)(torch.randn(1, 32, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize(("dtype", "isa"), KERNELS)
+def test_a_compiled_model_calls_its_held_layers_in_the_library_without_python(dtype, isa, monkeypatch, built):
+    """Each layer on the kit's kernels is held by the library under its key: the graph's call gives
+    its kernel's bits, is counted in keyed_seconds, and never reaches the kernel's Python."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 32, bias=False)).to(dtype)
+    row_linears(model, dtype, isa, Packed.of)
+    layers = [m for m in model if isinstance(m, OpaqueLinear)]
+    assert [m.op for m in layers] == [torch.ops.kit_rows.keyed_linear.default] * 2
+    compiled = torch.compile(model, dynamic=True, fullgraph=True)
+    for rows in (1, 2, 16):
+        x = torch.randn(rows, 64, dtype=dtype)
+        expected = layers[1].kernel(model[1](layers[0].kernel(x)))  # each kernel called through Python
+        with monkeypatch.context() as patched:
+            patched.setattr(Rows, "__call__", lambda self, x: pytest.fail("a held layer was computed in Python"))
+            before = torch.ops.kit_rows.keyed_seconds()
+            got = compiled(x)
+            assert torch.ops.kit_rows.keyed_seconds() > before
+        assert torch.equal(got, expected)
+
+
+def test_a_key_the_library_does_not_hold_is_refused_by_name(built):
+    with pytest.raises(RuntimeError, match="no layer held under key 123456789"):
+        torch.ops.kit_rows.keyed_linear(torch.randn(1, 32), 123456789)
+    with pytest.raises(RuntimeError, match="a key is not negative, not -1"):
+        torch.ops.kit_rows.hold(-1, torch.randn(1, 32, 16), None, Isa.AVX512.value)
