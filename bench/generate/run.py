@@ -21,7 +21,8 @@ each round measures every row at every concurrency, in a rotated order, with the
 (bench/generate/workloads.py, streams.py): prompts of 20, 80 and 300 of the model's tokens, answers
 of 32 and 64, greedy, every answer its full length.
 The report gives medians over the rounds and their spread: output tokens/s, time to first token
-and inter-token latency (p50, p99), and each kit row against each peer's at its precision.
+and inter-token latency (p50, p99), each server's peak PSS and its largest process's, each kit
+row against each peer's at its precision, and each row at the most clients against its fewest.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ WARMUP_S = 10
 STEADY_S = 10
 
 
-def median_stats(runs: list[StreamStats], peak_pss: list[int]) -> dict:
+def median_stats(runs: list[StreamStats], peak_pss: list[int], largest_pss: list[int]) -> dict:
     def spread(values: list[float]) -> dict:
         return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -63,6 +64,8 @@ def median_stats(runs: list[StreamStats], peak_pss: list[int]) -> dict:
         "itl_ms_p50": spread([r.itl_ms.p50 for r in runs]),
         "itl_ms_p99": spread([r.itl_ms.p99 for r in runs]),
         "peak_pss_gb": spread([b / 1e9 for b in peak_pss]) if any(peak_pss) else None,
+        # Of that, the largest one process's peak: the kit's worker, a one-process peer's all.
+        "largest_process_pss_gb": spread([b / 1e9 for b in largest_pss]) if any(largest_pss) else None,
         # Each round measures every row: a ratio between rows is taken round by round.
         "output_tokens_per_s_by_round": [r.output_tokens_per_s for r in runs],
         # Of the tokens prompt lookup drafted over the rounds, the share kept; None: it drafted none.
@@ -95,26 +98,49 @@ def report(results: dict, systems: dict[str, System], out: Path, header: str) ->
     lines = [
         header,
         "",
-        f"| concurrency | row | output tokens/s (min–max) |{ratios} TTFT p50 ms | ITL p50 ms | ITL p99 ms | drafts kept | peak PSS GB | errors |",
-        "|---|---|---|" + "---|" * len(peers) + "---|---|---|---|---|---|",
+        f"| concurrency | row | output tokens/s (min–max) |{ratios} TTFT p50 ms | ITL p50 ms | ITL p99 ms | drafts kept | peak PSS GB | largest process GB | errors |",
+        "|---|---|---|" + "---|" * len(peers) + "---|---|---|---|---|---|---|",
     ]
     for concurrency, rows in results.items():
         for name, stats in rows.items():
             precision = systems[name].precision
             same = {systems[row].server: rows[row] for row in rows if systems[row].precision == precision}
             kit = systems[name].server == KIT
-            tps, pss = stats["output_tokens_per_s"], stats.get("peak_pss_gb") or {"median": float("nan")}
+            tps, nothing = stats["output_tokens_per_s"], {"median": float("nan")}
+            pss, largest = stats.get("peak_pss_gb") or nothing, stats.get("largest_process_pss_gb") or nothing
             against = "".join(f" {ratio(stats, same.get(peer)) if kit else ''} |" for peer in peers)
             kept = stats.get("drafts_kept")
             drafts = "" if kept is None else f"{kept:.0%}"
             lines.append(
                 f"| {concurrency} | {name} | {tps['median']:.1f} ({tps['min']:.1f}–{tps['max']:.1f}) |{against} "
                 f"{stats['ttft_ms_p50']['median']:.0f} | {stats['itl_ms_p50']['median']:.0f} | {stats['itl_ms_p99']['median']:.0f} | {drafts} | "
-                f"{pss['median']:.2f} | {stats['errors']} |"
+                f"{pss['median']:.2f} | {largest['median']:.2f} | {stats['errors']} |"
             )
-    text = "\n".join(lines) + "\n"
+    text = "\n".join(lines + scaling(results)) + "\n"
     (out / "report.md").write_text(text)
     return text
+
+
+def scaling(results: dict) -> list[str]:
+    """Each row at the run's most clients against itself at its fewest, in the same run: how much
+    more it wrote, how much longer the first token took, how far its slowest tokens lag its
+    typical one (what a server that keeps everyone moving holds down)."""
+    fewest, most = min(results), max(results)
+    rows = [name for name in results[most] if name in results[fewest]]
+    if most == fewest or not rows:
+        return []
+    lines = [
+        "",
+        f"| row | {most} clients against {fewest}: output tokens/s | TTFT p50 | at {most}: ITL p99 ÷ ITL p50 |",
+        "|---|---|---|---|",
+    ]
+    for name in rows:
+        few, many = results[fewest][name], results[most][name]
+        tokens = many["output_tokens_per_s"]["median"] / few["output_tokens_per_s"]["median"]
+        ttft = many["ttft_ms_p50"]["median"] / few["ttft_ms_p50"]["median"]
+        tail = many["itl_ms_p99"]["median"] / many["itl_ms_p50"]["median"]
+        lines.append(f"| {name} | {tokens:.2f}× | {ttft:.2f}× | {tail:.2f}× |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     systems: list[System] = []
     results: dict[int, dict[str, list[StreamStats]]] = {c: {} for c in concurrencies}
     memory: dict[int, dict[str, list[int]]] = {c: {} for c in concurrencies}  # peak PSS per round
+    largest: dict[int, dict[str, list[int]]] = {c: {} for c in concurrencies}  # its largest process's
     measured: list[tuple[System, list[Ask]]] = []  # each row: its system and its workload
     idle: list[steadiness.Probe] = []  # the machine's speed before and after the rounds
     try:
@@ -213,10 +240,11 @@ def main(argv: list[str] | None = None) -> int:
             order = measured[round_ % len(measured) :] + measured[: round_ % len(measured)]
             for concurrency in concurrencies:
                 for system, asks in order:
-                    with PeakPss(system.pid) as peak:
+                    with PeakPss(system.pids) as peak:
                         stats = measure_streams(system.url, system.model, asks, concurrency, args.seconds)
                     results[concurrency].setdefault(system.name, []).append(stats)
                     memory[concurrency].setdefault(system.name, []).append(peak.bytes)
+                    largest[concurrency].setdefault(system.name, []).append(peak.largest)
                     log(f"round {round_ + 1}/{args.rounds} c={concurrency} {system.name}: {stats.summary()}")
     except KeyboardInterrupt:
         log("interrupted: the report has the rows measured so far")
@@ -227,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         after = steadiness.measure(STEADY_S, 0.5, read_topology().capacity)
         idle = [steadiness.Probe(b.name, b.ms + a.ms) for b, a in zip(idle, after, strict=True)]
     summary = {
-        c: {name: median_stats(runs, memory[c][name]) for name, runs in rows.items()}
+        c: {name: median_stats(runs, memory[c][name], largest[c][name]) for name, runs in rows.items()}
         for c, rows in results.items()
         if rows
     }

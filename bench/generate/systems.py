@@ -46,7 +46,9 @@ class System:
     url: str  # its OpenAI completions endpoint
     stop: Callable[[], None]
     model: str  # the name its requests give
-    pid: int | None = None  # its root process: its memory is its process tree's (bench/generate/memory.py)
+    # Its root processes: its memory is their trees' (bench/generate/memory.py). The kit's are
+    # TorchServe's and the OpenAI router's, which a user of `make serve` runs beside it.
+    pids: tuple[int, ...] = ()
 
 
 KIT = "kit"
@@ -79,7 +81,15 @@ def kit_system(model: Model, variant: str, precision: str, run_dir: Path, named:
     config = ServeConfig.from_preset("optimized", variant=variant, models=[model.name])
     row = f"{KIT} {model.name} {variant}" if named else f"{KIT} {variant}"  # named: several kit models
     server: Server = start_ready(config, run_dir / row.replace(" ", "-"), progress=log)
-    return System(row, KIT, precision, completions_url(server, model.name), server.stop, model.name, server.pid)
+    return System(
+        row,
+        KIT,
+        precision,
+        completions_url(server, model.name),
+        server.stop,
+        model.name,
+        tuple(pid for pid in (server.pid, server.router_pid) if pid is not None),
+    )
 
 
 def completions_url(server: Server, model: str) -> str:
@@ -137,7 +147,7 @@ def fastapi_system(model: Model, precision: str, run_dir: Path) -> System:
     ]
     stop, pid = started("the FastAPI peer", command, run_dir / f"fastapi-{precision}.log", port)
     url = f"http://{HOST}:{port}/v1/completions"
-    return System(f"fastapi {precision}", "fastapi", precision, url, stop, model.name, pid)
+    return System(f"fastapi {precision}", "fastapi", precision, url, stop, model.name, (pid,))
 
 
 def llama_system(model: Model, precision: str, run_dir: Path) -> System:
@@ -165,7 +175,7 @@ def llama_system(model: Model, precision: str, run_dir: Path) -> System:
         name += f" {llama_cpp.NO_REPACK}"
         command.append(llama_cpp.NO_REPACK)
         stop, pid = started(name, command, run_dir / f"llama.cpp-{gguf_type}{llama_cpp.NO_REPACK}.log", port)
-    return System(name, "llama.cpp", precision, f"http://{HOST}:{port}/v1/completions", stop, model.name, pid)
+    return System(name, "llama.cpp", precision, f"http://{HOST}:{port}/v1/completions", stop, model.name, (pid,))
 
 
 def openvino_system(model: Model, precision: str, run_dir: Path) -> System:
@@ -181,7 +191,7 @@ def openvino_system(model: Model, precision: str, run_dir: Path) -> System:
     command = openvino_genai.server_command(ir, port, None if int8 else precision, settings.max_sequences, cache)
     name = f"openvino {precision}"
     stop, pid = started(name, command, run_dir / f"openvino-{precision}.log", port)
-    return System(name, "openvino", precision, f"http://{HOST}:{port}/v1/completions", stop, model.name, pid)
+    return System(name, "openvino", precision, f"http://{HOST}:{port}/v1/completions", stop, model.name, (pid,))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@ def stats(*by_round: float) -> dict:
         "itl_ms_p50": spread(50),
         "itl_ms_p99": spread(90),
         "peak_pss_gb": spread(3.25),
+        "largest_process_pss_gb": spread(3.0),
         "requests": 4,
         "errors": 0,
     }
@@ -61,9 +62,30 @@ def test_a_kit_row_is_divided_by_the_peers_rows_at_its_own_precision(tmp_path):
     assert lines["kit inductor-bf16"][3:6] == ["3.00× (3.00–3.00)", "1.50× (1.50–1.50)", ""]
     assert lines["kit inductor-bf16-woq"][3:6] == ["", "0.50× (0.50–0.50)", ""]  # int8 weights: llama.cpp's Q8_0
     assert lines["llama.cpp bf16"][3:6] == lines["fastapi float32"][3:6] == ["", "", ""]  # peers are not divided
-    assert "| peak PSS GB |" in text and lines["kit inductor"][10] == "3.25"  # every row's memory
+    assert "| peak PSS GB | largest process GB |" in text  # every row's memory, and its largest process's
+    assert lines["kit inductor"][10:12] == ["3.25", "3.00"]
     assert lines["kit inductor"][9] == ""  # no drafts: the column is empty
     assert (tmp_path / "report.md").read_text() == text
+
+
+def test_each_row_at_the_most_clients_is_set_against_itself_at_the_fewest(tmp_path):
+    systems = {
+        s.name: s for s in (system("kit inductor", KIT, "float32"), system("llama.cpp f32", "llama.cpp", "float32"))
+    }
+    one, many = stats(10), stats(60)
+    many["ttft_ms_p50"], many["itl_ms_p50"], many["itl_ms_p99"] = {"median": 400}, {"median": 80}, {"median": 200}
+    results = {1: {"kit inductor": one, "llama.cpp f32": stats(10)}, 16: {"kit inductor": many}}
+    text = report(results, systems, tmp_path, "# header")
+    assert "| row | 16 clients against 1: output tokens/s | TTFT p50 | at 16: ITL p99 ÷ ITL p50 |" in text
+    # 60 against 10 tokens/s, TTFT 400 against 100 ms, ITL p99 200 against p50 80; a row missing
+    # at 16 clients (an interrupted run) has no line.
+    assert "| kit inductor | 6.00× | 4.00× | 2.50× |" in text
+    assert "| llama.cpp f32 | " not in text.split("clients against")[1]
+
+
+def test_one_concurrency_has_no_scaling_table(tmp_path):
+    systems = {"kit inductor": system("kit inductor", KIT, "float32")}
+    assert "clients against" not in report({4: {"kit inductor": stats(10)}}, systems, tmp_path, "# header")
 
 
 def test_a_ratio_is_taken_round_by_round_not_between_medians(tmp_path):
