@@ -99,9 +99,11 @@ image-start: image
 bench-router: archive
 	@$(PY) -m bench.studies.router_cost $(if $(MODELS),--models $(MODELS)) $(if $(ROUNDS),--rounds $(ROUNDS))
 
-# A shared system prompt of 1,000 tokens: the first request's time to first token against the later ones'.
+# A shared system prompt of 1,000 tokens: the first request's time to first token against the later ones';
+# CONVERSATIONS=K: K conversations returning in turns instead.
 bench-prefix: archive
-	@$(PY) -m bench.studies.prefix_reuse --models $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS))
+	@$(PY) -m bench.studies.prefix_reuse --models $(MODELS) $(if $(ROUNDS),--rounds $(ROUNDS)) \
+		$(if $(CONVERSATIONS),--conversations $(CONVERSATIONS)) $(if $(TOKENS),--tokens $(TOKENS))
 
 # What a language model's decode step pays for kernels that read their thread count when they run
 # (the kit's, so that shipped graphs serve any worker size) against kernels fixed to it (bench/studies/compiled_threads.py).

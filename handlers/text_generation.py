@@ -124,7 +124,7 @@ class TextGenerationHandler(StreamingHandler):
         graphs, hits = graphs_compiled() - graphs, fx_graph_cache_counts()[0] - hits
         log.info(
             "%s ready: backend=%s dtype=%s sequences=%d context=%d kv_cache=%d contexts in %s (%.0fMB, resident as used) "
-            "prefill_chunk=%d%s prefix_caching=%s prompt_lookup=%d weights=%s%s eos=%s load=%.1fs warmup=%.1fs "
+            "prefill_chunk=%d%s prefix_caching=%s%s prompt_lookup=%d weights=%s%s eos=%s load=%.1fs warmup=%.1fs "
             "graphs=%d (%d loaded whole, %d from the compile cache)",
             self.model_name,
             settings.backend.value,
@@ -137,6 +137,7 @@ class TextGenerationHandler(StreamingHandler):
             self.engine.prefill_chunk,
             "" if self.step_times is None else f" ({self.step_times})",
             "on" if self.engine.prefix_caching else "off",
+            f" (a store of {settings.prefix_store_mb}MB)" if self.engine.store_positions else "",
             self.engine.lookup,
             settings.weights.value,
             "".join(f" ({part} {size / 1e6:.0f}MB)" for part, size in self.weight_bytes.items()),
@@ -193,6 +194,7 @@ class TextGenerationHandler(StreamingHandler):
             lookup=settings.prompt_lookup,
             kv_positions=self.kv_contexts * settings.context_length,
             kv_int8=settings.kv_cache is KvCache.INT8,
+            prefix_store_bytes=settings.prefix_store_mb * 10**6,
         )
 
     def openvino_engine(self, model_dir: Path, eos: set[int]) -> OpenVinoEngine:

@@ -10,17 +10,29 @@ first question after it and `--later` others after the same system prompt: every
 system prompt and a question of its own, streamed through OpenAI's completions API at the
 model's own path, greedy, 8 tokens. The first computes the whole system prompt; a later one
 finds its full blocks in the prefix cache (handlers/generation/prefix.py) and computes the rest.
-Per round: the first's time to first token, the later ones' median, and their ratio. Results:
-bench/results/prefix-<time>/results.json, report.md and the table printed.
+Per round: the first's time to first token, the later ones' median, and their ratio.
+
+    .venv/bin/python -m bench.studies.prefix_reuse --models lm,lm-store --conversations 3
+
+Returning conversations instead (`--conversations K`): each round opens K texts of `--tokens`,
+and asks in turns, one request at a time, each conversation's first question, then each one's
+next, `--later` times: a conversation's later turn finds its text only if nothing another took
+its row since (prefix.py: a lone request goes to the lowest row), or if the prefix store kept
+it (prefix_store.py, `prefix_store_mb`). First: the conversations' first turns; later: the
+others. Several model files (the same directory with other settings) are served one after the
+other, a row each. Results: bench/results/prefix-<time>/results.json, report.md and the table
+printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import requests
 
@@ -46,6 +58,7 @@ ANSWER_TOKENS = 8
 
 @dataclasses.dataclass(frozen=True)
 class Round:
+    model: str  # the model file served
     prompt_tokens: int  # the system prompt's, counted by the model's tokenizer
     first_ms: float  # the first request's time to first token
     later_ms: list[float]  # each later request's
@@ -77,19 +90,42 @@ def table(rounds: list[Round], header: str) -> str:
     lines = [
         header,
         "",
-        "| round | system prompt tokens | first TTFT ms | later TTFT ms (median) | later ÷ first |",
-        "|---|---|---|---|---|",
+        "| model | round | system prompt tokens | first TTFT ms | later TTFT ms (median) | later ÷ first |",
+        "|---|---|---|---|---|---|",
     ]
-    for number, r in enumerate(rounds, 1):
-        later = statistics.median(r.later_ms)
-        lines.append(f"| {number} | {r.prompt_tokens} | {r.first_ms:.0f} | {later:.0f} | {r.ratio:.2f} |")
-    ratios = [r.ratio for r in rounds]
-    lines += [
-        "",
-        f"Later ÷ first, the median of the rounds' ratios: {statistics.median(ratios):.2f} "
-        f"({min(ratios):.2f}–{max(ratios):.2f}).",
-    ]
+    models = list(dict.fromkeys(r.model for r in rounds))
+    for model in models:
+        for number, r in enumerate([r for r in rounds if r.model == model], 1):
+            later = statistics.median(r.later_ms)
+            lines.append(f"| {model} | {number} | {r.prompt_tokens} | {r.first_ms:.0f} | {later:.0f} | {r.ratio:.2f} |")
+    lines.append("")
+    for model in models:
+        ratios = [r.ratio for r in rounds if r.model == model]
+        lines.append(
+            f"{model}: later ÷ first, the median of the rounds' ratios: {statistics.median(ratios):.2f} "
+            f"({min(ratios):.2f}–{max(ratios):.2f})."
+        )
     return "\n".join(lines) + "\n"
+
+
+def shared_prompt(
+    ask_: Callable[[str], float], tokenizer, tokens: int, later: int, opening: str
+) -> tuple[int, list[float]]:
+    """One system prompt, then its first question and `later` others: the prompt's tokens, each TTFT."""
+    prompt = system_prompt(tokenizer, tokens, opening)
+    return len(tokenizer(prompt)["input_ids"]), [
+        ask_(f"{prompt}\n\n{QUESTIONS[i % len(QUESTIONS)]}") for i in range(later + 1)
+    ]
+
+
+def conversations(
+    ask_: Callable[[str], float], tokenizer, tokens: int, later: int, opening: str, count: int
+) -> tuple[int, list[float], list[float]]:
+    """`count` texts, asked in turns: every first question, then every next one; a text's tokens,
+    the first turns' TTFTs, the later ones'."""
+    texts = [system_prompt(tokenizer, tokens, f"{opening} Conversation {c}.") for c in range(count)]
+    turns = [[ask_(f"{text}\n\n{QUESTIONS[turn % len(QUESTIONS)]}") for text in texts] for turn in range(later + 1)]
+    return len(tokenizer(texts[0])["input_ids"]), turns[0], [t for turn in turns[1:] for t in turn]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,38 +134,56 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--later", type=int, default=5, help="requests after the first, each with its own question")
     parser.add_argument("--tokens", type=int, default=1000, help="the system prompt's length in tokens")
+    parser.add_argument(
+        "--conversations", type=int, default=0, help="returning conversations asked in turns (0: one shared prompt)"
+    )
     args = parser.parse_args(argv)
-    name = args.models.split(",")[0]
-    model = Model.load(name)
-    if model.task is not Task.TEXT_GENERATION:
-        print(f"[prefix] ERROR: {name} is a {model.task.value} model; name a text-generation one", file=sys.stderr)
+    names = args.models.split(",")
+    models = [Model.load(name) for name in names]
+    if wrong := [m.name for m in models if m.task is not Task.TEXT_GENERATION]:
+        print(
+            f"[prefix] ERROR: {', '.join(wrong)} not text-generation; name text-generation model files", file=sys.stderr
+        )
         return 2
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model.source.path), local_files_only=True)
     out = RESULTS / f"prefix-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
-    server = start_ready(ServeConfig.from_preset("optimized", models=[name]), out / "server", progress=print)
-    url = server.api.url("inference", f"/predictions/{name}/1.0/v1/completions")
     rounds: list[Round] = []
-    try:
-        with requests.Session() as session:
-            ask(session, url, name, "Warm up. " + QUESTIONS[0])
-            for number in range(args.rounds):
-                prompt = system_prompt(tokenizer, args.tokens, f"Session {number} of {time.time():.0f}.")
-                questions = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.later + 1)]
-                times = [ask(session, url, name, f"{prompt}\n\n{question}") for question in questions]
-                rounds.append(Round(len(tokenizer(prompt)["input_ids"]), times[0], times[1:]))
-                print(f"[prefix] round {number + 1}/{args.rounds}: {rounds[-1]}", flush=True)
-    finally:
-        server.stop()
-    study_report(
-        out,
-        f"A shared system prompt: {name}",
-        f"{args.rounds} rounds of a first request and {args.later} later ones, one at a time",
-        lambda header: table(rounds, header),
-        {"rounds": rounds},
-    )
+    for model in models:
+        tokenizer = AutoTokenizer.from_pretrained(str(model.source.path), local_files_only=True)
+        config = ServeConfig.from_preset("optimized", models=[model.name])
+        server = start_ready(config, out / f"server-{model.name}", progress=print)
+        url = server.api.url("inference", f"/predictions/{model.name}/1.0/v1/completions")
+        try:
+            with requests.Session() as session:
+                ask_ = functools.partial(ask, session, url, model.name)
+                ask_("Warm up. " + QUESTIONS[0])
+                for number in range(args.rounds):
+                    opening = f"Session {number} of {time.time():.0f}."
+                    if args.conversations:
+                        tokens, first, later = conversations(
+                            ask_, tokenizer, args.tokens, args.later, opening, args.conversations
+                        )
+                        rounds.append(Round(model.name, tokens, statistics.median(first), later))
+                    else:
+                        tokens, times = shared_prompt(ask_, tokenizer, args.tokens, args.later, opening)
+                        rounds.append(Round(model.name, tokens, times[0], times[1:]))
+                    print(f"[prefix] {model.name} round {number + 1}/{args.rounds}: {rounds[-1]}", flush=True)
+        finally:
+            server.stop()
+    if args.conversations:
+        title, what = (
+            f"Returning conversations: {args.models}",
+            f"{args.rounds} rounds of {args.conversations} conversations asked in turns, {args.later + 1} turns each, "
+            "one request at a time; first: the median of the first turns",
+        )
+    else:
+        title, what = (
+            f"A shared system prompt: {args.models}",
+            f"{args.rounds} rounds of a first request and {args.later} later ones, one at a time",
+        )
+    study_report(out, title, what, lambda header: table(rounds, header), {"rounds": rounds})
     return 0
 
 

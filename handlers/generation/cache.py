@@ -168,6 +168,16 @@ class SlotCache(Cache):
         for tensor, _ in self._mappings:
             tensor[:, target, :, positions] = tensor[:, source, :, positions]
 
+    def block(self, slot: int, positions: slice) -> tuple[torch.Tensor, ...]:
+        """A copy of what the slot's row holds at `positions` in every layer (keys, values, an
+        int8 cache's scales): prefix_store.py keeps it when the row is taken."""
+        return tuple(tensor[:, slot, :, positions].clone() for tensor, _ in self._mappings)
+
+    def put_block(self, slot: int, positions: slice, saved: tuple[torch.Tensor, ...]) -> None:
+        """`block`'s copy written back, into the slot's row at `positions`."""
+        for (tensor, _), held in zip(self._mappings, saved, strict=True):
+            tensor[:, slot, :, positions] = held
+
     def release(self, slot: int) -> None:
         """The slot's row of every layer given back to the system (release's callers forget what
         it held: it reads as zeros). A layer's row is one span of the buffer: 2 x layers calls."""

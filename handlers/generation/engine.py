@@ -30,6 +30,7 @@ tokens it has, and goes on as it would have (vLLM's recompute).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -41,7 +42,8 @@ from handlers.generation.cache import KvShape, SlotCache
 from handlers.generation.kv_budget import KvBudget
 from handlers.generation.lookup import PAUSE_MOST, guess
 from handlers.generation.precompiled import Forward
-from handlers.generation.prefix import PrefixCache
+from handlers.generation.prefix import Place, PrefixCache
+from handlers.generation.prefix_store import PrefixStore
 from handlers.generation.runner import PROMPT_STEP, Part, Runner
 from handlers.generation.scheduler import Running, Scheduler
 
@@ -75,6 +77,7 @@ class Engine(Scheduler):
         lookup: int = 0,
         kv_positions: int | None = None,
         kv_int8: bool = False,
+        prefix_store_bytes: int = 0,
     ):
         super().__init__(decode, eos, slots, context, max_waiting, name)
         if kv_positions is not None and kv_positions < context:
@@ -84,6 +87,10 @@ class Engine(Scheduler):
         self.prefill_chunk = prompt_chunk(prefill_chunk)
         self.prefix = PrefixCache(slots, block_size, prefix_caching)
         self.cache = SlotCache(KvShape.of(model.config), slots, context, dtype, kv_int8)
+        # What taken rows held, up to `prefix_store_bytes` within the budget (prefix_store.py).
+        self.store = PrefixStore()
+        token_bytes = self.cache.shape.token_bytes(dtype, kv_int8)
+        self.store_positions = prefix_store_bytes // token_bytes // block_size * block_size if prefix_caching else 0
         # What the cache may hold resident (the memory plan's); None: every row a whole context.
         self.budget = KvBudget(slots, kv_positions or slots * context)
         self.runner = Runner(model, self.cache, context, name, itt)
@@ -166,6 +173,9 @@ class Engine(Scheduler):
         """Rows of finished sequences given back, least recently used first, until `written` fits;
         False when it does not with all of them given back."""
         while not self.budget.fits(written):
+            if self.store.evict():  # the store's blocks before any row's
+                self.budget.stored -= self.prefix.block_size
+                continue
             row = self.budget.coldest(set(range(self.slots)) - set(self.active) - set(written))
             if row is None:
                 return False
@@ -247,6 +257,7 @@ class Engine(Scheduler):
         """The free slot prefix.py picks; what another row holds of the sequence's text copied in."""
         free = set(range(self.slots)) - set(self.active)
         place = self.prefix.place(sequence.known, free)
+        self._keep(place)
         found = place.found
         if place.source is not None:
             # Room made before the copy, never by giving back the row copied from (kept as it is).
@@ -256,9 +267,39 @@ class Engine(Scheduler):
                 self.prefix.forget(place.row, place.held // self.prefix.block_size)
                 self.prefix.stats.hits -= place.found - place.held
                 found = place.held
+        found = self._restore(place, found)
         self.budget.hold({place.row: found})
         sequence.computed = found
         return place.row
+
+    def _keep(self, place: Place) -> None:
+        """The blocks the taken row held that no other row holds, into the prefix store while the
+        budget has room beside what is held (they are still in the row: nothing is written yet)."""
+        size = self.prefix.block_size
+        first = place.held // size
+        for index, key in enumerate(place.dropped, start=first):
+            if key in self.store or key in self.prefix.holders:
+                continue
+            if self.budget.stored + size > self.store_positions or not self.budget.store(size):
+                break
+            self.store.keep(key, self.cache.block(place.row, slice(index * size, (index + 1) * size)))
+
+    def _restore(self, place: Place, found: int) -> int:
+        """The prompt's blocks after the first `found` positions that the store kept, copied into
+        the row while they follow one another; the positions the row holds of the prompt then."""
+        size = self.prefix.block_size
+        keys = list(itertools.takewhile(lambda key: key in self.store, place.chain[found // size :]))
+        if not keys:
+            return found
+        saved = [self.store.take(key) for key in keys]
+        self.budget.stored -= len(keys) * size  # out of the store, into the row
+        if not self._make_room({place.row: found + len(keys) * size}):
+            return found  # no room for them: computed instead
+        for index, blocks in enumerate(saved, start=found // size):
+            self.cache.put_block(place.row, slice(index * size, (index + 1) * size), blocks)
+        self.prefix.adopt(place.row, keys)
+        self.prefix.stats.hits += len(keys) * size
+        return found + len(keys) * size
 
     # -- what a step computes ---------------------------------------------------------------------
     def _decode_rows(self, skip: Running | None = None) -> tuple[list[int], list[int]]:

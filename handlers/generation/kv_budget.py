@@ -15,8 +15,9 @@ positions it has written, not a context's worth (vAttention's idea, the OS's pag
 block table: no gather in the attention, whose views stay a row's).
 
 A row whose sequence ended keeps its positions (its prefix can be found again: prefix.py) until
-the room is needed: then the least recently used is given back. When only rows in use are left,
-the engine preempts its youngest sequence (engine.py) and computes it again later.
+the room is needed: then the prefix store's blocks go first (`stored`: what a taken row held,
+prefix_store.py), then the least recently used row is given back. When only rows in use are
+left, the engine preempts its youngest sequence (engine.py) and computes it again later.
 """
 
 from __future__ import annotations
@@ -27,14 +28,15 @@ from collections.abc import Collection, Mapping
 
 class KvBudget:
     def __init__(self, rows: int, positions: int):
-        self.positions = positions  # the most the rows may hold together
+        self.positions = positions  # the most the rows (and the prefix store) may hold together
         self.held = [0] * rows  # each row's high-water mark: its positions resident
+        self.stored = 0  # positions the prefix store holds beside the rows (prefix_store.py)
         self.used_at = [0] * rows  # when each row was last used (a tick): the least recent goes first
         self._ticks = itertools.count(1)
 
     @property
     def used(self) -> int:
-        return sum(self.held)
+        return sum(self.held) + self.stored
 
     def extra(self, targets: Mapping[int, int]) -> int:
         """Positions beyond those held that rows holding `targets` ({row: positions}) take."""
@@ -51,6 +53,13 @@ class KvBudget:
 
     def release(self, row: int) -> None:
         self.held[row] = 0
+
+    def store(self, count: int) -> bool:
+        """`count` more positions for the prefix store, if they fit beside what is held now."""
+        if self.used + count > self.positions:
+            return False
+        self.stored += count
+        return True
 
     def coldest(self, free: Collection[int]) -> int | None:
         """The free row holding positions that was used least recently; None when none holds any."""

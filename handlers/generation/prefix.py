@@ -48,6 +48,10 @@ class Place:
     found: int
     source: int | None = None
     held: int = 0
+    # The row's blocks from `held` on, forgotten as it is taken: still in the row's cache until
+    # the sequence writes there (the prefix store may keep them).
+    dropped: tuple[bytes, ...] = dataclasses.field(default=(), compare=False)
+    chain: tuple[bytes, ...] = dataclasses.field(default=(), compare=False)  # the prompt's full blocks' keys
 
 
 class PrefixCache:
@@ -89,13 +93,18 @@ class PrefixCache:
             if holders := self.holders.get(chain[index], set()) - {row}:
                 found, source = index + 1, min(holders)
                 break
+        dropped = tuple(self.keys[row][held:])
         self.forget(row, held)
-        for key in chain[held:found]:
-            self.keys[row].append(key)
-            self.holders.setdefault(key, set()).add(row)
+        self.adopt(row, chain[held:found])
         self.stats.queries += len(tokens)
         self.stats.hits += found * self.block_size
-        return Place(row, found * self.block_size, source, held * self.block_size)
+        return Place(row, found * self.block_size, source, held * self.block_size, dropped, tuple(chain))
+
+    def adopt(self, row: int, keys: Sequence[bytes]) -> None:
+        """The row holds these blocks next (copied in): findable."""
+        for key in keys:
+            self.keys[row].append(key)
+            self.holders.setdefault(key, set()).add(row)
 
     def behind(self, row: int, count: int) -> bool:
         """Whether the row's first `count` positions hold a full block not yet findable."""

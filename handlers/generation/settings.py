@@ -65,7 +65,7 @@ class GenerationSettings(OptimizationSettings):
     # engine schedules and drafts; not what the archive was built with or the memory plan sized
     # (context_length, max_sequences, dtype, ...).
     SERVED: typing.ClassVar[frozenset[str]] = frozenset(
-        {"prompt_lookup", "prefill_chunk", "prefix_caching", "max_waiting", "max_new_tokens"}
+        {"prompt_lookup", "prefill_chunk", "prefix_caching", "prefix_store_mb", "max_waiting", "max_new_tokens"}
     )
 
     architecture: Architecture = Architecture.HF_CAUSAL_LM
@@ -92,6 +92,11 @@ class GenerationSettings(OptimizationSettings):
     # A prompt that begins with blocks of tokens another request left in the cache (a shared
     # system prompt, a conversation's earlier turns) computes only the rest (prefix caching).
     prefix_caching: bool = True
+    # Blocks a row held when another sequence takes it, kept beside the rows up to this many MB
+    # (within the KV cache's budget, given up first when a sequence needs room): a server with
+    # more conversations than max_sequences finds their earlier turns (prefix_store.py). 0: off,
+    # what the rows hold alone: memory at many streams stays what the streams write.
+    prefix_store_mb: int = 0
     # TorchServe's protocol for the requests (Batching): `continuous` ends a sequence whose client
     # went away, with one worker; `async` runs it to its end, with a worker per L3 domain.
     batching: Batching = Batching.CONTINUOUS
@@ -129,7 +134,7 @@ class GenerationSettings(OptimizationSettings):
         for name in ("context_length", "max_sequences", "max_new_tokens", "accuracy_prompts", "accuracy_tokens"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"{name} must be 1 or more, got {getattr(self, name)}")
-        for name in ("max_waiting", "prefill_chunk", "prompt_lookup"):
+        for name in ("max_waiting", "prefill_chunk", "prompt_lookup", "prefix_store_mb"):
             if (getattr(self, name) or 0) < 0:
                 raise SettingsError(f"{name} must be 0 or more, got {getattr(self, name)}")
         rate = self.accuracy_min_match_rate

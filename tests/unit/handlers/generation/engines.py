@@ -38,6 +38,7 @@ def engine(
     chunk: int = 0,
     block_size: int = 16,
     prefix_caching: bool = True,
+    prefix_store_bytes: int = 0,
 ):
     eos = set() if eos is None else eos
     return Engine(
@@ -51,6 +52,7 @@ def engine(
         prefill_chunk=chunk,
         block_size=block_size,
         prefix_caching=prefix_caching,
+        prefix_store_bytes=prefix_store_bytes,
     )
 
 

@@ -186,3 +186,11 @@ def test_a_prefix_in_a_finished_row_is_copied_when_room_is_made_without_giving_t
     assert eng.budget.held[2] == 0 if filler else eng.budget.held[1] == 0  # the filler given back, else the source
     while eng.busy:
         eng.step()
+
+
+def test_the_prefix_store_takes_only_room_the_rows_leave_and_counts_in_use():
+    budget = KvBudget(rows=2, positions=100)
+    budget.hold({0: 60})
+    assert budget.store(32) and budget.used == 92
+    assert not budget.store(16) and budget.stored == 32  # 108 > 100: refused, nothing counted
+    assert not budget.fits({1: 9}) and budget.fits({1: 8})

@@ -18,6 +18,7 @@ from handlers.typed_config import SettingsError, parse_settings
         ("accuracy_prompts", 0, "accuracy_prompts must be 1 or more, got 0"),
         ("prefill_chunk", -8, "prefill_chunk must be 0 or more, got -8"),
         ("max_waiting", -1, "max_waiting must be 0 or more, got -1"),
+        ("prefix_store_mb", -64, "prefix_store_mb must be 0 or more, got -64"),
         ("backend", "aoti", "a generative model is served by backend eager or inductor or openvino, not 'aoti'"),
         ("batching", "sync", "batching 'sync' is unknown; choose one of: async, continuous"),
         ("kv_cache", "fp8", "kv_cache 'fp8' is unknown; choose one of: dtype, int8"),
