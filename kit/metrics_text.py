@@ -69,6 +69,7 @@ GAUGES: tuple[tuple[str, Callable[[Gauges], float], str], ...] = (
     ("num_requests_running", lambda g: g.running, "Sequences generating (vllm:num_requests_running)."),
     ("num_requests_waiting", lambda g: g.waiting, "Sequences waiting for a place (vllm:num_requests_waiting)."),
     ("kv_cache_usage_perc", lambda g: g.kv_cache_usage, "KV cache share in use, 0 to 1 (vllm:kv_cache_usage_perc)."),
+    ("prefix_store_bytes", lambda g: g.prefix_store_bytes, "KV bytes the prefix store holds beside the rows."),
 )
 FINISHED = "request_success_total"  # by finished_reason (vllm:request_success_total)
 

@@ -118,6 +118,9 @@ class Engine(Scheduler):
         """What the cache may hold resident: the budget's positions (it maps more, untouched)."""
         return self.budget.positions * self.cache.shape.token_bytes(self.cache.dtype, self.cache.int8)
 
+    def prefix_store_bytes(self) -> int:
+        return self.budget.stored * self.cache.shape.token_bytes(self.cache.dtype, self.cache.int8)
+
     def kv_cache_usage(self) -> float:
         """The budget's share held by the rows of sequences in flight (a finished sequence's
         row is room: it is given back when needed)."""

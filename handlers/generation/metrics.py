@@ -49,6 +49,7 @@ class Gauges:
     running: int = 0  # sequences generating
     waiting: int = 0  # sequences queued for a place
     kv_cache_usage: float = 0.0  # the KV cache's share holding sequences' tokens, 0..1
+    prefix_store_bytes: int = 0  # what the prefix store holds beside the rows (prefix_store.py)
 
 
 @dataclasses.dataclass

@@ -117,11 +117,15 @@ class Scheduler:
 
     def gauges(self) -> Gauges:
         """Read by the metrics writer's thread (metrics.py), between steps or during one."""
-        return Gauges(len(self.active), len(self.waiting), self.kv_cache_usage())
+        return Gauges(len(self.active), len(self.waiting), self.kv_cache_usage(), self.prefix_store_bytes())
 
     def kv_cache_usage(self) -> float:
         """The KV cache's share holding sequences' tokens (0 where the engine cannot tell)."""
         return 0.0
+
+    def prefix_store_bytes(self) -> int:
+        """The KV bytes held beside the rows by a prefix store (0: the engine has none)."""
+        return 0
 
     # -- any thread --------------------------------------------------------------------------
     def submit(self, generation: Generation, sink: Sink, key: str = "") -> Running:

@@ -40,7 +40,7 @@ def test_a_workers_numbers_become_series_with_vllms_names(tmp_path):
     metrics.preempted()
     metrics.answered("ok")
     metrics.answered("overload")
-    write(tmp_path, "lm", metrics, Gauges(2, 5, 0.125))
+    write(tmp_path, "lm", metrics, Gauges(2, 5, 0.125, 4096))
     text = render(tmp_path)
     values = samples(text)
     worker = 'model_name="lm",pid="'
@@ -57,6 +57,7 @@ def test_a_workers_numbers_become_series_with_vllms_names(tmp_path):
     assert values[f'kit_requests_total{{{at},outcome="ok"}}'] == 1
     assert values[f'kit_requests_total{{{at},outcome="overload"}}'] == 1
     assert values[f"kit_lm_kv_cache_usage_perc{{{at}}}"] == 0.125
+    assert values[f"kit_lm_prefix_store_bytes{{{at}}}"] == 4096
     assert values[f"kit_lm_inter_token_latency_seconds_count{{{at}}}"] == 3
     assert abs(values[f"kit_lm_inter_token_latency_seconds_sum{{{at}}}"] - 0.15) < 1e-9
     buckets = [v for k, v in values.items() if k.startswith(f"kit_lm_time_to_first_token_seconds_bucket{{{at}")]

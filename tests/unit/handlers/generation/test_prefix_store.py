@@ -59,6 +59,9 @@ def test_a_prompt_whose_row_was_taken_finds_its_blocks_in_the_store_and_answers_
             # Taken out, into the row; what stays (the answers' blocks) counts in the budget.
             assert not any(key in eng.store for key in eng.prefix.chain(first[:-1]))
             assert len(eng.store) > 0 and eng.budget.stored == 4 * len(eng.store)
+            # The metrics port's gauge: those blocks' bytes.
+            token_bytes = eng.cache.shape.token_bytes(torch.float32)
+            assert eng.gauges().prefix_store_bytes == 4 * len(eng.store) * token_bytes
         else:
             assert computed >= len(first) and len(eng.store) == 0
 
