@@ -137,7 +137,7 @@ class TextGenerationHandler(StreamingHandler):
             self.engine.prefill_chunk,
             "" if self.step_times is None else f" ({self.step_times})",
             "on" if self.engine.prefix_caching else "off",
-            f" (a store of {settings.prefix_store_mb}MB)" if self.engine.store_positions else "",
+            f" (a store of {settings.prefix_store_mb}MB)" if self.engine.store_blocks else "",
             self.engine.lookup,
             settings.weights.value,
             "".join(f" ({part} {size / 1e6:.0f}MB)" for part, size in self.weight_bytes.items()),

@@ -34,11 +34,6 @@ def process_pss(roots: Iterable[int]) -> list[int]:
     return sizes
 
 
-def tree_pss(pid: int) -> int:
-    """The PSS of `pid` and its descendants now."""
-    return sum(process_pss([pid]))
-
-
 class PeakPss:
     def __init__(self, pids: Sequence[int], every_s: float = EVERY_S):
         self.pids, self.every_s, self.bytes, self.largest = pids, every_s, 0, 0

@@ -53,7 +53,9 @@ WARMUP_S = 10
 STEADY_S = 10
 
 
-def median_stats(runs: list[StreamStats], peak_pss: list[int], largest_pss: list[int]) -> dict:
+def median_stats(runs: list[StreamStats], peaks: list[tuple[int, int]]) -> dict:
+    """Medians over the rounds; `peaks`: each round's peak PSS (bytes) and its largest process's."""
+
     def spread(values: list[float]) -> dict:
         return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -63,9 +65,9 @@ def median_stats(runs: list[StreamStats], peak_pss: list[int], largest_pss: list
         "ttft_ms_p99": spread([r.ttft_ms.p99 for r in runs]),
         "itl_ms_p50": spread([r.itl_ms.p50 for r in runs]),
         "itl_ms_p99": spread([r.itl_ms.p99 for r in runs]),
-        "peak_pss_gb": spread([b / 1e9 for b in peak_pss]) if any(peak_pss) else None,
+        "peak_pss_gb": spread([total / 1e9 for total, _ in peaks]) if any(t for t, _ in peaks) else None,
         # Of that, the largest one process's peak: the kit's worker, a one-process peer's all.
-        "largest_process_pss_gb": spread([b / 1e9 for b in largest_pss]) if any(largest_pss) else None,
+        "largest_process_pss_gb": spread([one / 1e9 for _, one in peaks]) if any(o for _, o in peaks) else None,
         # Each round measures every row: a ratio between rows is taken round by round.
         "output_tokens_per_s_by_round": [r.output_tokens_per_s for r in runs],
         # Of the tokens prompt lookup drafted over the rounds, the share kept; None: it drafted none.
@@ -136,6 +138,9 @@ def scaling(results: dict) -> list[str]:
     ]
     for name in rows:
         few, many = results[fewest][name], results[most][name]
+        if not few["output_tokens_per_s"]["median"]:  # every request failed: nothing to divide by
+            lines.append(f"| {name} | – | – | – |")
+            continue
         tokens = many["output_tokens_per_s"]["median"] / few["output_tokens_per_s"]["median"]
         ttft = many["ttft_ms_p50"]["median"] / few["ttft_ms_p50"]["median"]
         tail = many["itl_ms_p99"]["median"] / many["itl_ms_p50"]["median"]
@@ -204,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     systems: list[System] = []
     results: dict[int, dict[str, list[StreamStats]]] = {c: {} for c in concurrencies}
-    memory: dict[int, dict[str, list[int]]] = {c: {} for c in concurrencies}  # peak PSS per round
-    largest: dict[int, dict[str, list[int]]] = {c: {} for c in concurrencies}  # its largest process's
+    # Per round: the peak PSS and the largest process's.
+    memory: dict[int, dict[str, list[tuple[int, int]]]] = {c: {} for c in concurrencies}
     measured: list[tuple[System, list[Ask]]] = []  # each row: its system and its workload
     idle: list[steadiness.Probe] = []  # the machine's speed before and after the rounds
     try:
@@ -243,8 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                     with PeakPss(system.pids) as peak:
                         stats = measure_streams(system.url, system.model, asks, concurrency, args.seconds)
                     results[concurrency].setdefault(system.name, []).append(stats)
-                    memory[concurrency].setdefault(system.name, []).append(peak.bytes)
-                    largest[concurrency].setdefault(system.name, []).append(peak.largest)
+                    memory[concurrency].setdefault(system.name, []).append((peak.bytes, peak.largest))
                     log(f"round {round_ + 1}/{args.rounds} c={concurrency} {system.name}: {stats.summary()}")
     except KeyboardInterrupt:
         log("interrupted: the report has the rows measured so far")
@@ -255,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         after = steadiness.measure(STEADY_S, 0.5, read_topology().capacity)
         idle = [steadiness.Probe(b.name, b.ms + a.ms) for b, a in zip(idle, after, strict=True)]
     summary = {
-        c: {name: median_stats(runs, memory[c][name], largest[c][name]) for name, runs in rows.items()}
+        c: {name: median_stats(runs, memory[c][name]) for name, runs in rows.items()}
         for c, rows in results.items()
         if rows
     }

@@ -130,7 +130,11 @@ def conversations(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", required=True, help="a text-generation model file (make model NAME=... SRC=...)")
+    parser.add_argument(
+        "--models",
+        required=True,
+        help="text-generation model files, comma-separated, served one after the other (make model NAME=... SRC=...)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--later", type=int, default=5, help="requests after the first, each with its own question")
     parser.add_argument("--tokens", type=int, default=1000, help="the system prompt's length in tokens")

@@ -18,7 +18,8 @@ model allows it (runner.py: a mixed step; where it does not, the chunk is shared
 waiting, each part a forward of its own). A
 sequence leaves at an end-of-sequence token, a stop string, its max_new_tokens or the context's
 end, or when cancelled; its slot is free for the next step, and what its row holds stays
-findable until the slot is taken again or its room is needed.
+findable until the slot is taken again or its room is needed (with a prefix store, a taken row's
+blocks are kept beside the rows: prefix_store.py).
 
 The rows together hold at most `kv_positions` (the memory plan's contexts x the context: fewer
 than a context a slot where memory is short; kv_budget.py counts what they hold). A sequence
@@ -89,10 +90,10 @@ class Engine(Scheduler):
         self.cache = SlotCache(KvShape.of(model.config), slots, context, dtype, kv_int8)
         # What taken rows held, up to `prefix_store_bytes` within the budget (prefix_store.py).
         self.store = PrefixStore()
-        token_bytes = self.cache.shape.token_bytes(dtype, kv_int8)
-        self.store_positions = prefix_store_bytes // token_bytes // block_size * block_size if prefix_caching else 0
+        self.block_bytes = self.cache.shape.token_bytes(dtype, kv_int8) * block_size
+        self.store_blocks = prefix_store_bytes // self.block_bytes if prefix_caching else 0
         # What the cache may hold resident (the memory plan's); None: every row a whole context.
-        self.budget = KvBudget(slots, kv_positions or slots * context)
+        self.budget = KvBudget(slots, kv_positions or slots * context, stored=lambda: len(self.store) * block_size)
         self.runner = Runner(model, self.cache, context, name, itt)
         self.model = model
         self.lookup = lookup  # draft tokens a step checks (prompt lookup, lookup.py); 0: none
@@ -119,7 +120,7 @@ class Engine(Scheduler):
         return self.budget.positions * self.cache.shape.token_bytes(self.cache.dtype, self.cache.int8)
 
     def prefix_store_bytes(self) -> int:
-        return self.budget.stored * self.cache.shape.token_bytes(self.cache.dtype, self.cache.int8)
+        return len(self.store) * self.block_bytes
 
     def kv_cache_usage(self) -> float:
         """The budget's share held by the rows of sequences in flight (a finished sequence's
@@ -177,7 +178,6 @@ class Engine(Scheduler):
         False when it does not with all of them given back."""
         while not self.budget.fits(written):
             if self.store.evict():  # the store's blocks before any row's
-                self.budget.stored -= self.prefix.block_size
                 continue
             row = self.budget.coldest(set(range(self.slots)) - set(self.active) - set(written))
             if row is None:
@@ -279,11 +279,10 @@ class Engine(Scheduler):
         """The blocks the taken row held that no other row holds, into the prefix store while the
         budget has room beside what is held (they are still in the row: nothing is written yet)."""
         size = self.prefix.block_size
-        first = place.held // size
-        for index, key in enumerate(place.dropped, start=first):
+        for index, key in enumerate(place.dropped, start=place.held // size):
             if key in self.store or key in self.prefix.holders:
                 continue
-            if self.budget.stored + size > self.store_positions or not self.budget.store(size):
+            if len(self.store) >= self.store_blocks or not self.budget.room(size):
                 break
             self.store.keep(key, self.cache.block(place.row, slice(index * size, (index + 1) * size)))
 
@@ -291,11 +290,12 @@ class Engine(Scheduler):
         """The prompt's blocks after the first `found` positions that the store kept, copied into
         the row while they follow one another; the positions the row holds of the prompt then."""
         size = self.prefix.block_size
+        if not self.store:
+            return found
         keys = list(itertools.takewhile(lambda key: key in self.store, place.chain[found // size :]))
         if not keys:
             return found
-        saved = [self.store.take(key) for key in keys]
-        self.budget.stored -= len(keys) * size  # out of the store, into the row
+        saved = [self.store.take(key) for key in keys]  # out of the store, into the row
         if not self._make_room({place.row: found + len(keys) * size}):
             return found  # no room for them: computed instead
         for index, blocks in enumerate(saved, start=found // size):

@@ -5,6 +5,7 @@
     budget.hold({3: 120, 5: 17})     # they do now
     budget.coldest(free={2, 7})      # the free row to give back first (least recently used), or None
     budget.release(2)                # its pages went back to the system (cache.SlotCache.release)
+    KvBudget(16, 4 * 2048, stored=lambda: len(store) * 16)   # the prefix store's positions counted too
 
 The cache maps a full row of context positions for every sequence generated at once, untouched
 (cache.py): a page is resident once written. What the worker's memory holds is then each row's
@@ -23,20 +24,24 @@ left, the engine preempts its youngest sequence (engine.py) and computes it agai
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+
+
+def nothing_stored() -> int:
+    return 0
 
 
 class KvBudget:
-    def __init__(self, rows: int, positions: int):
+    def __init__(self, rows: int, positions: int, stored: Callable[[], int] = nothing_stored):
         self.positions = positions  # the most the rows (and the prefix store) may hold together
         self.held = [0] * rows  # each row's high-water mark: its positions resident
-        self.stored = 0  # positions the prefix store holds beside the rows (prefix_store.py)
+        self.stored = stored  # the positions the prefix store holds beside the rows now (prefix_store.py)
         self.used_at = [0] * rows  # when each row was last used (a tick): the least recent goes first
         self._ticks = itertools.count(1)
 
     @property
     def used(self) -> int:
-        return sum(self.held) + self.stored
+        return sum(self.held) + self.stored()
 
     def extra(self, targets: Mapping[int, int]) -> int:
         """Positions beyond those held that rows holding `targets` ({row: positions}) take."""
@@ -54,12 +59,9 @@ class KvBudget:
     def release(self, row: int) -> None:
         self.held[row] = 0
 
-    def store(self, count: int) -> bool:
-        """`count` more positions for the prefix store, if they fit beside what is held now."""
-        if self.used + count > self.positions:
-            return False
-        self.stored += count
-        return True
+    def room(self, count: int) -> bool:
+        """Whether `count` more positions fit beside what is held now (the prefix store's next block)."""
+        return self.used + count <= self.positions
 
     def coldest(self, free: Collection[int]) -> int | None:
         """The free row holding positions that was used least recently; None when none holds any."""

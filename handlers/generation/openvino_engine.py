@@ -196,7 +196,7 @@ class OpenVinoEngine(Scheduler):
 
     prefill_chunk = 0  # the pipeline chunks prompts itself
     prefix_caching = False  # (Pipeline.load)
-    store_positions = 0  # nor the kit's prefix store
+    store_blocks = 0  # nor the kit's prefix store
     # The pipeline has no logit bias and no alternatives' log-probabilities, and its penalties are
     # not checked to equal the kit's (sampling.py): refused by name rather than answered otherwise.
     unserved = frozenset(

@@ -83,6 +83,12 @@ def test_each_row_at_the_most_clients_is_set_against_itself_at_the_fewest(tmp_pa
     assert "| llama.cpp f32 | " not in text.split("clients against")[1]
 
 
+def test_a_row_that_wrote_nothing_at_the_fewest_clients_has_no_ratios(tmp_path):
+    systems = {"kit inductor": system("kit inductor", KIT, "float32")}
+    text = report({1: {"kit inductor": stats(0)}, 16: {"kit inductor": stats(60)}}, systems, tmp_path, "# header")
+    assert "| kit inductor | – | – | – |" in text
+
+
 def test_one_concurrency_has_no_scaling_table(tmp_path):
     systems = {"kit inductor": system("kit inductor", KIT, "float32")}
     assert "clients against" not in report({4: {"kit inductor": stats(10)}}, systems, tmp_path, "# header")

@@ -188,9 +188,11 @@ def test_a_prefix_in_a_finished_row_is_copied_when_room_is_made_without_giving_t
         eng.step()
 
 
-def test_the_prefix_store_takes_only_room_the_rows_leave_and_counts_in_use():
-    budget = KvBudget(rows=2, positions=100)
+def test_what_the_prefix_store_holds_counts_in_use_and_leaves_room_for_no_more():
+    stored = [32]
+    budget = KvBudget(rows=2, positions=100, stored=lambda: stored[0])
     budget.hold({0: 60})
-    assert budget.store(32) and budget.used == 92
-    assert not budget.store(16) and budget.stored == 32  # 108 > 100: refused, nothing counted
+    assert budget.used == 92 and budget.room(8) and not budget.room(9)
     assert not budget.fits({1: 9}) and budget.fits({1: 8})
+    stored[0] = 0  # read as it is now: the store gave its blocks up
+    assert budget.used == 60 and budget.fits({1: 40})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from handlers.generation.cache import KvShape
 from handlers.generation.prefix_store import PrefixStore
 from handlers.generation.sequences import Generation
 from tests.unit.handlers.generation.engines import (
@@ -51,14 +52,14 @@ def test_a_prompt_whose_row_was_taken_finds_its_blocks_in_the_store_and_answers_
         forwards = counted(eng)
         answers = [run_alone(eng, ids, 6, forwards) for ids in (first, other, first)]
         assert [s.tokens for s, _ in answers] == [reference(model, ids, 6) for ids in (first, other, first)]
-        again, computed = answers[2]
+        _, computed = answers[2]
         if store_bytes:
             assert computed <= 4 + 8  # all but its last block found (a part is padded to 8)
             found = (len(first) - 1) // 4 * 4
             assert eng.prefix.stats.hits >= found
             # Taken out, into the row; what stays (the answers' blocks) counts in the budget.
             assert not any(key in eng.store for key in eng.prefix.chain(first[:-1]))
-            assert len(eng.store) > 0 and eng.budget.stored == 4 * len(eng.store)
+            assert len(eng.store) > 0 and eng.budget.used == sum(eng.budget.held) + 4 * len(eng.store)
             # The metrics port's gauge: those blocks' bytes.
             token_bytes = eng.cache.shape.token_bytes(torch.float32)
             assert eng.gauges().prefix_store_bytes == 4 * len(eng.store) * token_bytes
@@ -66,18 +67,16 @@ def test_a_prompt_whose_row_was_taken_finds_its_blocks_in_the_store_and_answers_
             assert computed >= len(first) and len(eng.store) == 0
 
 
-def test_the_store_keeps_no_more_than_its_size_and_the_budgets_room(lm):
+def test_the_store_keeps_no_more_than_its_size(lm):
     model, tokenizer = lm
     first, other = tokenizer(PROMPTS[2])["input_ids"], tokenizer(PROMPTS[0])["input_ids"]
-    token_bytes = None
-    eng = engine(model, tokenizer, slots=1, block_size=4)
-    token_bytes = eng.cache.shape.token_bytes(torch.float32)
+    token_bytes = KvShape.of(model.config).token_bytes(torch.float32)
     # Room for 3 blocks of 4 positions: the first 3 of the first prompt's blocks are kept.
     eng = engine(model, tokenizer, slots=1, block_size=4, prefix_store_bytes=12 * token_bytes + 1)
     forwards = counted(eng)
     for ids in (first, other):
         run_alone(eng, ids, 2, forwards)
-    assert len(eng.store) == 3 and eng.budget.stored == 12
+    assert len(eng.store) == 3 and eng.gauges().prefix_store_bytes == 12 * token_bytes
     _, computed = run_alone(eng, first, 2, forwards)
     assert len(first) - 12 <= computed  # 3 blocks found, the rest computed
 
@@ -98,13 +97,13 @@ def test_room_for_a_sequence_is_made_from_the_store_before_any_row(lm):
     third = eng.submit(Generation(tuple(other), 4), Recorder())
     while eng.busy:
         eng.step()
-    assert (first.slot, second.slot, third.slot) == (0, 1, 0) and eng.budget.stored >= 8
-    stored, row_one = eng.budget.stored, eng.budget.held[1]
+    assert (first.slot, second.slot, third.slot) == (0, 1, 0) and eng.budget.stored() >= 8
+    stored, row_one = eng.budget.stored(), eng.budget.held[1]
     ids = (long * 8)[: positions - row_one - 8]  # fits beside row 1 only once the store is given up
     big = eng.submit(Generation(tuple(ids), 4), Recorder())
     while eng.busy:
         eng.step()
-    assert big.slot == 0 and eng.budget.stored < stored and eng.budget.held[1] == row_one
+    assert big.slot == 0 and eng.budget.stored() < stored and eng.budget.held[1] == row_one
     assert eng.prefix.keys[1] and eng.budget.used <= positions
     assert [s.tokens for s in (first, second, third, big)] == [
         reference(model, i, 4) for i in (long, short, other, ids)
