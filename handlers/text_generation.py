@@ -137,7 +137,9 @@ class TextGenerationHandler(StreamingHandler):
             self.engine.prefill_chunk,
             "" if self.step_times is None else f" ({self.step_times})",
             "on" if self.engine.prefix_caching else "off",
-            f" (a store of {settings.prefix_store_mb}MB)" if self.engine.store_blocks else "",
+            f" (a store of {self.engine.store_blocks * self.engine.block_bytes / 1e6:.0f}MB)"
+            if self.engine.store_blocks
+            else "",
             self.engine.lookup,
             settings.weights.value,
             "".join(f" ({part} {size / 1e6:.0f}MB)" for part, size in self.weight_bytes.items()),
@@ -194,7 +196,7 @@ class TextGenerationHandler(StreamingHandler):
             lookup=settings.prompt_lookup,
             kv_positions=self.kv_contexts * settings.context_length,
             kv_int8=settings.kv_cache is KvCache.INT8,
-            prefix_store_bytes=settings.prefix_store_mb * 10**6,
+            prefix_store_bytes=None if settings.prefix_store_mb is None else settings.prefix_store_mb * 10**6,
         )
 
     def openvino_engine(self, model_dir: Path, eos: set[int]) -> OpenVinoEngine:

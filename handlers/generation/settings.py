@@ -94,9 +94,10 @@ class GenerationSettings(OptimizationSettings):
     prefix_caching: bool = True
     # Blocks a row held when another sequence takes it, kept beside the rows up to this many MB
     # (within the KV cache's budget, given up first when a sequence needs room): a server with
-    # more conversations than max_sequences finds their earlier turns (prefix_store.py). 0: off,
-    # what the rows hold alone: memory at many streams stays what the streams write.
-    prefix_store_mb: int = 0
+    # more conversations than max_sequences finds their earlier turns (prefix_store.py). null:
+    # a quarter of the budget the memory plan gives the KV cache. 0: off, what the rows hold
+    # alone: memory at many streams of unrelated prompts stays what the streams write.
+    prefix_store_mb: int | None = None
     # TorchServe's protocol for the requests (Batching): `continuous` ends a sequence whose client
     # went away, with one worker; `async` runs it to its end, with a worker per L3 domain.
     batching: Batching = Batching.CONTINUOUS
