@@ -29,6 +29,7 @@ from typing import Any
 import requests
 
 TIMEOUT_S = 600
+JOIN_S = 0.2  # how soon the main thread sees a Ctrl-C while its clients stream
 SERIALS = itertools.count()  # every request's number in this process (Ask.body)
 
 
@@ -165,10 +166,11 @@ def measure_streams(url: str, model: str, workload: Sequence[Ask], concurrency: 
     deadline = start + seconds
     records: list[Record] = []
     lock = threading.Lock()
+    stopped = threading.Event()  # Ctrl-C: no client sends another request
 
     def client(offset: int) -> None:
         index = offset
-        while time.perf_counter() < deadline:
+        while time.perf_counter() < deadline and not stopped.is_set():
             # A connection per request: llama.cpp's HTTP server closes a kept-alive connection after
             # a few requests, and a request sent as it closes fails with no answer at all.
             with requests.Session() as session:
@@ -178,11 +180,19 @@ def measure_streams(url: str, model: str, workload: Sequence[Ask], concurrency: 
                 records.append(record)
             index += concurrency
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(concurrency)]
+    # Daemons: on Ctrl-C the bench stops its servers and ends without waiting for the streams in
+    # flight (they fail as their server goes), where each client would have gone on asking a
+    # stopped server until the deadline.
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(concurrency)]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            while thread.is_alive():  # in short waits: a join without one defers Ctrl-C to its end
+                thread.join(JOIN_S)
+    except KeyboardInterrupt:
+        stopped.set()
+        raise
     window = time.perf_counter() - start  # the last requests run past the deadline: the window holds them
     done = [r for r in records if not r.error]
     return StreamStats(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
+import signal
 import threading
 import time
 
@@ -112,3 +114,15 @@ def test_the_drafted_tokens_kept_and_refused_are_what_the_usage_said(url):
     )
     plain = measure_streams(url, "m", [Ask("hello", TOKENS)], concurrency=1, seconds=0.3)
     assert plain.drafts_kept_share is None and "drafted" not in plain.summary()
+
+
+def test_ctrl_c_ends_the_measurement_and_no_client_asks_again(url):
+    """An interrupt while the clients stream (the main thread in join): KeyboardInterrupt goes up
+    to the bench (which stops its servers), and no client sends a request after it."""
+    Completions.prompts.clear()
+    threading.Timer(FIRST_S / 2, os.kill, (os.getpid(), signal.SIGINT)).start()  # the first requests streaming
+    with pytest.raises(KeyboardInterrupt):
+        measure_streams(url, "m", [Ask("hello", TOKENS)], concurrency=2, seconds=30)
+    sent = len(Completions.prompts)
+    time.sleep(FIRST_S + TOKENS * GAP_S + 0.5)  # the streams in flight end; a client would ask again
+    assert sent == len(Completions.prompts) == 2
