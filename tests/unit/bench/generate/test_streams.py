@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import http.server
 import json
-import os
-import signal
 import threading
 import time
 
@@ -116,13 +115,21 @@ def test_the_drafted_tokens_kept_and_refused_are_what_the_usage_said(url):
     assert plain.drafts_kept_share is None and "drafted" not in plain.summary()
 
 
+def interrupt(thread_id: int) -> None:
+    """Ctrl-C as the thread running measure_streams sees it, whichever thread it is (pytest-xdist
+    runs tests outside the main thread, where no signal goes): a KeyboardInterrupt raised in it."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(KeyboardInterrupt))
+
+
 def test_ctrl_c_ends_the_measurement_and_no_client_asks_again(url):
-    """An interrupt while the clients stream (the main thread in join): KeyboardInterrupt goes up
-    to the bench (which stops its servers), and no client sends a request after it."""
+    """An interrupt while the clients stream (the measuring thread waiting for them): it goes up
+    to the bench (which stops its servers) at once, and no client sends a request after it."""
     Completions.prompts.clear()
-    threading.Timer(FIRST_S / 2, os.kill, (os.getpid(), signal.SIGINT)).start()  # the first requests streaming
+    threading.Timer(FIRST_S / 2, interrupt, (threading.get_ident(),)).start()  # the first requests streaming
+    started = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
         measure_streams(url, "m", [Ask("hello", TOKENS)], concurrency=2, seconds=30)
+    assert time.perf_counter() - started < STALL_S  # not at the end of the streams in flight, nor the deadline's
     sent = len(Completions.prompts)
     time.sleep(FIRST_S + TOKENS * GAP_S + 0.5)  # the streams in flight end; a client would ask again
     assert sent == len(Completions.prompts) == 2
