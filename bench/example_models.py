@@ -6,6 +6,8 @@
     .venv/bin/python -m bench.example_models qwen2 /tmp/qwen2             # Qwen2-style causal LM, grouped KV heads
     .venv/bin/python -m bench.example_models gpt2 /tmp/gpt2               # GPT-2-style causal LM
     .venv/bin/python -m bench.example_models qwen2-repeating /tmp/rep     # qwen2's, answers repeat their last token
+    .venv/bin/python -m bench.example_models qwen3 /tmp/qwen3             # Qwen3-0.6B's shape: norms on queries and keys
+    .venv/bin/python -m bench.example_models llama /tmp/llama             # Llama-3.2-1B's shape: Llama 3's RoPE scaling
 
 Written with save_pretrained, as a fine-tuned checkpoint is: config.json (labels in id2label),
 model.safetensors, the tokenizer (bert-base-uncased's vocabulary, shipped in a pip package) or
@@ -179,6 +181,86 @@ def qwen2(
     return _save_causal(Qwen2ForCausalLM(config), tokenizer, directory, eos)
 
 
+def qwen3(
+    directory: Path,
+    dim: int = 1024,
+    layers: int = 28,
+    heads: int = 16,
+    kv_heads: int = 8,
+    head_dim: int = 128,
+    intermediate: int = 3072,
+    init: float = 0.02,
+    vocabulary: int = QWEN_VOCABULARY,
+) -> Path:
+    """A Qwen3 causal LM (Qwen2's, with an RMSNorm on each head's queries and keys and heads wider
+    than dim / heads) with a ChatML template; the defaults are Qwen3-0.6B's shape and vocabulary size."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(SEED)
+    tokenizer = causal_tokenizer(size=vocabulary)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=dim,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=40960,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        initializer_range=init,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    )
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    return _save_causal(Qwen3ForCausalLM(config), tokenizer, directory, eos)
+
+
+def llama(
+    directory: Path,
+    dim: int = 2048,
+    layers: int = 16,
+    heads: int = 32,
+    kv_heads: int = 8,
+    intermediate: int = 8192,
+    init: float = 0.02,
+    vocabulary: int = 128256,
+) -> Path:
+    """A Llama causal LM with Llama 3's long-context RoPE (its frequencies scaled by band) and a
+    ChatML template; the defaults are Llama-3.2-1B's shape and vocabulary size."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(SEED)
+    tokenizer = causal_tokenizer(size=vocabulary)
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500_000.0,
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=dim,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=131072,
+        rope_parameters=rope,
+        rms_norm_eps=1e-5,
+        initializer_range=init,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    )
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    return _save_causal(LlamaForCausalLM(config), tokenizer, directory, eos)
+
+
 def qwen2_repeating(directory: Path, **shape: int) -> Path:
     """qwen2()'s model whose layers add nothing (every attention and MLP output projection zero): a
     position's last hidden state is its token's embedding, which the tied head scores highest, so
@@ -227,6 +309,8 @@ EXAMPLES: dict[str, Callable[[Path], Path]] = {
     "vit": vit,
     "qwen2": qwen2,
     "qwen2-repeating": qwen2_repeating,
+    "qwen3": qwen3,
+    "llama": llama,
     "gpt2": gpt2,
 }
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.example_models import ANIMALS, SENTIMENT, distilbert, gpt2, qwen2, vit
+from bench.example_models import ANIMALS, SENTIMENT, distilbert, gpt2, llama, qwen2, qwen3, vit
 
 LABELS, IMAGE_LABELS = SENTIMENT, ANIMALS
 # Weights this large give peaked outputs: a comparison of probabilities means something only
@@ -35,3 +35,15 @@ def qwen2_lm(directory: Path) -> Path:
 def gpt2_lm(directory: Path) -> Path:
     """GPT-2: learned positions, no chat template."""
     return gpt2(directory, dim=128, layers=2, heads=2, init=INIT, vocabulary=0)
+
+
+def qwen3_lm(directory: Path) -> Path:
+    """Qwen3: norms on each head's queries and keys, heads of 128 wider than dim / heads."""
+    return qwen3(
+        directory, dim=256, layers=2, heads=4, kv_heads=2, head_dim=128, intermediate=512, init=INIT, vocabulary=0
+    )
+
+
+def llama_lm(directory: Path) -> Path:
+    """Llama 3: RoPE's frequencies scaled by band (llama3), grouped KV heads."""
+    return llama(directory, dim=256, layers=2, heads=4, kv_heads=2, intermediate=512, init=INIT, vocabulary=0)

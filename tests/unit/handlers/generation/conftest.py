@@ -1,14 +1,15 @@
 """The tiny random language models the engine's tests run on, one family at a time: Llama-style
-(Qwen2, grouped KV heads, RoPE) and GPT-2 (learned positions)."""
+(Qwen2, grouped KV heads, RoPE), GPT-2 (learned positions), Qwen3 (norms on queries and keys,
+wide heads) and Llama 3 (RoPE scaled by band)."""
 
 from __future__ import annotations
 
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.hf_models import gpt2_lm, qwen2_lm
+from tests.hf_models import gpt2_lm, llama_lm, qwen2_lm, qwen3_lm
 
-FAMILIES = {"qwen2": qwen2_lm, "gpt2": gpt2_lm}
+FAMILIES = {"qwen2": qwen2_lm, "gpt2": gpt2_lm, "qwen3": qwen3_lm, "llama": llama_lm}
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
