@@ -196,7 +196,7 @@ class TextGenerationHandler(StreamingHandler):
             lookup=settings.prompt_lookup,
             kv_positions=self.kv_contexts * settings.context_length,
             kv_int8=settings.kv_cache is KvCache.INT8,
-            prefix_store_bytes=None if settings.prefix_store_mb is None else settings.prefix_store_mb * 10**6,
+            prefix_store_bytes=settings.prefix_store_mb * 10**6,
         )
 
     def openvino_engine(self, model_dir: Path, eos: set[int]) -> OpenVinoEngine:

@@ -50,11 +50,6 @@ from handlers.generation.scheduler import Running, Scheduler
 
 log = logging.getLogger(__name__)
 BLOCK_SIZE = 16  # tokens per prefix-cache block: vLLM's
-# The share of the KV cache's budget the prefix store may hold by default: returning
-# conversations find their earlier turns (a 523-token conversation's later turn took 0.14 of its
-# first's time to its first token, docs/generation.md "The prefix store") while the rows keep
-# three quarters; at many streams of unrelated prompts it fills to this share.
-STORE_SHARE = 0.25
 
 
 def prompt_chunk(asked: int) -> int:
@@ -83,7 +78,7 @@ class Engine(Scheduler):
         lookup: int = 0,
         kv_positions: int | None = None,
         kv_int8: bool = False,
-        prefix_store_bytes: int | None = 0,
+        prefix_store_bytes: int = 0,
     ):
         super().__init__(decode, eos, slots, context, max_waiting, name)
         if kv_positions is not None and kv_positions < context:
@@ -93,18 +88,12 @@ class Engine(Scheduler):
         self.prefill_chunk = prompt_chunk(prefill_chunk)
         self.prefix = PrefixCache(slots, block_size, prefix_caching)
         self.cache = SlotCache(KvShape.of(model.config), slots, context, dtype, kv_int8)
-        # What the cache may hold resident (the memory plan's); None: every row a whole context.
-        self.budget = KvBudget(slots, kv_positions or slots * context, stored=lambda: len(self.store) * block_size)
-        # What taken rows held, up to `prefix_store_bytes` within the budget (prefix_store.py);
-        # None: STORE_SHARE of the budget.
+        # What taken rows held, up to `prefix_store_bytes` within the budget (prefix_store.py).
         self.store = PrefixStore()
         self.block_bytes = self.cache.shape.token_bytes(dtype, kv_int8) * block_size
-        store_positions = (
-            int(self.budget.positions * STORE_SHARE)
-            if prefix_store_bytes is None
-            else prefix_store_bytes // self.block_bytes * block_size
-        )
-        self.store_blocks = store_positions // block_size if prefix_caching else 0
+        self.store_blocks = prefix_store_bytes // self.block_bytes if prefix_caching else 0
+        # What the cache may hold resident (the memory plan's); None: every row a whole context.
+        self.budget = KvBudget(slots, kv_positions or slots * context, stored=lambda: len(self.store) * block_size)
         self.runner = Runner(model, self.cache, context, name, itt)
         self.model = model
         self.lookup = lookup  # draft tokens a step checks (prompt lookup, lookup.py); 0: none

@@ -94,10 +94,11 @@ class GenerationSettings(OptimizationSettings):
     prefix_caching: bool = True
     # Blocks a row held when another sequence takes it, kept beside the rows up to this many MB
     # (within the KV cache's budget, given up first when a sequence needs room): a server with
-    # more conversations than max_sequences finds their earlier turns (prefix_store.py). null:
-    # a quarter of the budget the memory plan gives the KV cache. 0: off, what the rows hold
-    # alone: memory at many streams of unrelated prompts stays what the streams write.
-    prefix_store_mb: int | None = None
+    # more conversations than max_sequences finds their earlier turns (prefix_store.py). 0: off,
+    # what the rows hold alone: memory at many streams stays what the streams write (a store of a
+    # quarter of the KV budget, full of unrelated prompts at 16 streams, held 0.9 GB of a
+    # Qwen3-0.6B-shaped bf16 worker's 3.3: docs/generation.md, "The prefix store").
+    prefix_store_mb: int = 0
     # TorchServe's protocol for the requests (Batching): `continuous` ends a sequence whose client
     # went away, with one worker; `async` runs it to its end, with a worker per L3 domain.
     batching: Batching = Batching.CONTINUOUS

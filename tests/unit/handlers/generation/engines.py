@@ -38,7 +38,7 @@ def engine(
     chunk: int = 0,
     block_size: int = 16,
     prefix_caching: bool = True,
-    prefix_store_bytes: int | None = 0,
+    prefix_store_bytes: int = 0,
 ):
     eos = set() if eos is None else eos
     return Engine(

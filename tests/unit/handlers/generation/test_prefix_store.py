@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from handlers.generation.cache import KvShape
-from handlers.generation.engine import STORE_SHARE
 from handlers.generation.prefix_store import PrefixStore
 from handlers.generation.sequences import Generation
 from tests.unit.handlers.generation.engines import (
@@ -111,14 +110,10 @@ def test_room_for_a_sequence_is_made_from_the_store_before_any_row(lm):
     ]
 
 
-def test_left_open_the_store_holds_a_share_of_the_budget_and_none_without_prefix_caching(lm):
-    """`prefix_store_mb: null` (the default): STORE_SHARE of the KV budget's positions, in whole
-    blocks; a size in bytes is that many whole blocks; no prefix caching, no store."""
+def test_the_store_holds_whole_blocks_of_its_size_and_none_without_prefix_caching(lm):
     model, tokenizer = lm
     token_bytes = KvShape.of(model.config).token_bytes(torch.float32)
-    share = engine(model, tokenizer, slots=3, context=256, block_size=16, prefix_store_bytes=None)
-    assert share.store_blocks == int(3 * 256 * STORE_SHARE) // 16 > 0
     sized = engine(model, tokenizer, block_size=16, prefix_store_bytes=33 * 16 * token_bytes - 1)
     assert sized.store_blocks == 32
-    off = engine(model, tokenizer, prefix_caching=False, prefix_store_bytes=None)
+    off = engine(model, tokenizer, prefix_caching=False, prefix_store_bytes=BIG)
     assert off.store_blocks == 0
