@@ -149,6 +149,23 @@ def _save_causal(model, tokenizer, directory: Path, eos: list[int]) -> Path:
 QWEN_VOCABULARY = 151936
 
 
+def _chat_lm(directory: Path, architecture: str, vocabulary: int, **config) -> Path:
+    """A causal LM of transformers' `architecture` (Qwen2, Qwen3, Llama: <name>Config and
+    <name>ForCausalLM), random and seeded, with the trained tokenizer grown to `vocabulary` ids, a
+    ChatML template, and <|im_end|> and <|endoftext|> as its ends; `config`: the shape."""
+    import torch
+    import transformers
+
+    torch.manual_seed(SEED)
+    tokenizer = causal_tokenizer(size=vocabulary)
+    settings = getattr(transformers, f"{architecture}Config")(
+        vocab_size=len(tokenizer), eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"), **config
+    )
+    model = getattr(transformers, f"{architecture}ForCausalLM")(settings)
+    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    return _save_causal(model, tokenizer, directory, eos)
+
+
 def qwen2(
     directory: Path,
     dim: int = 896,
@@ -160,13 +177,10 @@ def qwen2(
 ) -> Path:
     """A Qwen2 causal LM (Llama-style: RoPE, RMSNorm, grouped KV heads) with a ChatML template;
     the defaults are Qwen2.5-0.5B's shape and vocabulary size (0: the trained tokenizer's own)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(SEED)
-    tokenizer = causal_tokenizer(size=vocabulary)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
+    return _chat_lm(
+        directory,
+        "Qwen2",
+        vocabulary,
         hidden_size=dim,
         intermediate_size=int(dim * 5.4) // 8 * 8,
         num_hidden_layers=layers,
@@ -175,10 +189,7 @@ def qwen2(
         max_position_embeddings=32768,
         initializer_range=init,
         tie_word_embeddings=True,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
     )
-    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
-    return _save_causal(Qwen2ForCausalLM(config), tokenizer, directory, eos)
 
 
 def qwen3(
@@ -194,13 +205,10 @@ def qwen3(
 ) -> Path:
     """A Qwen3 causal LM (Qwen2's, with an RMSNorm on each head's queries and keys and heads wider
     than dim / heads) with a ChatML template; the defaults are Qwen3-0.6B's shape and vocabulary size."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(SEED)
-    tokenizer = causal_tokenizer(size=vocabulary)
-    config = Qwen3Config(
-        vocab_size=len(tokenizer),
+    return _chat_lm(
+        directory,
+        "Qwen3",
+        vocabulary,
         hidden_size=dim,
         intermediate_size=intermediate,
         num_hidden_layers=layers,
@@ -212,10 +220,18 @@ def qwen3(
         rms_norm_eps=1e-6,
         initializer_range=init,
         tie_word_embeddings=True,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
     )
-    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
-    return _save_causal(Qwen3ForCausalLM(config), tokenizer, directory, eos)
+
+
+# Llama 3's long-context RoPE: its frequencies scaled by band (Llama-3.2-1B's config.json).
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500_000.0,
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 def llama(
@@ -228,37 +244,23 @@ def llama(
     init: float = 0.02,
     vocabulary: int = 128256,
 ) -> Path:
-    """A Llama causal LM with Llama 3's long-context RoPE (its frequencies scaled by band) and a
-    ChatML template; the defaults are Llama-3.2-1B's shape and vocabulary size."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(SEED)
-    tokenizer = causal_tokenizer(size=vocabulary)
-    rope = {
-        "rope_type": "llama3",
-        "rope_theta": 500_000.0,
-        "factor": 32.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    }
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    """A Llama causal LM with Llama 3's RoPE and a ChatML template; the defaults are
+    Llama-3.2-1B's shape and vocabulary size."""
+    return _chat_lm(
+        directory,
+        "Llama",
+        vocabulary,
         hidden_size=dim,
         intermediate_size=intermediate,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=131072,
-        rope_parameters=rope,
+        rope_parameters=LLAMA3_ROPE,
         rms_norm_eps=1e-5,
         initializer_range=init,
         tie_word_embeddings=True,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
     )
-    eos = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
-    return _save_causal(LlamaForCausalLM(config), tokenizer, directory, eos)
 
 
 def qwen2_repeating(directory: Path, **shape: int) -> Path:
