@@ -12,15 +12,16 @@ model's own path, greedy, 8 tokens. The first computes the whole system prompt; 
 finds its full blocks in the prefix cache (handlers/generation/prefix.py) and computes the rest.
 Per round: the first's time to first token, the later ones' median, and their ratio.
 
-    .venv/bin/python -m bench.studies.prefix_reuse --models lm,lm-rows --conversations 3
+    .venv/bin/python -m bench.studies.prefix_reuse --models lm,lm-store --conversations 3
 
 Returning conversations instead (`--conversations K`): each round opens K texts of `--tokens`,
 and asks in turns, one request at a time, each conversation's first question, then each one's
 next, `--later` times: a conversation's later turn finds its text only if nothing another took
 its row since (prefix.py: a lone request goes to the lowest row), or if the prefix store kept
-it (prefix_store.py, `prefix_store_mb`, on by default; `lm-rows`: `prefix_store_mb: 0`).
-First: the conversations' first turns; later: the others. Several model files (the same directory with other settings) are served one after the
-other, a row each. Results: bench/results/prefix-<time>/results.json, report.md and the table
+it (prefix_store.py, `prefix_store_mb`, off by default; `lm-store`: the same directory with
+`handler: {prefix_store_mb: 128}`). First: the conversations' first turns; later: the others.
+Several model files (the same directory with other settings) are served one after the other, a
+row each. Results: bench/results/prefix-<time>/results.json, report.md and the table
 printed.
 """
 
