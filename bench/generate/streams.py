@@ -4,26 +4,34 @@
     stats.output_tokens_per_s, stats.ttft_ms.p50, stats.itl_ms.p99
 
 Each client sends the workload's requests in turn (`stream: true`, usage included, `ignore_eos`
-so every server writes the same number of tokens), keeping `concurrency` streams open for
-`seconds`. Measured per request: time to first token (request sent -> first text chunk), the gaps
-between text chunks (inter-token latency: a chunk is a token, or the few a held-back character
-needed; the tokens of a kept prompt-lookup draft arrive together, gaps near 0), the output tokens the server's usage
-reports, and of the tokens prompt lookup drafted, those kept and refused (usage's
-completion_tokens_details, OpenAI's accepted / rejected_prediction_tokens; where a server says). Tokens per second are every answered
-request's tokens over the window, which lasts until the last request ends (a request is never
-abandoned: its server would go on generating into the next measurement). What every server here
-speaks: the kit, the FastAPI peer (bench/generate/fastapi_peer.py) and llama.cpp's server.
+so every server writes the same number of tokens), keeping `concurrency` streams open. What is
+measured is the server at that concurrency, steadily: the window opens once every client's first
+answer has begun (until then all of them arrived at once, a burst no steady load has) and closes
+`seconds` later, when the clients stop sending; the requests still streaming then run to their end
+(a request is never abandoned: its server would go on generating into the next measurement) but,
+with fewer streams open, count only up to the close. Measured inside the window: the output tokens
+that arrived (a request's tokens by its usage, shared out over its text chunks: a chunk is a
+token, or the few a held-back character needed; the tokens of a kept prompt-lookup draft arrive
+together), the time to first token of the requests sent (request sent -> first text chunk), and
+the gaps between text chunks (inter-token latency, gaps near 0 for a kept draft's); of every
+answered request, the tokens prompt lookup drafted, those kept and refused (usage's
+completion_tokens_details, OpenAI's accepted / rejected_prediction_tokens; where a server says).
+The tokens a second are then those of `concurrency` streams at work, not of the burst at the start
+or the last answers' tail (with 16 streams on 2 cores, a 30 s window's requests took as long again
+to end, at ever fewer streams). What every server here speaks: the
+kit, the FastAPI peer (bench/generate/fastapi_peer.py) and llama.cpp's server.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import statistics
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import requests
@@ -118,18 +126,30 @@ class StreamStats:
 @dataclasses.dataclass
 class Record:
     started: float
-    first: float | None = None
+    chunks: list[float] = dataclasses.field(default_factory=list)  # when each text chunk arrived
     ended: float | None = None
-    gaps: list[float] = dataclasses.field(default_factory=list)
     tokens: int = 0
     drafts_kept: int = 0
     drafts_refused: int = 0
     error: str = ""
 
+    @property
+    def first(self) -> float | None:
+        return self.chunks[0] if self.chunks else None
 
-def stream_one(session: requests.Session, url: str, body: dict) -> Record:
+    def tokens_between(self, opened: float, closed: float) -> float:
+        """Its tokens that arrived in [opened, closed): the usage's count shared out over its chunks."""
+        inside = sum(opened <= at < closed for at in self.chunks)
+        return self.tokens * inside / len(self.chunks) if self.chunks else 0.0
+
+    def gaps_between(self, opened: float, closed: float) -> list[float]:
+        """The gaps between its chunks that ended in [opened, closed)."""
+        return [at - before for before, at in itertools.pairwise(self.chunks) if opened <= at < closed]
+
+
+def stream_one(session: requests.Session, url: str, body: dict, begun: Callable[[], None] = lambda: None) -> Record:
+    """One streamed request; `begun()` as its first text chunk arrives."""
     record = Record(time.perf_counter())
-    last = None
     try:
         with session.post(url, json=body, stream=True, timeout=TIMEOUT_S) as response:
             if response.status_code != 200:
@@ -149,33 +169,73 @@ def stream_one(session: requests.Session, url: str, body: dict) -> Record:
                     choice.get("text") or choice.get("delta", {}).get("content")
                     for choice in event.get("choices") or ()
                 ):
-                    if last is None:
-                        record.first = now
-                    else:
-                        record.gaps.append(now - last)
-                    last = now
+                    record.chunks.append(now)
+                    if len(record.chunks) == 1:
+                        begun()
     except requests.RequestException as error:
         record.error = str(error)
     record.ended = time.perf_counter()
     return record
 
 
+class Window:
+    """The measured window: it opens once each of `clients` has had its first answer begin (or
+    end, a failed one), and closes `seconds` later."""
+
+    def __init__(self, clients: int, seconds: float):
+        self.seconds = seconds
+        self.waiting = set(range(clients))
+        self.opened: float | None = None
+        self.lock = threading.Lock()
+
+    def begun(self, client: int) -> None:
+        with self.lock:
+            self.waiting.discard(client)
+            if not self.waiting and self.opened is None:
+                self.opened = time.perf_counter()
+
+    @property
+    def closes(self) -> float:
+        return float("inf") if self.opened is None else self.opened + self.seconds
+
+
+def window_stats(records: Sequence[Record], concurrency: int, opened: float, closed: float) -> StreamStats:
+    """What `records` measured in [opened, closed): the tokens and gaps that arrived in it, the
+    first tokens of the requests sent in it; requests, errors and drafts of every answered one."""
+    done = [r for r in records if not r.error]
+    sent = [r for r in done if opened <= r.started < closed and r.first is not None]
+    return StreamStats(
+        concurrency=concurrency,
+        seconds=closed - opened,
+        requests=len(done),
+        output_tokens=round(sum(r.tokens_between(opened, closed) for r in done)),
+        ttft_ms=Spread.of([1000 * (r.first - r.started) for r in sent if r.first is not None]),
+        itl_ms=Spread.of([1000 * gap for r in done for gap in r.gaps_between(opened, closed)]),
+        errors=len(records) - len(done),
+        first_error=next((r.error for r in records if r.error), ""),
+        drafts_kept=sum(r.drafts_kept for r in done),
+        drafts_refused=sum(r.drafts_refused for r in done),
+    )
+
+
 def measure_streams(url: str, model: str, workload: Sequence[Ask], concurrency: int, seconds: float) -> StreamStats:
-    """`concurrency` clients streaming the workload for `seconds`; requests ending inside count."""
-    start = time.perf_counter()
-    deadline = start + seconds
+    """`concurrency` clients streaming the workload: measured for `seconds` once every client's
+    first answer has begun (Window)."""
+    window = Window(concurrency, seconds)
     records: list[Record] = []
     lock = threading.Lock()
     stopped = threading.Event()  # Ctrl-C: no client sends another request
 
     def client(offset: int) -> None:
         index = offset
-        while time.perf_counter() < deadline and not stopped.is_set():
+        begun = functools.partial(window.begun, offset)
+        while time.perf_counter() < window.closes and not stopped.is_set():
             # A connection per request: llama.cpp's HTTP server closes a kept-alive connection after
             # a few requests, and a request sent as it closes fails with no answer at all.
             with requests.Session() as session:
                 ask = workload[index % len(workload)]
-                record = stream_one(session, ask.url(url), ask.body(model, next(SERIALS)))
+                record = stream_one(session, ask.url(url), ask.body(model, next(SERIALS)), begun)
+            begun()  # a request that failed, or had no text, has had its answer too
             with lock:
                 records.append(record)
             index += concurrency
@@ -193,17 +253,5 @@ def measure_streams(url: str, model: str, workload: Sequence[Ask], concurrency: 
     except KeyboardInterrupt:
         stopped.set()
         raise
-    window = time.perf_counter() - start  # the last requests run past the deadline: the window holds them
-    done = [r for r in records if not r.error]
-    return StreamStats(
-        concurrency=concurrency,
-        seconds=window,
-        requests=len(done),
-        output_tokens=sum(r.tokens for r in done),
-        ttft_ms=Spread.of([1000 * (r.first - r.started) for r in done if r.first is not None]),
-        itl_ms=Spread.of([1000 * gap for r in done for gap in r.gaps]),
-        errors=len(records) - len(done),
-        first_error=next((r.error for r in records if r.error), ""),
-        drafts_kept=sum(r.drafts_kept for r in done),
-        drafts_refused=sum(r.drafts_refused for r in done),
-    )
+    assert window.opened is not None  # every client's first request has ended
+    return window_stats(records, concurrency, window.opened, window.closes)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from bench.generate.streams import Ask, Spread, StreamStats, measure_streams
+from bench.generate.streams import Ask, Record, Spread, StreamStats, Window, measure_streams, window_stats
 
 # Far apart: the bounds below tell the first chunk from the second, and one gap from two.
 TOKENS, GAP_S, FIRST_S = 5, 0.1, 0.2
@@ -69,12 +69,40 @@ def url():
 def test_first_token_gaps_and_tokens_are_measured_per_stream(url):
     stats = measure_streams(url, "m", [Ask("hello", TOKENS)], concurrency=2, seconds=0.8)
     assert stats.requests >= 2 and stats.errors == 0
-    assert stats.output_tokens == TOKENS * stats.requests  # the server's usage, not a count of chunks
+    # Each client's last request was sent before the window closed and streams past it: its tokens
+    # after the close are not the server's at two streams, and are not counted.
+    assert 0 < stats.output_tokens < TOKENS * stats.requests
+    assert stats.seconds == pytest.approx(0.8)
     # At least the server's own waits. At most those plus STALL_S: a loaded 2-CPU machine (CI
     # installs .venv-ipex beside the unit tests) once held both streams' first tokens 1 s longer.
     assert FIRST_S * 1000 <= stats.ttft_ms.p50 < (FIRST_S + STALL_S) * 1000
     assert GAP_S * 1000 <= stats.itl_ms.p50 < (GAP_S + STALL_S) * 1000
     assert stats.output_tokens_per_s == pytest.approx(stats.output_tokens / stats.seconds)
+
+
+def test_the_window_opens_once_every_client_has_had_its_first_answer_begin():
+    window = Window(clients=2, seconds=5.0)
+    window.begun(0)
+    window.begun(0)  # a client's later requests change nothing
+    assert window.opened is None and window.closes == float("inf")
+    before = time.perf_counter()
+    window.begun(1)
+    assert window.opened is not None and before <= window.opened <= time.perf_counter()
+    assert window.closes == window.opened + 5.0
+
+
+def test_a_window_counts_the_tokens_and_gaps_that_arrived_in_it_and_first_tokens_of_requests_sent_in_it():
+    records = [
+        Record(started=0.0, chunks=[1.0, 2.0, 3.0, 4.0], tokens=8),  # the burst: two chunks in, 2 tokens each
+        Record(started=3.0, chunks=[3.5, 9.0, 11.0, 12.0], tokens=4),  # the tail: two chunks after the close
+        Record(started=5.0, error="503: busy"),
+    ]
+    stats = window_stats(records, concurrency=2, opened=2.5, closed=10.0)
+    assert stats.seconds == 7.5 and stats.output_tokens == 4 + 2
+    assert stats.output_tokens_per_s == pytest.approx(6 / 7.5)
+    assert stats.ttft_ms == Spread(500.0, 500.0)  # the request sent at 3.0 only
+    assert stats.itl_ms == Spread(1000.0, 5500.0)  # 2->3, 3->4 and 3.5->9; 9->11 ended after the close
+    assert (stats.requests, stats.errors, stats.first_error) == (2, 1, "503: busy")
 
 
 def test_a_refused_request_is_an_error_not_a_measurement(url):
@@ -101,7 +129,7 @@ def test_a_measurement_says_in_one_line_what_it_gave_and_why_requests_failed():
 
 def test_a_schema_ask_goes_to_chat_with_its_response_format_and_is_measured_alike(url):
     stats = measure_streams(url, "m", [Ask("hello", TOKENS, {"type": "string"})], concurrency=1, seconds=0.5)
-    assert stats.errors == 0 and stats.output_tokens == TOKENS * stats.requests
+    assert stats.errors == 0 and stats.requests >= 1 and stats.output_tokens > 0
     assert GAP_S * 1000 <= stats.itl_ms.p50 < (GAP_S + STALL_S) * 1000
 
 
