@@ -34,40 +34,67 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512 widened(const at::BFlo
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bias + n))), 16));
 }
 
+// Rows in a few passes of MT share the weights a chunk at a time: every pass computes a chunk of
+// CHUNK_LINES lines of its blocks while they are in L1, its sums kept in L1 between chunks. The
+// weights then stream from memory once, at an even pace, under all the rows' arithmetic; pass by
+// pass over whole blocks, the first pass waited on memory and the next ones computed from L2, one
+// after the other. A decode step's products of Qwen3-0.6B's shapes (28 layers and the head) on a
+// 2-core AMX Xeon, medians of 3 processes in turns: float32, 16 rows 134 against 159 ms, 32 rows
+// 192 against 206; bf16's dot products, 16 rows 116 against 122; one row unchanged (one pass).
+// Beyond CHUNKED_PASSES passes (a prompt's part) the arithmetic is the cost and the weights come
+// from L2 under it: pass by pass, whole blocks.
+constexpr int CHUNKED_PASSES = 4;
+constexpr int64_t CHUNK_LINES = 16;
+
+// The lines (inputs, or pairs of them) a pass computes before the next pass takes its turn.
+inline int64_t chunk_lines(int64_t M, int MT, int64_t lines) {
+  const int64_t passes = (M + MT - 1) / MT;
+  return passes > 1 && passes <= CHUNKED_PASSES ? CHUNK_LINES : lines;
+}
+
 // MT rows of x times NB blocks of sixteen outputs, accumulated in MT x NB registers (at most 24,
 // with NB weights and a broadcast: 28 of the 32): for blocks [nb0, nb1) of the output.
 template <int MT, int NB>
 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 void bf16_tiles(const at::BFloat16* x, const at::BFloat16* packed, const at::BFloat16* bias,
                 at::BFloat16* y, int64_t M, int64_t K, int64_t N, int64_t nb0, int64_t nb1) {
-  const int64_t pairs = K / 2;
+  const int64_t pairs = K / 2, chunk = chunk_lines(M, MT, pairs);
+  alignas(64) float sums[CHUNKED_PASSES][MT][NB][LANES];  // a pass's sums between its chunks
   for (int64_t nb = nb0; nb < nb1; nb += NB) {
     const int blocks = static_cast<int>(std::min<int64_t>(NB, nb1 - nb));
     const int32_t* w[NB];  // a pair of bf16 is one 32-bit lane
     for (int j = 0; j < NB; ++j)
       w[j] = reinterpret_cast<const int32_t*>(packed + (nb + std::min(j, blocks - 1)) * pairs * 2 * LANES);
-    for (int64_t m0 = 0; m0 < M; m0 += MT) {
-      const int rows = static_cast<int>(std::min<int64_t>(MT, M - m0));
-      const int32_t* xr[MT];
-      for (int m = 0; m < MT; ++m)
-        xr[m] = reinterpret_cast<const int32_t*>(x + (m0 + std::min(m, rows - 1)) * K);
-      __m512 acc[MT][NB];
-      for (int m = 0; m < MT; ++m)
-        for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
-      for (int64_t p = 0; p < pairs; ++p) {
-        __m512i wv[NB];
-        for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_si512(w[j] + p * LANES);
-        for (int m = 0; m < MT; ++m) {
-          const __m512bh xb = (__m512bh)_mm512_set1_epi32(xr[m][p]);
-          for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xb, (__m512bh)wv[j]);
+    for (int64_t p0 = 0; p0 < pairs; p0 += chunk) {
+      const int64_t p1 = std::min(pairs, p0 + chunk);
+      for (int64_t m0 = 0, pass = 0; m0 < M; m0 += MT, ++pass) {
+        const int rows = static_cast<int>(std::min<int64_t>(MT, M - m0));
+        const int32_t* xr[MT];
+        for (int m = 0; m < MT; ++m)
+          xr[m] = reinterpret_cast<const int32_t*>(x + (m0 + std::min(m, rows - 1)) * K);
+        __m512 acc[MT][NB];
+        for (int m = 0; m < MT; ++m)
+          for (int j = 0; j < NB; ++j) acc[m][j] = p0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(sums[pass][m][j]);
+        for (int64_t p = p0; p < p1; ++p) {
+          __m512i wv[NB];
+          for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_si512(w[j] + p * LANES);
+          for (int m = 0; m < MT; ++m) {
+            const __m512bh xb = (__m512bh)_mm512_set1_epi32(xr[m][p]);
+            for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xb, (__m512bh)wv[j]);
+          }
         }
-      }
-      for (int j = 0; j < blocks; ++j) {
-        const int64_t n = (nb + j) * LANES;
-        const __m512 b = widened(bias, n);
-        for (int m = 0; m < rows; ++m)
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + m) * N + n),
-                              (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[m][j], b)));
+        if (p1 < pairs) {
+          for (int m = 0; m < MT; ++m)
+            for (int j = 0; j < NB; ++j) _mm512_store_ps(sums[pass][m][j], acc[m][j]);
+          continue;
+        }
+        for (int j = 0; j < blocks; ++j) {
+          const int64_t n = (nb + j) * LANES;
+          const __m512 b = widened(bias, n);
+          for (int m = 0; m < rows; ++m)
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + (m0 + m) * N + n),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(acc[m][j], b)));
+        }
       }
     }
   }
@@ -80,29 +107,39 @@ template <int MT, int NB>
 __attribute__((target("avx512f")))
 void f32_tiles(const float* x, const float* packed, const float* bias, float* y, int64_t M, int64_t K,
                int64_t N, int64_t nb0, int64_t nb1) {
+  const int64_t chunk = chunk_lines(M, MT, K);
+  alignas(64) float sums[CHUNKED_PASSES][MT][NB][LANES];  // a pass's sums between its chunks
   for (int64_t nb = nb0; nb < nb1; nb += NB) {
     const int blocks = static_cast<int>(std::min<int64_t>(NB, nb1 - nb));
     const float* w[NB];
     for (int j = 0; j < NB; ++j) w[j] = packed + (nb + std::min(j, blocks - 1)) * K * LANES;
-    for (int64_t m0 = 0; m0 < M; m0 += MT) {
-      const int rows = static_cast<int>(std::min<int64_t>(MT, M - m0));
-      const float* xr[MT];
-      for (int m = 0; m < MT; ++m) xr[m] = x + (m0 + std::min(m, rows - 1)) * K;
-      __m512 acc[MT][NB];
-      for (int m = 0; m < MT; ++m)
-        for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
-      for (int64_t k = 0; k < K; ++k) {
-        __m512 wv[NB];
-        for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_ps(w[j] + k * LANES);
-        for (int m = 0; m < MT; ++m) {
-          const __m512 xb = _mm512_set1_ps(xr[m][k]);
-          for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_fmadd_ps(xb, wv[j], acc[m][j]);
+    for (int64_t k0 = 0; k0 < K; k0 += chunk) {
+      const int64_t k1 = std::min(K, k0 + chunk);
+      for (int64_t m0 = 0, pass = 0; m0 < M; m0 += MT, ++pass) {
+        const int rows = static_cast<int>(std::min<int64_t>(MT, M - m0));
+        const float* xr[MT];
+        for (int m = 0; m < MT; ++m) xr[m] = x + (m0 + std::min(m, rows - 1)) * K;
+        __m512 acc[MT][NB];
+        for (int m = 0; m < MT; ++m)
+          for (int j = 0; j < NB; ++j) acc[m][j] = k0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(sums[pass][m][j]);
+        for (int64_t k = k0; k < k1; ++k) {
+          __m512 wv[NB];
+          for (int j = 0; j < NB; ++j) wv[j] = _mm512_loadu_ps(w[j] + k * LANES);
+          for (int m = 0; m < MT; ++m) {
+            const __m512 xb = _mm512_set1_ps(xr[m][k]);
+            for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_fmadd_ps(xb, wv[j], acc[m][j]);
+          }
         }
-      }
-      for (int j = 0; j < blocks; ++j) {
-        const int64_t n = (nb + j) * LANES;
-        const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
-        for (int m = 0; m < rows; ++m) _mm512_storeu_ps(y + (m0 + m) * N + n, _mm512_add_ps(acc[m][j], b));
+        if (k1 < K) {
+          for (int m = 0; m < MT; ++m)
+            for (int j = 0; j < NB; ++j) _mm512_store_ps(sums[pass][m][j], acc[m][j]);
+          continue;
+        }
+        for (int j = 0; j < blocks; ++j) {
+          const int64_t n = (nb + j) * LANES;
+          const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias + n) : _mm512_setzero_ps();
+          for (int m = 0; m < rows; ++m) _mm512_storeu_ps(y + (m0 + m) * N + n, _mm512_add_ps(acc[m][j], b));
+        }
       }
     }
   }

@@ -49,7 +49,7 @@ def bound(dtype: torch.dtype, exact: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize(("dtype", "isa"), KERNELS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 17, 40])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 16, 17, 40])
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("outputs", [16, 80, 400])  # 1, 5 and 25 blocks of sixteen
 @pytest.mark.parametrize("inputs", [96, 40])  # AMX's tiles take 32 at a time: 40 stays on AVX-512
