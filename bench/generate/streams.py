@@ -17,9 +17,8 @@ the gaps between text chunks (inter-token latency, gaps near 0 for a kept draft'
 answered request, the tokens prompt lookup drafted, those kept and refused (usage's
 completion_tokens_details, OpenAI's accepted / rejected_prediction_tokens; where a server says).
 The tokens a second are then those of `concurrency` streams at work, not of the burst at the start
-or the last answers' tail (with 16 streams on 2 cores, a 30 s window's requests took as long again
-to end, at ever fewer streams). What every server here speaks: the
-kit, the FastAPI peer (bench/generate/fastapi_peer.py) and llama.cpp's server.
+or the last answers' tail at ever fewer streams. What every server here speaks: the kit, the
+FastAPI peer (bench/generate/fastapi_peer.py) and llama.cpp's server.
 """
 
 from __future__ import annotations
@@ -127,7 +126,6 @@ class StreamStats:
 class Record:
     started: float
     chunks: list[float] = dataclasses.field(default_factory=list)  # when each text chunk arrived
-    ended: float | None = None
     tokens: int = 0
     drafts_kept: int = 0
     drafts_refused: int = 0
@@ -172,9 +170,8 @@ def stream_one(session: requests.Session, url: str, body: dict, begun: Callable[
                     record.chunks.append(now)
                     if len(record.chunks) == 1:
                         begun()
-    except requests.RequestException as error:
+    except (requests.RequestException, ValueError) as error:  # ValueError: an event that is not JSON
         record.error = str(error)
-    record.ended = time.perf_counter()
     return record
 
 
@@ -203,7 +200,7 @@ def window_stats(records: Sequence[Record], concurrency: int, opened: float, clo
     """What `records` measured in [opened, closed): the tokens and gaps that arrived in it, the
     first tokens of the requests sent in it; requests, errors and drafts of every answered one."""
     done = [r for r in records if not r.error]
-    sent = [r for r in done if opened <= r.started < closed and r.first is not None]
+    sent = [r for r in done if opened <= r.started < closed]
     return StreamStats(
         concurrency=concurrency,
         seconds=closed - opened,
@@ -232,10 +229,12 @@ def measure_streams(url: str, model: str, workload: Sequence[Ask], concurrency: 
         while time.perf_counter() < window.closes and not stopped.is_set():
             # A connection per request: llama.cpp's HTTP server closes a kept-alive connection after
             # a few requests, and a request sent as it closes fails with no answer at all.
-            with requests.Session() as session:
-                ask = workload[index % len(workload)]
-                record = stream_one(session, ask.url(url), ask.body(model, next(SERIALS)), begun)
-            begun()  # a request that failed, or had no text, has had its answer too
+            try:
+                with requests.Session() as session:
+                    ask = workload[index % len(workload)]
+                    record = stream_one(session, ask.url(url), ask.body(model, next(SERIALS)), begun)
+            finally:  # a request that failed, had no text, or ended its client has had its answer too
+                begun()
             with lock:
                 records.append(record)
             index += concurrency
