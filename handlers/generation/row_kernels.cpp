@@ -38,9 +38,11 @@ __attribute__((target("avx512f,avx512bw"))) inline __m512 widened(const at::BFlo
 // CHUNK_LINES lines of its blocks while they are in L1, its sums kept in L1 between chunks. The
 // weights then stream from memory once, at an even pace, under all the rows' arithmetic; pass by
 // pass over whole blocks, the first pass waited on memory and the next ones computed from L2, one
-// after the other. A decode step's products of Qwen3-0.6B's shapes (28 layers and the head) on a
-// 2-core AMX Xeon, medians of 3 processes in turns: float32, 16 rows 134 against 159 ms, 32 rows
-// 192 against 206; bf16's dot products, 16 rows 116 against 122; one row unchanged (one pass).
+// after the other. A decode step's products of Qwen3-0.6B's shapes (28 layers and the head, each
+// call through kit_rows.linear, a scratch timing, not a make target) on a 2-core AMX Xeon, the two
+// libraries in turns, a process each: float32, 16 rows 134 (133-141) against 159 (149-167) ms over
+// 3 processes each, 32 rows 192 (188-200) against 206 (203-224); bf16's dot products over 2 each,
+// 16 rows 116 (116-117) against 122 (122-123); one row unchanged (one pass).
 // Beyond CHUNKED_PASSES passes (a prompt's part) the arithmetic is the cost and the weights come
 // from L2 under it: pass by pass, whole blocks.
 constexpr int CHUNKED_PASSES = 4;
