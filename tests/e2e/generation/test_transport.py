@@ -1,6 +1,6 @@
 """The ways to a served language model: the container's authenticating proxy, gRPC, the kit's
-client, bad requests answered by name with the worker serving on, and a client that goes away
-ending its sequence."""
+client, bad requests answered by name with the worker serving on, a client that goes away
+ending its sequence, and the frontend's threads while a stream flows."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from kit.supervise import stop_proxy
 from tests.e2e.conftest import one_cpu, start_server
 from tests.e2e.generation.conftest import GPT2, QWEN
 from tests.e2e.language_models import CHAT, PROMPTS, generate, url
+from tests.jvm import counters
 
 pytestmark = pytest.mark.e2e
 
@@ -147,3 +148,18 @@ def test_a_client_that_goes_away_ends_its_sequence(server):
     found = cancelled.findall(server.logs.model_log.read_text(errors="replace"))[before:]
     assert len(found) == len(bodies), f"cancelled: {found}; the worker did not learn that clients left"
     assert all(int(tokens) < 2000 for _, tokens in found)  # ended where its client left, not at its end
+
+
+def test_the_frontend_starts_no_thread_for_each_streamed_token(server):
+    """continuousBatching: every step is a message from the frontend to the worker, each sent from
+    a task of the JVM's common pool; a pool sized at one (a frontend on 2 CPUs) would be a thread
+    started per task, a thread a token (kit/properties.py, common_pool_threads)."""
+    frontend = next(p for p in server.process_tree() if p.name() == "java")
+    before = counters(frontend.pid)["java.threads.started"]
+    body = {"model": QWEN, "prompt": PROMPTS[0], "max_tokens": 48, "ignore_eos": True, "stream": True}
+    with requests.post(url(server, QWEN, "v1/completions"), json=body, timeout=120, stream=True) as response:
+        assert response.status_code == 200
+        chunks = sum(1 for line in response.iter_lines() if line.startswith(b"data: {"))
+    assert chunks >= 24  # a token an event, but for those whose text is held back (part of a character)
+    started = counters(frontend.pid)["java.threads.started"] - before
+    assert started <= 4, f"{started} frontend threads started for a stream of {chunks} chunks"

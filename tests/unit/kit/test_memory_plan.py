@@ -16,7 +16,7 @@ from handlers.archive_files import MANIFEST
 from kit.footprint import Footprint, footprint_file, measure, record, recorded
 from kit.layout import Demand, Grouping, Layout, OmpWaitPolicy, PlanError, Sequences
 from kit.plan import place, plan_layout
-from kit.properties import jvm_args
+from kit.properties import COMMON_POOL, common_pool_threads, jvm_args
 from kit.serve_config import ConfigError, ServeConfig
 from kit.topology import Memory, TopologyError, kb_fields, meminfo_bytes
 from tests.machines import FIXTURES, MACHINES, machine
@@ -273,10 +273,22 @@ def test_kit_plan_takes_a_memory_budget_and_footprints(capsys):
 def test_the_frontend_heap_comes_from_the_plan_unless_the_preset_sets_one():
     layout = plan_layout(with_budget(MACHINES["this-vm"], 8 * GiB), demands())
     config = ServeConfig.from_preset("optimized")
-    assert jvm_args(config, layout) == f"{ServeConfig.frontend_jvm_args} -Xmx256m"
-    assert jvm_args(config, plan_layout(MACHINES["this-vm"], demands())) == ServeConfig.frontend_jvm_args  # not planned
-    own = dataclasses.replace(config, frontend_jvm_args="-Xmx1g")
-    assert jvm_args(own, layout) == "-Xmx1g"
+    pool = f"{COMMON_POOL}=2"  # the VM's 2 CPUs, less one, floored at 2
+    assert jvm_args(config, layout) == f"{ServeConfig.frontend_jvm_args} -Xmx256m {pool}"
+    unplanned = plan_layout(MACHINES["this-vm"], demands())
+    assert jvm_args(config, unplanned) == f"{ServeConfig.frontend_jvm_args} {pool}"
+    own = dataclasses.replace(config, frontend_jvm_args=f"-Xmx1g {COMMON_POOL}=8")
+    assert jvm_args(own, layout) == f"-Xmx1g {COMMON_POOL}=8"
+
+
+def test_the_frontends_common_pool_is_its_cpus_less_one_and_never_one():
+    # A pool of one would have the JVM start a thread for each message to a worker.
+    assert [common_pool_threads(cpus) for cpus in (1, 2, 3, 8, 64)] == [2, 2, 2, 7, 63]
+    config = ServeConfig.from_preset("optimized")
+    for name, host in MACHINES.items():
+        layout = plan_layout(host, demands())
+        threads = common_pool_threads(len(layout.frontend_cpus))
+        assert jvm_args(config, layout).endswith(f"{COMMON_POOL}={threads}"), name
 
 
 def test_a_preset_memory_budget_narrows_the_machines_and_a_tighter_cgroup_still_binds(monkeypatch):

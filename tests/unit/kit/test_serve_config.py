@@ -9,7 +9,7 @@ from handlers.typed_config import SettingsError, parse_settings
 from kit import serve_config
 from kit.layout import Sequences
 from kit.paths import STORE
-from kit.properties import launcher_args, render, worker_environment
+from kit.properties import COMMON_POOL, common_pool_threads, launcher_args, render, worker_environment
 from kit.serve_config import Allocator, ConfigError, Placement, ServeConfig
 from kit.topology import parse_topology
 from tests.conftest import BUNDLED_MODELS
@@ -274,12 +274,13 @@ def test_a_presets_model_settings_reach_its_workers_for_language_models_only(mon
 
 
 def test_frontend_jvm_options_are_rendered_as_vmargs(tmp_path):
+    pool = f"{COMMON_POOL}={common_pool_threads(len(os.sched_getaffinity(0)))}"  # not planned: this process's CPUs
     config = ServeConfig.from_preset("optimized", frontend_jvm_args="-XX:+UseSerialGC -Xss512k")
-    assert properties(render(config, Path("/store")))["vmargs"] == "-XX:+UseSerialGC -Xss512k"
+    assert properties(render(config, Path("/store")))["vmargs"] == f"-XX:+UseSerialGC -Xss512k {pool}"
     assert "vmargs" not in properties(render(ServeConfig.from_preset("baseline"), Path("/store")))  # JVM defaults
     default = ServeConfig.frontend_jvm_args
     assert default.startswith("-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xmn24m -Dio.netty.allocator.maxOrder=9")
-    assert properties(render(ServeConfig.from_preset("optimized"), Path("/store")))["vmargs"] == default
+    assert properties(render(ServeConfig.from_preset("optimized"), Path("/store")))["vmargs"] == f"{default} {pool}"
     written = tmp_path / "tuned.yaml"  # a preset that does not name it, as `make tune` writes one
     written.write_text("variant: inductor\nbatch_size: 4\n")
     assert ServeConfig.from_preset(str(written)).frontend_jvm_args == default
