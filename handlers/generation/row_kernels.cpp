@@ -311,8 +311,32 @@ void span(const T* x, const T* packed, const T* bias, T* y, int64_t M, int64_t K
     if (whole < nb1) span<Tiles, MT, NB - 1>(x, packed, bias, y, M, K, N, whole, nb1);
 }
 
-// Each thread a contiguous range of output blocks (at::parallel_for: torch's threads, as set for
-// the worker), so every weight byte is read once whatever the rows.
+// The output's units (blocks, or AMX's block pairs) over torch's threads (as set for the worker), so
+// that every weight byte is read once whatever the rows: each thread takes the next piece of
+// `step` units (a multiple of its tile's width) while any is left, PIECES_A_THREAD pieces a thread.
+// Not a fixed range a thread: a thread that starts late, reads slower or loses its core for a
+// while (a 2-core machine shares its cores with the frontend) leaves its last pieces to the others,
+// where with halves the others waited for it at the end of every product (a one-stream decode
+// step of Llama-3.2-1B's shape on 2 cores of a Xeon: the first thread ~5 % of its samples waiting
+// at that barrier, perf). Same sums: a piece's outputs are computed as a range's were. A decode
+// step's products of Qwen3-0.6B's shapes (the scratch timing above, 3 processes each in turns, a
+// day the VM ran 30 % slower), medians of the processes' medians (their range), pieces against
+// halves: float32 1 row 118 (112-125) against 130 (126-137) ms, 16 rows 177 (176-189) against 205
+// (194-214); bf16 16 rows (AMX) 92 (87-93) against 96 (91-123); bf16 2 rows level, 77 and 77.
+constexpr int64_t PIECES_A_THREAD = 8;
+
+template <typename Body>
+void in_pieces(int64_t units, int64_t width, const Body& body) {
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), units / width));
+  const int64_t step = std::max<int64_t>(1, units / (threads * PIECES_A_THREAD) / width) * width;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t u0; (u0 = next.fetch_add(step, std::memory_order_relaxed)) < units;)
+        body(u0, std::min(units, u0 + step));
+  });
+}
+
 template <typename Tiles, int MT, int NB, typename T = typename Tiles::T>
 void tiles(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, at::Tensor& y) {
   const int64_t M = x.size(0), K = x.size(1), N = y.size(1);
@@ -320,7 +344,7 @@ void tiles(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at
   const T* wp = packed.const_data_ptr<T>();
   const T* bp = bias.has_value() ? bias->const_data_ptr<T>() : nullptr;
   T* yp = y.data_ptr<T>();
-  at::parallel_for(0, N / LANES, 1, [&](int64_t nb0, int64_t nb1) { span<Tiles, MT, NB>(xp, wp, bp, yp, M, K, N, nb0, nb1); });
+  in_pieces(N / LANES, NB, [&](int64_t nb0, int64_t nb1) { span<Tiles, MT, NB>(xp, wp, bp, yp, M, K, N, nb0, nb1); });
 }
 
 // Tiles by rows: one row reads eight blocks at once (eight lines in flight); more rows share each
@@ -348,7 +372,7 @@ void by_rows<F32Avx2>(const at::Tensor& x, const at::Tensor& packed, const c10::
   else tiles<F32Avx2, 3, 2>(x, packed, bias, y);
 }
 
-// Many rows of bf16 on AMX's tiles: each thread a contiguous range of block pairs.
+// Many rows of bf16 on AMX's tiles: pieces of block pairs.
 void amx_rows(const at::Tensor& x, const at::Tensor& packed, const c10::optional<at::Tensor>& bias, at::Tensor& y) {
   using T = at::BFloat16;
   const int64_t M = x.size(0), K = x.size(1), N = y.size(1), blocks = N / LANES;
@@ -356,7 +380,7 @@ void amx_rows(const at::Tensor& x, const at::Tensor& packed, const c10::optional
   const T* wp = packed.const_data_ptr<T>();
   const T* bp = bias.has_value() ? bias->const_data_ptr<T>() : nullptr;
   T* yp = y.data_ptr<T>();
-  at::parallel_for(0, (blocks + 1) / 2, 1, [&](int64_t p0, int64_t p1) {
+  in_pieces((blocks + 1) / 2, 1, [&](int64_t p0, int64_t p1) {
     amx_bf16_tiles(xp, wp, bp, yp, M, K, N, 2 * p0, std::min(2 * p1, blocks));
   });
 }

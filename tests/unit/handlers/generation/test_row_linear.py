@@ -65,11 +65,12 @@ def test_rows_give_f_linears_products(dtype, isa, rows, bias, outputs, inputs, b
 
 @pytest.mark.parametrize(("dtype", "isa"), KERNELS)
 @pytest.mark.parametrize("rows", [1, 16])
-def test_any_count_of_threads_gives_the_same_bits(dtype, isa, rows, built):
-    """Each output is one sum over the inputs in order, whichever thread and tile width computes
-    it: a thread's range of blocks narrower than a tile (many threads, few outputs) changes nothing."""
+@pytest.mark.parametrize("outputs", [400, 2096])  # 25 blocks; 131: several pieces a thread, the last short
+def test_any_count_of_threads_gives_the_same_bits(dtype, isa, rows, outputs, built):
+    """Each output is one sum over the inputs in order, whichever thread, piece and tile width
+    computes it: a piece narrower than a tile (many threads, few outputs) changes nothing."""
     torch.manual_seed(0)
-    kernel = Rows.of(nn.Linear(64, 400).to(dtype), isa)  # 25 blocks
+    kernel = Rows.of(nn.Linear(64, outputs).to(dtype), isa)
     x = torch.randn(rows, 64, dtype=dtype)
     threads = torch.get_num_threads()
     try:
