@@ -90,13 +90,12 @@ def render(config: ServeConfig, model_store: Path, layout: Layout | None = None)
 def jvm_args(config: ServeConfig, layout: Layout | None) -> str:
     """The preset's JVM options, with the heap the memory plan gave the frontend unless they set one
     (the JVM's own default is a quarter of the cgroup's limit, sized for nothing else running), and
-    the common pool's size unless they set it; none ("") stays the JVM's own choices, all of them."""
-    if not config.frontend_jvm_args:
-        return ""
-    args = [config.frontend_jvm_args]
+    the common pool's size unless they set it or leave the JVM to its own choices ("", TorchServe
+    as shipped: the baseline preset)."""
+    args = [config.frontend_jvm_args] if config.frontend_jvm_args else []
     if layout is not None and layout.memory is not None and "-Xmx" not in config.frontend_jvm_args:
         args.append(f"-Xmx{layout.memory.frontend_heap // 2**20}m")
-    if COMMON_POOL not in config.frontend_jvm_args:
+    if config.frontend_jvm_args and COMMON_POOL not in config.frontend_jvm_args:
         cpus = len(layout.frontend_cpus) if layout is not None else len(os.sched_getaffinity(0))
         args.append(f"{COMMON_POOL}={common_pool_threads(cpus)}")
     return " ".join(args)

@@ -279,6 +279,8 @@ def test_the_frontend_heap_comes_from_the_plan_unless_the_preset_sets_one():
     assert jvm_args(config, unplanned) == f"{ServeConfig.frontend_jvm_args} {pool}"
     own = dataclasses.replace(config, frontend_jvm_args=f"-Xmx1g {COMMON_POOL}=8")
     assert jvm_args(own, layout) == f"-Xmx1g {COMMON_POOL}=8"
+    jvms_own = dataclasses.replace(config, frontend_jvm_args="")  # the JVM's choices, but for the planned heap
+    assert jvm_args(jvms_own, layout) == "-Xmx256m"
 
 
 def test_the_frontends_common_pool_is_its_cpus_less_one_and_never_one():
