@@ -14,6 +14,7 @@ be built, the layers stay on oneDNN and sdpa, and the log says why.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -46,6 +48,25 @@ def library() -> Path | None:
     except Exception as error:  # no compiler, a read-only directory, a torch without headers
         log.warning("the kit's kernels are not available (%s): linear layers stay on oneDNN, attention on sdpa", error)
         return None
+
+
+def loaded() -> bool:
+    """Whether library() has loaded the library into this process (none is built or loaded here)."""
+    return library.cache_info().currsize > 0 and library() is not None
+
+
+@contextlib.contextmanager
+def live_rows(rows: int) -> Iterator[None]:
+    """Within the block the library's products compute only their inputs' first `rows` rows and
+    leave the others' outputs zero (0: every row): a decode step's idle rows (runner.py)."""
+    if not rows or not loaded():
+        yield
+        return
+    torch.ops.kit_rows.set_live_rows(rows)
+    try:
+        yield
+    finally:
+        torch.ops.kit_rows.set_live_rows(0)
 
 
 def kernels_dir() -> Path:

@@ -404,6 +404,18 @@ at::Tensor pack(const at::Tensor& weight) {
   return weight.reshape({N / LANES, LANES, K / g, g}).permute({0, 2, 1, 3}).contiguous();
 }
 
+// The rows of a decode step that are its sequences': the runner pads a step of one sequence with an
+// idle row (runner.py, MIN_ROWS: one row would be a shape compiled apart), whose outputs nobody
+// reads. Rows after the live ones are zeros, not computed: one row's tiles keep more weight lines
+// in flight than two rows' (1 x 8 blocks against 2 x 6). 0: every row is live. Set by the runner
+// around a decode step (linears.live_rows), read by every product of its forward.
+std::atomic<int64_t> live_rows{0};
+
+void set_live_rows(int64_t rows) {
+  TORCH_CHECK(rows >= 0, "kit_rows.set_live_rows: a count of rows, not ", rows);
+  live_rows.store(rows, std::memory_order_relaxed);
+}
+
 at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::optional<at::Tensor>& bias,
                   int64_t isa) {
   const auto dtype = packed.scalar_type();
@@ -413,11 +425,15 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::
               "kit_rows.linear: no kernel for instruction set ", isa, " in ", dtype);
   const int64_t K = packed.size(1) * packed.size(3), N = packed.size(0) * LANES;
   TORCH_CHECK(input.size(-1) == K, "kit_rows.linear: input of ", input.size(-1), " features, weights of ", K);
-  const at::Tensor x = input.reshape({-1, K}).contiguous();
-  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  const at::Tensor all = input.reshape({-1, K}).contiguous();
+  const int64_t live = live_rows.load(std::memory_order_relaxed);
+  const int64_t rows = live > 0 ? std::min(live, all.size(0)) : all.size(0);
+  at::Tensor whole = rows < all.size(0) ? at::zeros({all.size(0), N}, all.options()) : at::empty({rows, N}, all.options());
+  const at::Tensor x = all.narrow(0, 0, rows);
+  at::Tensor y = whole.narrow(0, 0, rows);
   const c10::optional<at::Tensor> b = bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous()) : bias;
-  if (x.size(0) > 0) {
-    if (amx && x.size(0) >= AMX_ROWS && K % TILE_K == 0 && tiles_permitted())
+  if (rows > 0) {
+    if (amx && rows >= AMX_ROWS && K % TILE_K == 0 && tiles_permitted())
       amx_rows(x, packed, b, y);
     else if (dtype == at::kBFloat16)
       by_rows<Bf16Avx512>(x, packed, b, y);
@@ -428,7 +444,7 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& packed, const c10::
   }
   auto shape = input.sizes().vec();
   shape.back() = N;
-  return y.view(shape);
+  return whole.view(shape);
 }
 
 // Layers held by key (linears.py's keys): a compiled graph calls `keyed_linear(x, key)` and the
@@ -475,6 +491,7 @@ TORCH_LIBRARY(kit_rows, m) {
   m.def("pack(Tensor weight) -> Tensor", &pack);
   m.def("linear(Tensor input, Tensor packed, Tensor? bias, int isa) -> Tensor", &linear);
   m.def("tiles_permitted() -> bool", &tiles_permitted);
+  m.def("set_live_rows(int rows) -> ()", &set_live_rows);
   m.def("hold(int key, Tensor packed, Tensor? bias, int isa) -> ()", &hold);
   m.def("keyed_linear(Tensor input, int key) -> Tensor");  // traced: its shapes from row_linear.py's fake
   m.def("keyed_seconds() -> float", &keyed_seconds);

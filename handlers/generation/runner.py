@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from handlers.generation import attention
+from handlers.generation import attention, native
 from handlers.generation.cache import SlotCache
 from handlers.itt import inference_range
 
@@ -123,10 +123,15 @@ class Runner:
         return [*tokens, *[0] * idle], [*positions, *[self.cache.scratch] * idle]
 
     def decode(self, tokens: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
-        """Row r's next-token logits [rows, vocab], row r feeding tokens[r] at positions[r] of slot r."""
-        ids, where, mask = self._rows(*self.padded(tokens, positions))
+        """Row r's next-token logits [rows, vocab], row r feeding tokens[r] at positions[r] of slot r
+        (an idle row's, at the scratch position, are nobody's: the row kernels leave the products of
+        those after the last sequence's row zero)."""
+        tokens, positions = self.padded(tokens, positions)
+        ids, where, mask = self._rows(tokens, positions)
         self.cache.select(slice(0, ids.shape[0]), where, mask.shape[-1])
-        return self._forward(ids, self.model_positions(where), mask, DECODE_KEEP)[:, -1]
+        live = 1 + max((r for r, p in enumerate(positions) if p < self.cache.scratch), default=-1)
+        with native.live_rows(live if live < len(positions) else 0):
+            return self._forward(ids, self.model_positions(where), mask, DECODE_KEEP)[:, -1]
 
     def part(self, part: Part, every: bool = False) -> torch.Tensor:
         """The logits [vocab] at the part's last token (`every`: [tokens, vocab], each token's):

@@ -64,6 +64,26 @@ def test_rows_give_f_linears_products(dtype, isa, rows, bias, outputs, inputs, b
 
 
 @pytest.mark.parametrize(("dtype", "isa"), KERNELS)
+@pytest.mark.parametrize(("rows", "live"), [(2, 1), (6, 1), (6, 4), (16, 9)])
+def test_rows_after_the_live_ones_are_zeros_and_the_live_ones_unchanged(dtype, isa, rows, live, built):
+    """A decode step's idle rows (runner.py): within native.live_rows the products compute only the
+    first rows, the same bits as with every row; after it, every row again, whatever was raised."""
+    torch.manual_seed(rows)
+    kernel = Rows.of(nn.Linear(64, 400, bias=True).to(dtype), isa)
+    x = torch.randn(rows, 1, 64, dtype=dtype)  # a decode step's shape: a token a row
+    every = kernel(x)
+    with native.live_rows(live):
+        some = kernel(x)
+    assert torch.equal(some[:live], every[:live])
+    assert not some[live:].any()
+    with pytest.raises(ValueError, match="raised inside"), native.live_rows(live):
+        raise ValueError("raised inside")
+    assert torch.equal(kernel(x), every)
+    with pytest.raises(RuntimeError, match="a count of rows, not -1"):
+        torch.ops.kit_rows.set_live_rows(-1)
+
+
+@pytest.mark.parametrize(("dtype", "isa"), KERNELS)
 @pytest.mark.parametrize("rows", [1, 16])
 @pytest.mark.parametrize("outputs", [400, 2096])  # 25 blocks; 131: several pieces a thread, the last short
 def test_any_count_of_threads_gives_the_same_bits(dtype, isa, rows, outputs, built):
