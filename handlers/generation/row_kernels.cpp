@@ -404,11 +404,11 @@ at::Tensor pack(const at::Tensor& weight) {
   return weight.reshape({N / LANES, LANES, K / g, g}).permute({0, 2, 1, 3}).contiguous();
 }
 
-// The rows of a decode step that are its sequences': the runner pads a step of one sequence with an
-// idle row (runner.py, MIN_ROWS: one row would be a shape compiled apart), whose outputs nobody
-// reads. Rows after the live ones are zeros, not computed: one row's tiles keep more weight lines
-// in flight than two rows' (1 x 8 blocks against 2 x 6). 0: every row is live. Set by the runner
-// around a decode step (linears.live_rows), read by every product of its forward.
+// A decode step's rows up to its last sequence's: the rows after it are idle (runner.py pads a step
+// of one sequence to MIN_ROWS rows, as one row would be a shape compiled apart) and nobody reads
+// their outputs: zeros, not computed. One row's tiles keep more weight lines in flight than two
+// rows' (1 x 8 blocks against 2 x 6). 0: every row is live. Set around a decode step's forward
+// (native.live_rows), read by every product in it.
 std::atomic<int64_t> live_rows{0};
 
 void set_live_rows(int64_t rows) {
