@@ -40,8 +40,8 @@ SPAN_STEP = 64
 PROMPT_STEP = 8
 # A decode step computes at least this many rows (idle ones at the scratch position), where the
 # cache has them: a size of 1 is one the compiler specialises, and each graph more is compiled at
-# every start (Qwen2.5-0.5B's shape: ~40 s on 2 cores). A second row costs a decode step little:
-# its time is the read of the weights, made once for every row.
+# every start (Qwen2.5-0.5B's shape: ~40 s on 2 cores). The row kernels leave idle rows after the
+# last sequence's uncomputed (decode, native.live_rows): two rows' tiles read slower than one's.
 MIN_ROWS = 2
 DECODE_KEEP = torch.tensor([0])  # a decode step feeds one token per row: its logits are all there are
 
