@@ -32,9 +32,6 @@ SERVER = "llama-server"
 NO_REPACK = "--no-repack"  # weights as stored: no AMX or other repacked kernels
 # The converter's output type per precision of a row (bench/generate/systems.py): int8 weights are Q8_0.
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "q8_0"}
-# Its KV cache per precision of a row: the kit's (the served dtype; int8 weights compute in bf16),
-# not llama.cpp's default f16, which holds half of fp32's bytes per position.
-KV_TYPES = {"float32": "f32", "bfloat16": "bf16", "int8": "bf16"}
 # The web UI would be fetched from the network; TLS and the model downloader are not used here.
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",

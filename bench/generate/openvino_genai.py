@@ -8,7 +8,7 @@ the OpenVINO GenAI environment (model_store/openvino_lm.py), made on first use. 
 the model's own directory as the kit's openvino variants are (openvino_lm.ir_weights: float32
 weights for float32, float16 for bf16, int8 as its users compress them) and serves it
 with bench/generate/openvino_genai_peer.py: the kit's number of sequences, a KV cache for each at the kit's
-context, at the kit's precisions (the CPU plugin's inference precision) and int8.
+context in the kit's KV precision, at the kit's precisions (the CPU plugin's inference precision) and int8.
 """
 
 from __future__ import annotations
@@ -42,16 +42,20 @@ def export(model_dir: Path, weights: IrWeights) -> Path:
     return openvino_lm.export(model_dir, out, weights, log)
 
 
-def cache_gb(config: dict, sequences: int, context: int) -> int:
-    """GB of KV cache for `sequences` of `context` tokens at 4 bytes a value (the pipeline stores
-    less, in its KV cache precision), from the model's config.json."""
+# Bytes a value of the KV cache takes, per KV_CACHE_PRECISION the bench sets (systems.KV_TYPES).
+KV_BYTES = {"f32": 4, "bf16": 2}
+
+
+def cache_gb(config: dict, sequences: int, context: int, kv: str) -> int:
+    """GB of KV cache for `sequences` of `context` tokens held as `kv`, from the model's
+    config.json (the pipeline's unit is a GB: rounded up)."""
     heads = config["num_attention_heads"]
     head_size = config.get("head_dim") or config["hidden_size"] // heads
-    per_token = config["num_hidden_layers"] * 2 * config.get("num_key_value_heads", heads) * head_size * 4
+    per_token = config["num_hidden_layers"] * 2 * config.get("num_key_value_heads", heads) * head_size * KV_BYTES[kv]
     return max(1, math.ceil(per_token * sequences * context / 1e9))
 
 
-def server_command(ir: Path, port: int, precision: str | None, sequences: int, cache: int) -> list[str]:
+def server_command(ir: Path, port: int, precision: str | None, sequences: int, cache: int, kv: str) -> list[str]:
     command = [
         str(python()),
         "-m",
@@ -64,6 +68,8 @@ def server_command(ir: Path, port: int, precision: str | None, sequences: int, c
         str(sequences),
         "--cache-gb",
         str(cache),
+        "--kv-precision",
+        kv,
     ]
     return command + (["--precision", precision] if precision else [])
 

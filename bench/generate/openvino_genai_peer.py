@@ -1,14 +1,16 @@
 """The OpenVINO GenAI peer: its continuous-batching pipeline (what OpenVINO Model Server runs)
 behind OpenAI's completions API.
 
-    OV_PY -m bench.generate.openvino_genai_peer serve IR_DIR --port 8700 --precision bf16 --sequences 8 --cache-gb 1
+    OV_PY -m bench.generate.openvino_genai_peer serve IR_DIR --port 8700 --precision bfloat16 --sequences 8 \
+        --cache-gb 1 --kv-precision bf16
 
 OV_PY is the OpenVINO GenAI environment (model_store/openvino_lm.py makes it): this module
 imports no kit module but bench/generate/completions.py. IR_DIR is model_store/openvino_lm_export.py's
 (the pipeline tokenizes with its tokenizer's model). Serving: one ContinuousBatchingPipeline on the CPU with the kit's
-number of sequences, `step()` in a thread of its own while requests run (add_request is
-thread-safe); each request's new tokens decoded as they come. Everything else is OpenVINO
-GenAI's default: its scheduler's chunked prefill, its KV cache precision.
+number of sequences and its KV precision (KV_CACHE_PRECISION: the CPU plugin's default is 8
+bits), `step()` in a thread of its own while requests run (add_request is thread-safe); each
+request's new tokens decoded as they come. Everything else is OpenVINO GenAI's default: its
+scheduler's chunked prefill of 256 tokens a step.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class Engine:
                         del self.running[request_id]
 
 
-def build_app(ir_dir: str, precision: str | None, sequences: int, cache_gb: int):
+def build_app(ir_dir: str, precision: str | None, sequences: int, cache_gb: int, kv: str):
     import openvino_genai
     from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -71,7 +73,9 @@ def build_app(ir_dir: str, precision: str | None, sequences: int, cache_gb: int)
 
     scheduler = openvino_genai.SchedulerConfig()
     scheduler.max_num_seqs, scheduler.cache_size = sequences, cache_gb
-    properties = {"INFERENCE_PRECISION_HINT": PRECISIONS[precision]} if precision else {}
+    properties = {"KV_CACHE_PRECISION": kv}
+    if precision:
+        properties["INFERENCE_PRECISION_HINT"] = PRECISIONS[precision]
     pipeline = openvino_genai.ContinuousBatchingPipeline(ir_dir, scheduler, "CPU", properties)
     tokenizer = pipeline.get_tokenizer()
     engine = Engine(pipeline)
@@ -115,10 +119,11 @@ def main(argv: list[str] | None = None) -> None:
     serve.add_argument("--precision", choices=sorted(PRECISIONS), help="none: the CPU plugin's default")
     serve.add_argument("--sequences", type=int, required=True)
     serve.add_argument("--cache-gb", type=int, required=True)
+    serve.add_argument("--kv-precision", required=True, help="KV_CACHE_PRECISION: f32, bf16, ... (the plugin checks)")
     args = parser.parse_args(argv)
     import uvicorn
 
-    app = build_app(args.ir_dir, args.precision, args.sequences, args.cache_gb)
+    app = build_app(args.ir_dir, args.precision, args.sequences, args.cache_gb, args.kv_precision)
     uvicorn.run(app, host=HOST, port=args.port, log_level="warning")
 
 

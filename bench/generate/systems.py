@@ -55,6 +55,11 @@ KIT = "kit"
 FLOAT32, BFLOAT16 = DType.FLOAT32.value, DType.BFLOAT16.value
 INT8 = "int8"  # int8 weights: the kit's weight-only variants, llama.cpp's Q8_0, OpenVINO's compressed IR
 INDUCTOR, OPENVINO = Backend.INDUCTOR.value, Backend.OPENVINO.value  # the kit's LM backends measured (BACKENDS=)
+# Every server's KV cache per precision of a row: the kit's (the served dtype; int8 weights compute
+# in bf16), set explicitly on each peer, in the spelling llama.cpp and OpenVINO share: neither
+# peer's default (llama.cpp's f16 holds half of fp32's bytes per position; OpenVINO's CPU plugin
+# keeps 8 bits).
+KV_TYPES = {FLOAT32: "f32", BFLOAT16: "bf16", INT8: "bf16"}
 # The kit's variant per backend and precision. int8 weights are computed in bfloat16: in float32,
 # torch's int8 product is far slower than float32's own (docs/generation.md), so a CPU without
 # bf16 has no int8 row; OpenVINO's rows follow the same precisions.
@@ -162,9 +167,9 @@ def llama_system(model: Model, precision: str, run_dir: Path) -> System:
         settings.max_sequences,
         settings.context_length,
         topology.capacity,
-        llama_cpp.KV_TYPES[precision],
+        KV_TYPES[precision],
     )
-    name = f"llama.cpp {gguf_type} kv {llama_cpp.KV_TYPES[precision]}"
+    name = f"llama.cpp {gguf_type} kv {KV_TYPES[precision]}"
     try:
         stop, pid = started(name, command, run_dir / f"llama.cpp-{gguf_type}.log", port)
     except ExitedAtStart as error:
@@ -186,10 +191,11 @@ def openvino_system(model: Model, precision: str, run_dir: Path) -> System:
     ir = openvino_genai.export(model.source.path, openvino_lm.ir_weights(precision, int8))
     settings = served_settings(model)
     config = json.loads((model.source.path / "config.json").read_text())
-    cache = openvino_genai.cache_gb(config, settings.max_sequences, settings.context_length)
+    kv = KV_TYPES[precision]
+    cache = openvino_genai.cache_gb(config, settings.max_sequences, settings.context_length, kv)
     (port,) = PORTS.take(1)
-    command = openvino_genai.server_command(ir, port, None if int8 else precision, settings.max_sequences, cache)
-    name = f"openvino {precision}"
+    command = openvino_genai.server_command(ir, port, None if int8 else precision, settings.max_sequences, cache, kv)
+    name = f"openvino {precision} kv {kv}"
     stop, pid = started(name, command, run_dir / f"openvino-{precision}.log", port)
     return System(name, "openvino", precision, f"http://{HOST}:{port}/v1/completions", stop, model.name, (pid,))
 

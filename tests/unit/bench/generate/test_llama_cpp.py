@@ -38,9 +38,3 @@ def test_the_server_gets_the_kits_slots_each_with_the_kits_context_and_kv_precis
     assert options["--cache-type-k"] == options["--cache-type-v"] == "f32"
     assert options["--parallel"] == "8" and options["--ctx-size"] == str(8 * 2048)  # -c is shared by the slots
     assert options["--threads"] == "6" and options["--port"] == "8123" and options["--model"] == "/m.gguf"
-
-
-def test_every_precision_has_the_kits_kv_type_not_llama_cpps_f16_default():
-    # The kit's cache is in the dtype it computes in: float32, else bf16 (int8 weights compute in bf16).
-    assert llama_cpp.KV_TYPES == {"float32": "f32", "bfloat16": "bf16", "int8": "bf16"}
-    assert set(llama_cpp.KV_TYPES) == set(llama_cpp.GGUF_TYPES)

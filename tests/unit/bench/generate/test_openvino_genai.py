@@ -16,18 +16,26 @@ from bench.generate.openvino_genai_peer import END, Engine
 QWEN05 = {"num_attention_heads": 14, "num_key_value_heads": 2, "hidden_size": 896, "num_hidden_layers": 24}
 
 
-def test_the_kv_cache_holds_every_sequence_at_the_kits_context():
-    # Qwen2.5-0.5B: 24 layers x (keys, values) x 2 heads x 64 x 4 bytes = 24 KiB a token.
-    assert openvino_genai.cache_gb(QWEN05, 8, 2048) == 1  # 0.4 GB, rounded up to the pipeline's unit
-    assert openvino_genai.cache_gb(QWEN05, 64, 4096) == 7  # 6.4 GB
-    assert openvino_genai.cache_gb({**QWEN05, "head_dim": 128}, 64, 4096) == 13
+def test_the_kv_cache_holds_every_sequence_at_the_kits_context_in_its_kv_precision():
+    # Qwen2.5-0.5B: 24 layers x (keys, values) x 2 heads x 64 x 4 bytes = 24 KiB a token in f32.
+    assert openvino_genai.cache_gb(QWEN05, 8, 2048, "f32") == 1  # 0.4 GB, rounded up to the pipeline's unit
+    assert openvino_genai.cache_gb(QWEN05, 64, 4096, "f32") == 7  # 6.4 GB
+    assert openvino_genai.cache_gb(QWEN05, 64, 4096, "bf16") == 4  # 3.2 GB: half the bytes
+    assert openvino_genai.cache_gb({**QWEN05, "head_dim": 128}, 64, 4096, "f32") == 13
 
 
 def test_an_int8_row_runs_at_the_plugins_own_precision_the_others_at_theirs(tmp_path, monkeypatch):
     monkeypatch.setattr(openvino_genai, "python", lambda: tmp_path / "python")
-    command = openvino_genai.server_command(tmp_path / "ir", 8700, "bfloat16", 8, 1)
+    command = openvino_genai.server_command(tmp_path / "ir", 8700, "bfloat16", 8, 1, "bf16")
     assert command[-2:] == ["--precision", "bfloat16"] and command[command.index("--sequences") + 1] == "8"
-    assert "--precision" not in openvino_genai.server_command(tmp_path / "ir", 8700, None, 8, 1)
+    assert "--precision" not in openvino_genai.server_command(tmp_path / "ir", 8700, None, 8, 1, "bf16")
+
+
+def test_the_kv_precision_is_always_set_not_the_plugins_8_bit_default(tmp_path, monkeypatch):
+    monkeypatch.setattr(openvino_genai, "python", lambda: tmp_path / "python")
+    for precision, kv in ((None, "bf16"), ("float32", "f32")):
+        command = openvino_genai.server_command(tmp_path / "ir", 8700, precision, 8, 1, kv)
+        assert command[command.index("--kv-precision") + 1] == kv
 
 
 class Status(enum.Enum):

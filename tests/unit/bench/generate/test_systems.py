@@ -44,3 +44,10 @@ def test_the_kit_has_a_row_per_precision_its_cpu_computes_int8_weights_in_bf16(m
         settings = variant.Variant.load(name).settings
         assert settings.backend.value == backend
         assert (settings.weights.value == "int8") == (precision == generate_systems.INT8)
+
+
+def test_every_precision_has_the_kits_kv_type_for_every_peer_not_their_defaults():
+    # The kit's cache is in the dtype it computes in: float32, else bf16 (int8 weights compute in bf16).
+    assert generate_systems.KV_TYPES == {"float32": "f32", "bfloat16": "bf16", "int8": "bf16"}
+    peers_precisions = set().union(*(peer.precisions for peer in generate_systems.PEERS.values()))
+    assert peers_precisions <= set(generate_systems.KV_TYPES)
